@@ -1,0 +1,306 @@
+"""The ELMo biLM (Peters et al. 2018), readable top to bottom.
+
+    char ids [N, C] ──CharCNN──> token vectors [N, P]          (context free: layer 0)
+    token vectors ──forward LSTM stack──>  h_fwd_j [N, P]  j = 1..L
+    token vectors ──backward LSTM stack──> h_bwd_j [N, P]  (reads each sentence reversed)
+    layer j = [h_fwd_j ; h_bwd_j]  -> [L + 1, N, 2P]
+
+Shapes use: N real tokens in a batch (sentence boundaries included), B sentences,
+T the longest sentence, C chars per token (50), P projection dim, D LSTM cells.
+
+Sentences are processed "packed": sorted by length, time-major, with only the real
+tokens of each time step in the active batch, so no FLOP is spent on padding. The
+backward direction reads each sentence reversed in place, which gives it the same
+packing as the forward one; both directions then run as one batched matmul per step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class BiLMConfig:
+    """The network's shape: the numbers in a bilm-tf ``options.json``."""
+
+    n_layers: int = 2
+    lstm_dim: int = 4096  # LSTM cells D
+    projection_dim: int = 512  # P; the token layer and each direction's output
+    cell_clip: float | None = 3.0
+    proj_clip: float | None = 3.0
+    use_skip_connections: bool = True
+    char_embedding_dim: int = 16
+    filters: tuple[tuple[int, int], ...] = (
+        (1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024),
+    )
+    n_highway: int = 2
+    n_characters: int = 262
+    max_chars: int = 50
+    activation: str = "relu"
+    extra: dict = field(default_factory=dict, compare=False)  # training keys we carry along
+
+    @property
+    def n_filters(self) -> int:
+        return sum(n for _, n in self.filters)
+
+    @property
+    def output_dim(self) -> int:
+        return 2 * self.projection_dim
+
+    @property
+    def n_output_layers(self) -> int:
+        return self.n_layers + 1
+
+    def forward_flops_per_token(self) -> int:
+        """Multiply-adds x 2 for one token through char CNN, highway, projection and both
+        LSTM directions (the per-token cost of inference; softmax excluded)."""
+        c, e = self.max_chars, self.char_embedding_dim
+        conv = sum(2 * (c - w + 1) * w * e * n for w, n in self.filters)
+        highway = self.n_highway * 2 * self.n_filters * 2 * self.n_filters
+        projection = 2 * self.n_filters * self.projection_dim
+        p, d = self.projection_dim, self.lstm_dim
+        lstm_cell = 2 * (p + p) * 4 * d + 2 * d * p
+        return conv + highway + projection + 2 * self.n_layers * lstm_cell
+
+
+class Highway(nn.Module):
+    """bilm-tf highway: ``y = g * relu(W_t x + b_t) + (1 - g) * x``, ``g = sigmoid(W_c x + b_c)``.
+
+    Both affine maps live in one ``Linear(d, 2d)``: rows ``[:d]`` transform, ``[d:]`` carry.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.linear = nn.Linear(dim, 2 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, d] -> [N, d]
+        transform, carry = self.linear(x).split(self.dim, dim=-1)
+        gate = torch.sigmoid(carry)
+        return torch.lerp(x, F.relu(transform).to(x.dtype), gate.to(x.dtype))
+
+
+class CharCNN(nn.Module):
+    """Token char ids -> context-free token vector (the ELMo token layer)."""
+
+    def __init__(self, config: BiLMConfig) -> None:
+        super().__init__()
+        if config.activation not in ("relu", "tanh"):
+            raise ValueError(f"char_cnn activation must be relu or tanh, got {config.activation!r}")
+        self.config = config
+        # Row 0 is the mask id and stays zero; bilm-tf's 261 rows are rows 1..261.
+        self.char_embedding = nn.Embedding(config.n_characters, config.char_embedding_dim,
+                                           padding_idx=0)
+        self.convs = nn.ModuleList(
+            nn.Conv1d(config.char_embedding_dim, n, kernel_size=w) for w, n in config.filters
+        )
+        self.highways = nn.ModuleList(Highway(config.n_filters) for _ in range(config.n_highway))
+        self.projection = nn.Linear(config.n_filters, config.projection_dim)
+
+    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, P]
+        chars = self.char_embedding(char_ids).transpose(1, 2)  # [N, E, C]
+        act = torch.relu if self.config.activation == "relu" else torch.tanh
+        # max over char positions, then the activation (bilm-tf's order)
+        pooled = [act(conv(chars).amax(dim=-1)) for conv in self.convs]
+        x = torch.cat(pooled, dim=-1)  # [N, n_filters]
+        for highway in self.highways:
+            x = highway(x)
+        return self.projection(x)
+
+
+@dataclass
+class PackPlan:
+    """Where each real token sits in the packed, length-sorted, time-major layout.
+
+    Tokens are numbered in *canonical* order: sentence after sentence, boundaries
+    included. Packed position ``offsets[t] + r`` holds time step ``t`` of the sentence of
+    rank ``r`` (by descending length); ``forward_index`` / ``backward_index`` give its
+    canonical number read forwards / backwards.
+    """
+
+    lengths: np.ndarray  # [B] tokens per sentence, canonical order
+    order: np.ndarray  # [B] sentence index of each rank
+    batch_sizes: list[int]  # [T] active sentences at each step (non-increasing)
+    offsets: list[int]  # [T] packed start of each step
+    forward_index: torch.Tensor  # [N] packed -> canonical, forward reading
+    backward_index: torch.Tensor  # [N] packed -> canonical, reversed reading
+
+    @classmethod
+    def build(cls, lengths: np.ndarray, device: torch.device | str = "cpu") -> PackPlan:
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.size == 0 or lengths.min() < 1:
+            raise ValueError("every sequence needs at least one token")
+        order = np.argsort(-lengths, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        sorted_lengths = lengths[order]
+        batch_sizes = [int((sorted_lengths > t).sum()) for t in range(int(sorted_lengths[0]))]
+        offsets = np.concatenate([[0], np.cumsum(batch_sizes)[:-1]]).astype(int).tolist()
+        fwd, bwd = [], []
+        for t, n in enumerate(batch_sizes):
+            rows = order[:n]
+            fwd.append(starts[rows] + t)
+            bwd.append(starts[rows] + lengths[rows] - 1 - t)
+        to_tensor = lambda parts: torch.from_numpy(np.concatenate(parts)).to(device)  # noqa: E731
+        return cls(lengths, order, batch_sizes, offsets, to_tensor(fwd), to_tensor(bwd))
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+# Per layer: (h [2, B, P], c [2, B, D]), direction 0 forward, 1 backward, canonical row order.
+LstmState = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class BiLstmLayer(nn.Module):
+    """One LSTM layer for both directions at once, bilm-tf's LSTMCell semantics:
+
+        gates = W [x; h_prev] + b           gate order here: input, forget, output, candidate
+        c = sigmoid(f) * c_prev + sigmoid(i) * tanh(g)      then clip to +-cell_clip
+        h = clip(W_p (sigmoid(o) * tanh(c)), +-proj_clip)   projected to P
+
+    TensorFlow adds 1.0 to the forget gate at run time; we fold it into the bias at load.
+    """
+
+    def __init__(self, config: BiLMConfig) -> None:
+        super().__init__()
+        p, d = config.projection_dim, config.lstm_dim
+        self.cell_clip = config.cell_clip
+        self.proj_clip = config.proj_clip
+        scale = 1.0 / math.sqrt(d)
+        self.input_weight = nn.Parameter(torch.empty(2, p, 4 * d).uniform_(-scale, scale))
+        self.recurrent_weight = nn.Parameter(torch.empty(2, p, 4 * d).uniform_(-scale, scale))
+        self.bias = nn.Parameter(torch.zeros(2, 4 * d))
+        self.projection = nn.Parameter(torch.empty(2, d, p).uniform_(-scale, scale))
+        with torch.no_grad():
+            self.bias[:, d : 2 * d] = 1.0  # forget gate
+
+    def forward(
+        self, x: torch.Tensor, plan: PackPlan, h: torch.Tensor, c: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: packed input ``[2, N, P]``; h, c: initial state ``[2, B, *]`` in rank order.
+        Returns packed output ``[2, N, P]`` and the final state ``[2, B, *]`` (rank order)."""
+        d = c.shape[-1]
+        # All input projections in one matmul; only the recurrent product runs per step.
+        pre = torch.baddbmm(self.bias.unsqueeze(1), x, self.input_weight)  # [2, N, 4D]
+        out = x.new_empty(x.shape[0], x.shape[1], self.projection.shape[-1])
+        final_h, final_c = h.clone(), c.clone()
+        for t, n in enumerate(plan.batch_sizes):
+            if n < h.shape[1]:  # sentences of rank >= n just ended: keep their state
+                final_h[:, n : h.shape[1]] = h[:, n:]
+                final_c[:, n : h.shape[1]] = c[:, n:]
+                h, c = h[:, :n], c[:, :n]
+            start = plan.offsets[t]
+            gates = torch.baddbmm(pre[:, start : start + n], h, self.recurrent_weight)
+            ifo = torch.sigmoid(gates[..., : 3 * d])
+            candidate = torch.tanh(gates[..., 3 * d :])
+            c = torch.addcmul(ifo[..., d : 2 * d] * c, ifo[..., :d], candidate)
+            if self.cell_clip:
+                c = c.clamp(-self.cell_clip, self.cell_clip)
+            h = torch.bmm(ifo[..., 2 * d :] * torch.tanh(c), self.projection)
+            if self.proj_clip:
+                h = h.clamp(-self.proj_clip, self.proj_clip)
+            out[:, start : start + n] = h
+        final_h[:, : h.shape[1]] = h
+        final_c[:, : c.shape[1]] = c
+        return out, final_h, final_c
+
+
+@dataclass
+class BiLMOutput:
+    layers: torch.Tensor  # [L + 1, B, T, 2P]
+    mask: torch.Tensor  # [B, T] bool, True where a token is
+
+
+class BiLM(nn.Module):
+    """Char CNN + forward and backward L-layer LSTM stacks; returns all 2L + 1 layers."""
+
+    def __init__(self, config: BiLMConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.char_cnn = CharCNN(config)
+        self.layers = nn.ModuleList(BiLstmLayer(config) for _ in range(config.n_layers))
+
+    def token_embedding(self, char_ids: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, P]
+        return self.char_cnn(char_ids)
+
+    def zero_state(self, batch_size: int, device: torch.device | str = "cpu") -> LstmState:
+        p, d = self.config.projection_dim, self.config.lstm_dim
+        return [
+            (torch.zeros(2, batch_size, p, device=device), torch.zeros(2, batch_size, d, device=device))
+            for _ in range(self.config.n_layers)
+        ]
+
+    def contextualize(
+        self,
+        tokens: torch.Tensor,
+        plan: PackPlan,
+        initial_state: LstmState | None = None,
+        dropout: float = 0.0,
+    ) -> tuple[torch.Tensor, LstmState]:
+        """Run both LSTM stacks over token vectors in canonical order.
+
+        tokens: ``[N, P]``, each sentence's tokens in a row, boundaries included.
+        initial_state: per layer ``(h [2, B, P], c [2, B, D])`` in sentence order; zeros if None.
+        Returns the LSTM layers ``[L, N, 2P]`` (canonical order; ``[..., :P]`` forward) and
+        the state after each sentence's last token, per direction, in sentence order.
+        """
+        n_sentences = len(plan.lengths)
+        if initial_state is None:
+            initial_state = self.zero_state(n_sentences, tokens.device)
+        order = torch.from_numpy(plan.order).to(tokens.device)
+        p = self.config.projection_dim
+        x = torch.stack([tokens[plan.forward_index], tokens[plan.backward_index]])  # [2, N, P]
+        outputs, final_state = [], []
+        for index, (layer, (h0, c0)) in enumerate(zip(self.layers, initial_state, strict=True)):
+            layer_in = F.dropout(x, dropout, self.training) if dropout else x
+            y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order])
+            if self.config.use_skip_connections and index > 0:
+                y = y + x  # residual between LSTM layers, not into the first one
+            outputs.append(y)
+            unsort_h, unsort_c = torch.empty_like(h), torch.empty_like(c)
+            unsort_h[:, order], unsort_c[:, order] = h, c
+            final_state.append((unsort_h, unsort_c))
+            x = y
+        packed = torch.stack(outputs)  # [L, 2, N, P]
+        layers = packed.new_empty(len(outputs), plan.n_tokens, 2 * p)
+        layers[:, plan.forward_index, :p] = packed[:, 0]
+        layers[:, plan.backward_index, p:] = packed[:, 1]
+        return layers, final_state
+
+    def forward(self, char_ids: torch.Tensor, initial_state: LstmState | None = None) -> BiLMOutput:
+        """Tensor API. char_ids ``[B, T, C]`` without sentence boundaries (0 = no token).
+
+        Adds ``<S>``/``</S>`` around each sentence, runs the biLM and strips them again.
+        Returns layers ``[L + 1, B, T, 2P]`` (zeros where masked) and the mask ``[B, T]``.
+        """
+        from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
+
+        batch, width, _ = char_ids.shape
+        mask = char_ids[..., 0] > 0  # [B, T]
+        lengths = mask.sum(dim=1)
+        device = char_ids.device
+        bos = torch.from_numpy(token_char_ids(BOS_TOKEN, self.config.max_chars)).to(device)
+        eos = torch.from_numpy(token_char_ids(EOS_TOKEN, self.config.max_chars)).to(device)
+        pieces = []
+        for row in range(batch):
+            n = int(lengths[row])
+            pieces += [bos[None], char_ids[row, :n], eos[None]]
+        flat_ids = torch.cat(pieces)  # [N, C]
+        plan = PackPlan.build(lengths.cpu().numpy() + 2, device)
+        tokens = self.token_embedding(flat_ids)
+        lstm_layers, _ = self.contextualize(tokens, plan, initial_state)
+        all_layers = torch.cat([tokens.repeat(1, 2).unsqueeze(0), lstm_layers])  # [L+1, N, 2P]
+        out = all_layers.new_zeros(all_layers.shape[0], batch, width, all_layers.shape[-1])
+        start = 0
+        for row in range(batch):
+            n = int(lengths[row])
+            out[:, row, :n] = all_layers[:, start + 1 : start + 1 + n]
+            start += n + 2
+        return BiLMOutput(out, mask)

@@ -1,0 +1,58 @@
+"""The ``elmo`` command: one dispatcher; each area registers its own verbs.
+
+Registrars import nothing heavy at module level, so ``elmo --help`` stays fast; torch,
+ray and friends are imported inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Modules exposing ``register(subparsers)``; each adds its verbs and sets ``handler``.
+REGISTRARS = (
+    "elmo_model.cli",
+)
+
+DESCRIPTION = """\
+elmo: corpus-scale ELMo embeddings: embed, store every layer, query with SQL, search senses.
+
+examples:
+  elmo model info models/default/options.json models/default/weights.safetensors
+  elmo embed-sentences OPTIONS WEIGHTS sentences.txt --out layers.npz
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="elmo", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in REGISTRARS:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from elmo_model.errors import ElmoUserError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except ElmoUserError as error:
+        print(f"elmo: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("elmo: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
