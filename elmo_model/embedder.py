@@ -129,7 +129,7 @@ class ElmoEmbedder:
         """Forget the carried state (stateful mode): the next batch starts from zeros."""
         self._carried = None
 
-    def _autocast(self):  # noqa: ANN202 - a context manager
+    def _autocast(self):
         if self.dtype == "float32":
             return nullcontext()
         return torch.autocast(self.device.type, dtype=_DTYPES[self.dtype])

@@ -230,9 +230,12 @@ def export_bilm_tf_weights(model: BiLM, path: str | Path) -> None:
         arrays[f"CNN/b_cnn_{k}"] = sd[f"char_cnn.convs.{k}.bias"]
     f = config.n_filters
     for k in range(config.n_highway):
-        weight, bias = sd[f"char_cnn.highways.{k}.linear.weight"], sd[f"char_cnn.highways.{k}.linear.bias"]
-        arrays[f"CNN_high_{k}/W_transform"], arrays[f"CNN_high_{k}/W_carry"] = weight[:f].T, weight[f:].T
-        arrays[f"CNN_high_{k}/b_transform"], arrays[f"CNN_high_{k}/b_carry"] = bias[:f], bias[f:]
+        weight = sd[f"char_cnn.highways.{k}.linear.weight"]
+        bias = sd[f"char_cnn.highways.{k}.linear.bias"]
+        arrays[f"CNN_high_{k}/W_transform"] = weight[:f].T
+        arrays[f"CNN_high_{k}/W_carry"] = weight[f:].T
+        arrays[f"CNN_high_{k}/b_transform"] = bias[:f]
+        arrays[f"CNN_high_{k}/b_carry"] = bias[f:]
     arrays["CNN_proj/W_proj"] = sd["char_cnn.projection.weight"].T
     arrays["CNN_proj/b_proj"] = sd["char_cnn.projection.bias"]
     for layer in range(config.n_layers):
