@@ -28,14 +28,20 @@ from elmo_model import BiLM, BiLMConfig, ElmoEmbedder
 
 CONFIGS = {
     "standard": BiLMConfig(),
-    "small": BiLMConfig(lstm_dim=1024, projection_dim=128,
-                        filters=((1, 32), (2, 32), (3, 64), (4, 128)), n_highway=1),
+    "small": BiLMConfig(
+        lstm_dim=1024,
+        projection_dim=128,
+        filters=((1, 32), (2, 32), (3, 64), (4, 128)),
+        n_highway=1,
+    ),
 }
 CORPORA = Path(__file__).resolve().parent.parent.parent / "shared" / "corpora"
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
-def running_text(n_sentences: int, skip: int, min_len: int = 8, max_len: int = 40) -> list[list[str]]:
+def running_text(
+    n_sentences: int, skip: int, min_len: int = 8, max_len: int = 40
+) -> list[list[str]]:
     """Consecutive lines of Austen and Melville, crudely tokenized, of moderate length."""
     lines = (CORPORA / "austen.txt").read_text(encoding="utf-8").splitlines()
     lines += (CORPORA / "moby_dick.txt").read_text(encoding="utf-8").splitlines()
@@ -51,8 +57,9 @@ def running_text(n_sentences: int, skip: int, min_len: int = 8, max_len: int = 4
     return out
 
 
-def matmul_rate(shapes: list[tuple[tuple[int, ...], tuple[int, ...], int]], dtype: torch.dtype,
-                repeats: int = 5) -> float:
+def matmul_rate(
+    shapes: list[tuple[tuple[int, ...], tuple[int, ...], int]], dtype: torch.dtype, repeats: int = 5
+) -> float:
     """FLOP-weighted GFLOP/s over (a_shape, b_shape, flop_share) matmuls."""
     seconds_per_flop = 0.0
     for a_shape, b_shape, share in shapes:
@@ -91,8 +98,9 @@ def cosines(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", choices=sorted(CONFIGS), default="standard")
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
     parser.add_argument("--batches", type=int, default=5, help="timed batches per variant")
@@ -103,14 +111,18 @@ def main() -> None:
     torch.manual_seed(0)
     model = BiLM(config).eval()
     sentences = running_text(args.batch_size * args.batches, skip=3000)
-    batches = [sentences[i : i + args.batch_size] for i in range(0, len(sentences), args.batch_size)]
+    batches = [
+        sentences[i : i + args.batch_size] for i in range(0, len(sentences), args.batch_size)
+    ]
     # Warm the cache as a long job would be: on the preceding running text.
     history = running_text(3000, skip=0)
     n_tokens = [sum(len(s) for s in b) for b in batches]
     flops_per_token = config.forward_flops_per_token()
-    print(f"config {args.config}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
-          f"{flops_per_token / 1e9:.3f} GFLOP/token; {len(batches)} batches of {args.batch_size} "
-          f"sentences, {statistics.mean(n_tokens):.0f} tokens each")
+    print(
+        f"config {args.config}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
+        f"{flops_per_token / 1e9:.3f} GFLOP/token; {len(batches)} batches of {args.batch_size} "
+        f"sentences, {statistics.mean(n_tokens):.0f} tokens each"
+    )
 
     variants = {
         "fp32": dict(dtype="float32", cache_size=0),
@@ -121,14 +133,17 @@ def main() -> None:
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
-        embedders = {name: ElmoEmbedder(model, device="cpu", max_batch_tokens=1 << 20, **kw)
-                     for name, kw in variants.items()}
+        embedders = {
+            name: ElmoEmbedder(model, device="cpu", max_batch_tokens=1 << 20, **kw)
+            for name, kw in variants.items()
+        }
         for embedder in embedders.values():
             if embedder.cache is not None:
                 with torch.inference_mode(), embedder._autocast():
                     for i in range(0, len(history), 256):
-                        embedder.cache.lookup(model, [t for s in history[i : i + 256] for t in s],
-                                              embedder.device)
+                        embedder.cache.lookup(
+                            model, [t for s in history[i : i + 256] for t in s], embedder.device
+                        )
         for embedder in embedders.values():  # one untimed batch each: allocator, kernels
             embedder.embed(batches[0][:4])
         times: dict[str, list[float]] = {name: [] for name in variants}
@@ -142,30 +157,42 @@ def main() -> None:
         shapes = model_matmul_shapes(config, args.batch_size, int(statistics.mean(n_tokens)))
         fp32_rate = matmul_rate(shapes, torch.float32)
         bf16_rate = matmul_rate(shapes, torch.bfloat16)
-        rate = {name: statistics.median(n / t for n, t in zip(n_tokens, ts, strict=True))
-                for name, ts in times.items()}
+        rate = {
+            name: statistics.median(n / t for n, t in zip(n_tokens, ts, strict=True))
+            for name, ts in times.items()
+        }
         cos = cosines(outputs["fp32"], outputs["bf16+cache"])
         effective = rate["fp32"] * flops_per_token / 1e9
         rows.append((threads, rate, fp32_rate, bf16_rate, effective, cos))
         print(f"\nthreads={threads}")
         for name, value in rate.items():
             print(f"  {name:<11} {value:8.0f} tokens/s  ({value / rate['fp32']:.2f}x fp32)")
-        print(f"  matmul rate for the model's shapes: fp32 {fp32_rate:.1f} GFLOP/s, "
-              f"bf16 {bf16_rate:.1f} GFLOP/s")
-        print(f"  effective fp32 model rate {effective:.1f} GFLOP/s = "
-              f"{effective / fp32_rate:.2f} of the fp32 matmul rate")
-        print(f"  cosine bf16+cache vs fp32 per token and layer: min {cos.min():.5f}, "
-              f"p01 {np.quantile(cos, 0.01):.5f}, mean {cos.mean():.5f}")
+        print(
+            f"  matmul rate for the model's shapes: fp32 {fp32_rate:.1f} GFLOP/s, "
+            f"bf16 {bf16_rate:.1f} GFLOP/s"
+        )
+        print(
+            f"  effective fp32 model rate {effective:.1f} GFLOP/s = "
+            f"{effective / fp32_rate:.2f} of the fp32 matmul rate"
+        )
+        print(
+            f"  cosine bf16+cache vs fp32 per token and layer: min {cos.min():.5f}, "
+            f"p01 {np.quantile(cos, 0.01):.5f}, mean {cos.mean():.5f}"
+        )
 
-    print("\n| threads | fp32 tok/s | fp32+cache | bf16 | bf16+cache | cache alone | bf16+cache "
-          "vs fp32 | fp32 matmul GFLOP/s | bf16 matmul GFLOP/s | effective fp32 GFLOP/s "
-          "(fraction) | min cosine |")
+    print(
+        "\n| threads | fp32 tok/s | fp32+cache | bf16 | bf16+cache | cache alone | bf16+cache "
+        "vs fp32 | fp32 matmul GFLOP/s | bf16 matmul GFLOP/s | effective fp32 GFLOP/s "
+        "(fraction) | min cosine |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for threads, rate, fp32_rate, bf16_rate, effective, cos in rows:
-        print(f"| {threads} | {rate['fp32']:.0f} | {rate['fp32+cache']:.0f} | {rate['bf16']:.0f} | "
-              f"{rate['bf16+cache']:.0f} | {rate['fp32+cache'] / rate['fp32']:.2f}x | "
-              f"{rate['bf16+cache'] / rate['fp32']:.2f}x | {fp32_rate:.1f} | {bf16_rate:.1f} | "
-              f"{effective:.1f} ({effective / fp32_rate:.2f}) | {cos.min():.4f} |")
+        print(
+            f"| {threads} | {rate['fp32']:.0f} | {rate['fp32+cache']:.0f} | {rate['bf16']:.0f} | "
+            f"{rate['bf16+cache']:.0f} | {rate['fp32+cache'] / rate['fp32']:.2f}x | "
+            f"{rate['bf16+cache'] / rate['fp32']:.2f}x | {fp32_rate:.1f} | {bf16_rate:.1f} | "
+            f"{effective:.1f} ({effective / fp32_rate:.2f}) | {cos.min():.4f} |"
+        )
 
 
 if __name__ == "__main__":

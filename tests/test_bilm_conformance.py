@@ -114,7 +114,8 @@ def test_stateful_rows_continue_their_own_state(elmo_fixture_dir: Path) -> None:
 
 
 def test_bf16_stays_close_to_fp32(elmo_fixture_dir: Path) -> None:
-    sentences = [s.split() for s in json.loads((elmo_fixture_dir / "sentences.json").read_text())[0]]
+    text = json.loads((elmo_fixture_dir / "sentences.json").read_text())
+    sentences = [s.split() for s in text[0]]
     fp32 = _fixture_embedder(elmo_fixture_dir, "stateless").embed(sentences)
     bf16 = elmo_model.load(elmo_fixture_dir / "options.json", elmo_fixture_dir / "lm_weights.hdf5",
                            device="cpu", dtype="bfloat16").embed(sentences)
