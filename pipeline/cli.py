@@ -14,6 +14,7 @@ from collections.abc import Sequence
 # Modules exposing ``register(subparsers)``; each adds its verbs and sets ``handler``.
 REGISTRARS = (
     "elmo_model.cli",
+    "pipeline.embed_cli",
 )
 
 DESCRIPTION = """\
