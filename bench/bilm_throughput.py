@@ -57,22 +57,18 @@ def running_text(
     return out
 
 
-def matmul_rate(
-    shapes: list[tuple[tuple[int, ...], tuple[int, ...], int]], dtype: torch.dtype, repeats: int = 5
+def matmul_seconds_per_flop(
+    shapes: list[tuple[tuple[int, ...], tuple[int, ...], float]], dtype: torch.dtype
 ) -> float:
-    """FLOP-weighted GFLOP/s over (a_shape, b_shape, flop_share) matmuls."""
-    seconds_per_flop = 0.0
+    """One timing of the FLOP-weighted seconds per FLOP over (a_shape, b_shape, share)."""
+    total = 0.0
     for a_shape, b_shape, share in shapes:
         a, b = torch.randn(a_shape, dtype=dtype), torch.randn(b_shape, dtype=dtype)
-        flops = 2 * a.numel() * b_shape[-1]
+        torch.matmul(a, b)  # warm: allocation, kernel selection
+        start = time.perf_counter()
         torch.matmul(a, b)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            torch.matmul(a, b)
-            times.append(time.perf_counter() - start)
-        seconds_per_flop += share * statistics.median(times) / flops
-    return 1e-9 / seconds_per_flop
+        total += share * (time.perf_counter() - start) / (2 * a.numel() * b_shape[-1])
+    return total
 
 
 def model_matmul_shapes(config: BiLMConfig, batch: int, tokens: int):
@@ -148,15 +144,18 @@ def main() -> None:
             embedder.embed(batches[0][:4])
         times: dict[str, list[float]] = {name: [] for name in variants}
         outputs: dict[str, list[np.ndarray]] = {name: [] for name in variants}
+        shapes = model_matmul_shapes(config, args.batch_size, int(statistics.mean(n_tokens)))
+        matmul: dict[torch.dtype, list[float]] = {torch.float32: [], torch.bfloat16: []}
         for batch in batches:
             for name, embedder in embedders.items():  # interleaved: same load for all
                 start = time.perf_counter()
                 out = embedder.embed(batch)
                 times[name].append(time.perf_counter() - start)
                 outputs[name].extend(out)
-        shapes = model_matmul_shapes(config, args.batch_size, int(statistics.mean(n_tokens)))
-        fp32_rate = matmul_rate(shapes, torch.float32)
-        bf16_rate = matmul_rate(shapes, torch.bfloat16)
+            for dtype, samples in matmul.items():  # the matmul rate under the same load
+                samples.append(matmul_seconds_per_flop(shapes, dtype))
+        fp32_rate = 1e-9 / statistics.median(matmul[torch.float32])
+        bf16_rate = 1e-9 / statistics.median(matmul[torch.bfloat16])
         rate = {
             name: statistics.median(n / t for n, t in zip(n_tokens, ts, strict=True))
             for name, ts in times.items()

@@ -30,6 +30,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,8 @@ class TrainParams:
     clip_norm: float = 5.0
     seed: int = 0
     heldout_percent: float = 1.0
+    precision: str = "float32"  # or bfloat16: autocast matmuls, float32 master weights
+
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str) -> TrainParams:
@@ -92,6 +95,8 @@ class TrainParams:
             raise ElmoUserError(f"{source}: bad training value ({error})") from None
         if params.optimizer not in ("adam", "adagrad"):
             raise ElmoUserError(f"{source}: training.optimizer must be adam or adagrad")
+        if params.precision not in ("float32", "bfloat16"):
+            raise ElmoUserError(f"{source}: training.precision must be float32 or bfloat16")
         if params.lr_schedule not in ("constant", "linear"):
             raise ElmoUserError(f"{source}: training.lr_schedule must be constant or linear")
         if min(params.batch_size, params.unroll_steps, params.n_tokens_vocab) < 1:
@@ -613,6 +618,8 @@ def train(
         vocab.save(out / VOCAB_FILE)
 
     plan = PackPlan.build(np.full(b, u))
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if params.precision == "bfloat16"
+                else nullcontext())
     generator = torch.Generator()
     model.train()
     session_start = time.perf_counter()
@@ -665,12 +672,14 @@ def train(
         # The backward LM reads each canonical window right to left; flip its reading-order
         # window so that right-to-left reading continues the reversed text.
         bwd_in, bwd_next = backward_ids[:, :u][:, ::-1], backward_ids[:, 1:][:, ::-1]
-        all_tokens = _embed_types(model, corpus, np.concatenate([fwd_in.ravel(),
-                                                                 bwd_in.ravel()]))
-        fwd_tokens, bwd_tokens = all_tokens[: b * u], all_tokens[b * u :]
-        layers, final = model.contextualize(fwd_tokens, plan, carried, params.dropout,
-                                            backward_tokens=bwd_tokens)
-        top = F.dropout(layers[-1], params.dropout, True) if params.dropout else layers[-1]
+        with autocast:
+            all_tokens = _embed_types(model, corpus, np.concatenate([fwd_in.ravel(),
+                                                                     bwd_in.ravel()]))
+            fwd_tokens, bwd_tokens = all_tokens[: b * u], all_tokens[b * u :]
+            layers, final = model.contextualize(fwd_tokens, plan, carried, params.dropout,
+                                                backward_tokens=bwd_tokens)
+        top = layers[-1].float()
+        top = F.dropout(top, params.dropout, True) if params.dropout else top
         p = config.projection_dim
         hidden = torch.cat([top[:, :p], top[:, p:]])
         targets = torch.from_numpy(np.concatenate([
@@ -684,12 +693,12 @@ def train(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(named.values()), params.clip_norm)
         optimizer.step()
-        carried = [(h.detach(), c.detach()) for h, c in final]
+        carried = [(h.detach().float(), c.detach().float()) for h, c in final]
 
         state.step += 1
         state.tokens_seen += b * u
         window_tokens += b * u
-        value = float(loss)
+        value = float(loss.detach())
         if not math.isfinite(value):
             raise RuntimeError(f"training diverged at step {state.step} (loss {value}); lower "
                                "training.lr or training.clip_norm")

@@ -1,0 +1,237 @@
+"""``elmo`` verbs for the biLM: model info / export, embed-sentences, train.
+
+Nothing heavy is imported at module level (``elmo --help`` stays fast); torch and the
+model code are imported inside the handlers. User mistakes raise ``ElmoUserError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from elmo_model.errors import ElmoUserError
+
+_RAW = argparse.RawDescriptionHelpFormatter
+
+TRAIN_HELP = """\
+Train a biLM (forward + backward LMs, shared char CNN and softmax) on plain text,
+one paragraph or sentence per line. Resumes automatically when --out already holds a
+checkpoint; a kill loses at most the steps since the last checkpoint.
+
+examples:
+  elmo train '../shared/corpora/*.txt' --config small --out runs/small --max-minutes 60
+  elmo train 'my_domain/*.txt' --init-from models/default --out runs/domain --max-steps 2000
+  elmo train 'data/*.txt' --config my_options.json --out runs/custom --checkpoint-minutes 2
+"""
+
+INFO_HELP = """\
+Show a model's configuration, parameter count and inference FLOPs per token.
+
+examples:
+  elmo model info models/default/options.json models/default/weights.safetensors
+  elmo model info elmo_options.json elmo_weights.hdf5
+"""
+
+EXPORT_HELP = """\
+Export a model directory (ours or a training checkpoint) in another layout.
+--format allennlp writes options.json + weights.hdf5 as bilm-tf / AllenNLP read them.
+
+examples:
+  elmo model export models/default --format allennlp --out exported/default
+"""
+
+EMBED_HELP = """\
+Embed pre-tokenized sentences (one per line, tokens separated by spaces) and print
+the layer shapes, or save every layer with --out.
+
+examples:
+  elmo embed-sentences models/default/options.json models/default/weights.safetensors s.txt
+  elmo embed-sentences OPTIONS WEIGHTS s.txt --out layers.npz --mode stateful
+"""
+
+
+def register(subparsers: Any) -> None:
+    train = subparsers.add_parser("train", help="train or fine-tune a biLM on plain text",
+                                  description=TRAIN_HELP, formatter_class=_RAW)
+    train.add_argument("corpus", metavar="CORPUS_GLOB",
+                       help="text files, one paragraph per line (quote the glob)")
+    train.add_argument("--config", default="small",
+                       help="small | medium | standard | an options JSON file (default small)")
+    train.add_argument("--out", required=True, help="checkpoint / model directory")
+    train.add_argument("--init-from", metavar="MODEL_DIR",
+                       help="fine-tune: start from this model (ours, or options.json + "
+                            "weights.hdf5); its shape wins over --config")
+    train.add_argument("--max-steps", type=int, help="stop at this total step count; also the "
+                       "horizon of the learning-rate decay")
+    train.add_argument("--max-minutes", type=float, help="stop after this many minutes")
+    train.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    train.add_argument("--eval-lines", type=int, default=300,
+                       help="held-out lines evaluated at intermediate checkpoints (the final "
+                            "one uses all)")
+    train.add_argument("--threads", type=int, default=1,
+                       help="torch threads (default 1: two under CPU contention are far slower)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a training key, e.g. --set lr=0.002 --set dropout=0")
+    train.add_argument("--no-progress", action="store_true")
+    train.set_defaults(handler=_train)
+
+    model = subparsers.add_parser("model", help="inspect or export a biLM",
+                                  description="Inspect or export a biLM.", formatter_class=_RAW)
+    verbs = model.add_subparsers(dest="model_command", metavar="VERB")
+    info = verbs.add_parser("info", help="config, parameters, FLOPs per token",
+                            description=INFO_HELP, formatter_class=_RAW)
+    info.add_argument("options")
+    info.add_argument("weights")
+    info.set_defaults(handler=_model_info)
+    export = verbs.add_parser("export", help="write options.json + weights.hdf5 (bilm-tf)",
+                              description=EXPORT_HELP, formatter_class=_RAW)
+    export.add_argument("model_dir", metavar="DIR")
+    export.add_argument("--format", choices=["allennlp"], default="allennlp")
+    export.add_argument("--out", required=True, metavar="DIR2")
+    export.set_defaults(handler=_model_export)
+    model.set_defaults(handler=lambda _args: model.print_help() or 2)
+
+    embed = subparsers.add_parser("embed-sentences", help="embed pre-tokenized sentences",
+                                  description=EMBED_HELP, formatter_class=_RAW)
+    embed.add_argument("options")
+    embed.add_argument("weights")
+    embed.add_argument("file", metavar="FILE", help="one pre-tokenized sentence per line")
+    embed.add_argument("--out", metavar="F.npz", help="save all layers (one array per sentence)")
+    embed.add_argument("--mode", choices=["stateless", "stateful"], default="stateless")
+    embed.add_argument("--device", default="cpu")
+    embed.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    embed.set_defaults(handler=_embed_sentences)
+
+
+def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    import json
+
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ElmoUserError(f"--set expects KEY=VALUE, got {pair!r}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
+def _train(args: argparse.Namespace) -> int:
+    import torch
+
+    from elmo_model.train import train
+
+    torch.set_num_threads(max(1, args.threads))
+    command = "elmo " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    result = train(
+        args.corpus, args.out, config_spec=args.config, init_from=args.init_from,
+        max_steps=args.max_steps, max_minutes=args.max_minutes,
+        checkpoint_minutes=args.checkpoint_minutes, eval_lines=args.eval_lines,
+        progress=not args.no_progress, command=command,
+        overrides=_parse_overrides(args.set) or None,
+    )
+    ppl = result.last_perplexity
+    if ppl:
+        print(f"{result.out}: step {result.state.step}, held-out perplexity forward "
+              f"{ppl['forward']:.1f} backward {ppl['backward']:.1f} mean {ppl['mean']:.1f}")
+    return 0
+
+
+def _model_info(args: argparse.Namespace) -> int:
+    from elmo_model import build_model
+
+    model = build_model(args.options, args.weights)
+    config = model.config
+    params = sum(p.numel() for p in model.parameters())
+    char_params = sum(p.numel() for p in model.char_cnn.parameters())
+    print(f"options:        {args.options}")
+    print(f"weights:        {args.weights}")
+    print(f"layers:         {config.n_layers} biLSTM layers, {config.lstm_dim} cells, "
+          f"projection {config.projection_dim} (output {config.output_dim} per layer, "
+          f"{config.n_output_layers} layers)")
+    print(f"char CNN:       embedding {config.char_embedding_dim}, {len(config.filters)} "
+          f"widths, {config.n_filters} filters, {config.n_highway} highway, "
+          f"{config.activation}")
+    print(f"clips:          cell {config.cell_clip}, projection {config.proj_clip}, skip "
+          f"connections {config.use_skip_connections}")
+    print(f"parameters:     {params:,} ({char_params:,} in the char CNN)")
+    flops = config.forward_flops_per_token()
+    print(f"FLOPs / token:  {flops:,} ({flops / 1e6:.1f} MFLOP, inference, softmax excluded)")
+    return 0
+
+
+def _read_sentences(path: str) -> list[list[str]]:
+    file = Path(path)
+    if not file.is_file():
+        raise ElmoUserError(f"sentence file not found: {file}")
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise ElmoUserError(f"{file}: not UTF-8 text ({error})") from None
+    sentences = [line.split() for line in lines if line.strip()]
+    if not sentences:
+        raise ElmoUserError(f"{file}: no sentences (expects one tokenized sentence per line)")
+    return sentences
+
+
+def _embed_sentences(args: argparse.Namespace) -> int:
+    import time
+
+    import numpy as np
+
+    from elmo_model import load
+
+    sentences = _read_sentences(args.file)
+    embedder = load(args.options, args.weights, mode=args.mode, device=args.device,
+                    dtype=args.dtype)
+    start = time.perf_counter()
+    layers = embedder.embed(sentences)
+    elapsed = time.perf_counter() - start
+    n_tokens = sum(len(s) for s in sentences)
+    if args.out:
+        out = Path(args.out)
+        if out.parent and not out.parent.is_dir():
+            raise ElmoUserError(f"--out {out}: directory {out.parent} does not exist")
+        np.savez(out, **{f"sentence_{i}": array for i, array in enumerate(layers)})
+        print(f"wrote {len(layers)} sentences ({n_tokens} tokens) to {out}")
+    else:
+        for i, (sentence, array) in enumerate(zip(sentences, layers, strict=True)):
+            norms = np.linalg.norm(array, axis=-1).mean(axis=1)
+            print(f"{i}\t{len(sentence)} tokens\tlayers {list(array.shape)}\tmean norms "
+                  + " ".join(f"{n:.2f}" for n in norms))
+    print(f"{len(sentences)} sentences, {n_tokens} tokens, {args.mode}, "
+          f"{n_tokens / max(elapsed, 1e-9):,.0f} tokens/s", file=sys.stderr)
+    return 0
+
+
+def _model_export(args: argparse.Namespace) -> int:
+    import json
+
+    from elmo_model import build_model
+    from elmo_model.weights import (
+        HDF5_FILE,
+        OPTIONS_FILE,
+        export_bilm_tf_weights,
+        find_weights,
+        options_from_config,
+    )
+
+    source = Path(args.model_dir)
+    if not source.is_dir():
+        raise ElmoUserError(f"model directory not found: {source}")
+    model = build_model(source / OPTIONS_FILE, find_weights(source))
+    out = Path(args.out)
+    if out.resolve() == source.resolve():
+        raise ElmoUserError("--out must differ from the source directory")
+    out.mkdir(parents=True, exist_ok=True)
+    options = options_from_config(model.config)
+    options.pop("training", None)  # bilm-tf's loaders only read lstm and char_cnn
+    (out / OPTIONS_FILE).write_text(json.dumps(options, indent=2) + "\n", encoding="utf-8")
+    export_bilm_tf_weights(model, out / HDF5_FILE)
+    print(f"wrote {out / OPTIONS_FILE} and {out / HDF5_FILE} (bilm-tf / AllenNLP layout)")
+    return 0
