@@ -610,6 +610,8 @@ def train(
         _restore_optimizer(optimizer, named, tensors)
         carried = [(tensors[f"carry.h.{i}"], tensors[f"carry.c.{i}"])
                    for i in range(config.n_layers)]
+        if max_steps is not None:
+            state.total_steps = max_steps  # the decay follows the latest step budget
     else:
         out.mkdir(parents=True, exist_ok=True)
         state = TrainState(total_steps=max_steps, init_from=init_from, corpus=corpus_glob,

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 REGISTRARS = (
     "elmo_model.cli",
     "pipeline.embed_cli",
+    "pipeline.lookup_cli",
+    "jobs.cli",
 )
 
 DESCRIPTION = """\
