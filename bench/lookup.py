@@ -1,0 +1,334 @@
+"""Lookup-layer benchmark: mixing on read, SQL, and the LanceDB sense index.
+
+    .venv/bin/python bench/lookup.py                        # 100k tokens, dim 1024
+    .venv/bin/python bench/lookup.py --tokens 1000000 --dim 256 --skip-sql
+    .venv/bin/python bench/lookup.py --tokens 100000 --sweep   # nprobes x ef table
+
+A synthetic dataset in the real layout (``_dataset.json``, committed manifest entries,
+hive-partitioned zstd Parquet written with the pipeline's settings: float16 layers
+without dictionary encoding, ~64 MB row groups) stands in for an embedded corpus,
+because embedding 100k+ tokens with a real biLM takes hours on this machine. Vectors
+imitate contextual embeddings: a Zipf-distributed vocabulary, each word a random centre
+with 1-4 "sense" offsets, plus per-occurrence context noise; layer 0 is the bare word
+centre (context free), layer 1 and 2 add sense and noise. Random float16 compresses
+about as badly as real activations (6 KB per 3x1024 token either way).
+
+Reported: numpy mix tokens/s (``top`` reads 1 layer, ``average`` 3), the same through
+the DuckDB ``elmo_mix`` UDF and the precomputed ``materialize_mix`` table; latency of
+typical SQL queries; ``elmo index build`` time (mix + read + add + IVF_HNSW_SQ); recall@10
+and p50/p95 latency vs exact numpy search, without and with a ``token = ...`` prefilter
+(both the product path, which goes exact below 20k matching rows, and the forced ANN
+path). Best of ``--repeat`` runs for throughput (other processes share the 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline.index import SenseIndex, build_index, token_filter  # noqa: E402
+from pipeline.mixes import iter_mixed, open_dataset  # noqa: E402
+from schemas import DatasetDescriptor, token_schema  # noqa: E402
+
+
+def write_synthetic(out: Path, n_tokens: int, dim: int, n_shards: int = 4, vocab: int = 20_000,
+                    seed: int = 0) -> dict[str, np.ndarray]:
+    """Write the dataset; returns the float32 top-layer vectors and tokens for ground truth."""
+    rng = np.random.default_rng(seed)
+    ranks = np.arange(1, vocab + 1)
+    p = 1.0 / ranks
+    words = rng.choice(vocab, size=n_tokens, p=p / p.sum())
+    centres = rng.standard_normal((vocab, dim), dtype=np.float32)
+    n_senses = rng.integers(1, 5, size=vocab)
+    sense_offsets = rng.standard_normal((vocab, 4, dim), dtype=np.float32) * 0.6
+    senses = (rng.random(n_tokens) * n_senses[words]).astype(np.int64)
+    descriptor = DatasetDescriptor(
+        model_fingerprint="synthetic-" + hashlib.sha256(f"{seed}".encode()).hexdigest()[:16],
+        n_output_layers=3, dim=dim, dtype="float16", n_shards=n_shards,
+        tokenizer={"name": "synthetic", "version": "1"}, model={"synthetic": True})
+    out.mkdir(parents=True)
+    (out / "_dataset.json").write_text(descriptor.to_json())
+    schema = token_schema(3, dim, "float16")
+    rows_per_group = max(1024, (64 << 20) // (3 * dim * 2))
+    top = np.empty((n_tokens, dim), np.float16)
+    per_shard = np.array_split(np.arange(n_tokens), n_shards)
+    for shard, idx in enumerate(per_shard):
+        n = len(idx)
+        sent = idx // 20
+        doc_ids = pa.array([f"doc{s // 10}" for s in sent])
+        w = words[idx]
+        layer0 = centres[w]
+        layer1 = layer0 + sense_offsets[w, senses[idx]] + 0.3 * rng.standard_normal(
+            (n, dim), dtype=np.float32)
+        layer2 = layer0 + sense_offsets[w, senses[idx]] + 0.5 * rng.standard_normal(
+            (n, dim), dtype=np.float32)
+        top[idx] = layer2.astype(np.float16)
+        tokens = pa.array([f"w{x}" for x in w])
+        cols = {
+            "doc_id": doc_ids, "sent_idx": pa.array(sent % 10, pa.int32()),
+            "tok_idx": pa.array(idx % 20, pa.int32()), "token": tokens,
+            "char_start": pa.array((idx % 20) * 6, pa.int32()),
+            "char_end": pa.array((idx % 20) * 6 + 5, pa.int32()),
+        }
+        for k, layer in enumerate((layer0, layer1, layer2)):
+            cols[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(
+                pa.array(layer.astype(np.float16).reshape(-1)), dim)
+        folder = out / "tokens" / f"shard={shard}"
+        folder.mkdir(parents=True)
+        pq.write_table(pa.table(cols, schema=schema), folder / "main.parquet", compression="zstd",
+                       use_dictionary=["doc_id", "token"], row_group_size=rows_per_group)
+        sent_ids = np.unique(sent)
+        sentences = pa.table({
+            "doc_id": pa.array([f"doc{s // 10}" for s in sent_ids]),
+            "sent_idx": pa.array(sent_ids % 10, pa.int32()),
+            "text": pa.array(["w " * 20] * len(sent_ids)),
+            "char_start": pa.array(np.zeros(len(sent_ids)), pa.int32()),
+            "char_end": pa.array(np.full(len(sent_ids), 120), pa.int32()),
+            "n_tokens": pa.array(np.full(len(sent_ids), 20), pa.int32()),
+            "n_windows": pa.array(np.ones(len(sent_ids)), pa.int32()),
+        })
+        from schemas import TABLE_SCHEMAS
+
+        empty = {name: TABLE_SCHEMAS[name].empty_table() for name in ("documents", "errors")}
+        for table_name, table in (("sentences", sentences), *empty.items()):
+            folder = out / table_name / f"shard={shard}"
+            folder.mkdir(parents=True)
+            pq.write_table(table, folder / "main.parquet", compression="zstd")
+        manifest = out / "_manifest" / "main"
+        manifest.mkdir(parents=True, exist_ok=True)
+        (manifest / f"shard={shard}.json").write_text(json.dumps({
+            "shard": shard, "part": "main", "run_id": "bench", "counts": {"tokens": n},
+            "files": {"tokens": f"tokens/shard={shard}/main.parquet"}}))
+    return {"top": top.astype(np.float32), "words": words}
+
+
+def best_rate(fn, n: int, repeat: int) -> tuple[float, float]:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return n / min(times), min(times)
+
+
+def bench_mix(ds_uri: str, n: int, repeat: int) -> dict[str, float]:
+    ds = open_dataset(ds_uri)
+    out = {}
+    for name in ("top", "average"):
+        mix = ds.mix(name)
+
+        def run(mix=mix) -> None:
+            total = 0
+            for _, v in iter_mixed(ds, mix, columns=("tok_idx",)):
+                total += len(v)
+            assert total == n
+
+        rate, secs = best_rate(run, n, repeat)
+        out[f"numpy_{name}_tok_s"] = rate
+        print(f"  numpy mix {name:8s}: {rate:>12,.0f} tokens/s ({secs:.2f} s, read included)")
+    return out
+
+
+def bench_sql(ds_uri: str, n: int, repeat: int, top_vectors: np.ndarray,
+              words: np.ndarray) -> dict[str, float]:
+    from pipeline.sql import connect, materialize_mix
+
+    out = {}
+    con = connect(ds_uri)
+    try:
+        q = ("SELECT sum(elmo_mix(layer_0, layer_1, layer_2, 'top')[1]) FROM tokens")
+        rate, secs = best_rate(lambda: con.sql(q).fetchall(), n, repeat)
+        out["sql_udf_top_tok_s"] = rate
+        print(f"  SQL elmo_mix top     : {rate:>12,.0f} tokens/s ({secs:.2f} s)")
+        q = ("SELECT sum(elmo_mix(layer_0, layer_1, layer_2, 'average')[1]) FROM tokens")
+        rate, secs = best_rate(lambda: con.sql(q).fetchall(), n, repeat)
+        out["sql_udf_average_tok_s"] = rate
+        print(f"  SQL elmo_mix average : {rate:>12,.0f} tokens/s ({secs:.2f} s)")
+        t0 = time.perf_counter()
+        materialize_mix(con, ds_uri, "top")
+        secs = time.perf_counter() - t0
+        out["sql_materialize_top_tok_s"] = n / secs
+        print(f"  materialize_mix top  : {n / secs:>12,.0f} tokens/s ({secs:.2f} s)")
+        frequent = f"w{np.bincount(words).argsort()[-50]}"  # a mid-frequency word
+        queries = {
+            "token counts (group by, top 10)":
+                ("SELECT token, count(*) n FROM tokens GROUP BY token ORDER BY n DESC LIMIT 10",
+                 None),
+            "one word's occurrences, cosine to one, UDF":
+                ("SELECT doc_id, sent_idx, tok_idx, elmo_cosine(elmo_mix(layer_0, layer_1, "
+                 "layer_2, 'top'), $v) s FROM tokens WHERE token = $w ORDER BY s DESC LIMIT 10",
+                 {"w": frequent, "v": top_vectors[0].tolist()}),
+            "one word's occurrences, cosine, materialized":
+                ("SELECT doc_id, sent_idx, tok_idx, array_cosine_similarity(vector, "
+                 f"$v::FLOAT[{top_vectors.shape[1]}]) s FROM mix_top WHERE token = $w "
+                 "ORDER BY s DESC LIMIT 10", {"w": frequent, "v": top_vectors[0].tolist()}),
+            "top-10 cosine over all tokens, materialized":
+                ("SELECT doc_id, sent_idx, tok_idx, array_cosine_similarity(vector, "
+                 f"$v::FLOAT[{top_vectors.shape[1]}]) s FROM mix_top ORDER BY s DESC LIMIT 10",
+                 {"v": top_vectors[0].tolist()}),
+        }
+        for label, (sql, params) in queries.items():
+            times = []
+            for _ in range(max(3, repeat)):
+                t0 = time.perf_counter()
+                con.sql(sql, params=params).fetchall()
+                times.append(time.perf_counter() - t0)
+            out[f"sql_ms::{label}"] = 1000 * statistics.median(times)
+            print(f"  SQL {label:45s}: median {1000 * statistics.median(times):8.1f} ms")
+    finally:
+        con.close()
+    return out
+
+
+def exact_topk(vectors_unit: np.ndarray, q: np.ndarray, k: int,
+               rows: np.ndarray | None = None) -> np.ndarray:
+    base = vectors_unit if rows is None else vectors_unit[rows]
+    sims = base @ (q / np.linalg.norm(q))
+    top = np.argpartition(-sims, min(k, len(sims) - 1))[:k]
+    top = top[np.argsort(-sims[top])]
+    return top if rows is None else rows[top]
+
+
+def _keys(table: pa.Table) -> list[tuple]:
+    return list(zip(table["doc_id"].to_pylist(), table["sent_idx"].to_pylist(),
+                    table["tok_idx"].to_pylist(), strict=True))
+
+
+def bench_index(ds_uri: str, out_uri: str, data: dict[str, np.ndarray], n_queries: int,
+                sweep: bool, rng: np.random.Generator) -> dict[str, float]:
+    result: dict[str, float] = {}
+    t0 = time.perf_counter()
+    summary = build_index(ds_uri, "top", out_uri, kind="hnsw", rebuild=True)
+    result["build_s"] = time.perf_counter() - t0
+    print(f"  {summary.line()}")
+    ix = SenseIndex(out_uri)
+    top, words = data["top"], data["words"]
+    n = len(top)
+    unit = top / np.linalg.norm(top, axis=1, keepdims=True)
+    # Key of row i, as the index stores it (see write_synthetic).
+    idx = np.arange(n)
+    keys = [(f"doc{s // 10}", int(s % 10), int(t)) for s, t in zip(idx // 20, idx % 20,
+                                                                     strict=True)]
+    picks = rng.choice(n, n_queries, replace=False)
+    # A query is a new context of an existing occurrence's word: its vector plus noise.
+    queries = top[picks] + 0.3 * rng.standard_normal(top[picks].shape).astype(np.float32)
+    truth = [exact_topk(unit, q, 10) for q in queries]
+
+    def measure(label: str, search, truth_rows) -> tuple[float, float, float]:
+        lat, rec = [], []
+        for q, want in zip(queries, truth_rows, strict=True):
+            t = time.perf_counter()
+            got = search(q)
+            lat.append(1000 * (time.perf_counter() - t))
+            want_keys = {keys[i] for i in want}
+            rec.append(len(want_keys & set(_keys(got)[:10])) / max(1, len(want_keys)))
+        p50, p95 = np.percentile(lat, 50), np.percentile(lat, 95)
+        print(f"  {label:52s} recall@10 {np.mean(rec):.3f}  p50 {p50:6.1f} ms  "
+              f"p95 {p95:6.1f} ms")
+        return float(np.mean(rec)), float(p50), float(p95)
+
+    cols = ["doc_id", "sent_idx", "tok_idx"]
+
+    def ann(nprobes: int, ef: int, refine: int | None = None, where: str | None = None):
+        def run(q: np.ndarray) -> pa.Table:
+            s = ix.table.search(q).distance_type("cosine").nprobes(nprobes).ef(ef)
+            if refine:
+                s = s.refine_factor(refine)
+            if where:
+                s = s.where(where, prefilter=True)
+            return s.select([*cols, "_distance"]).limit(10).to_arrow()
+        return run
+
+    for q in queries[:5]:  # warm the index cache
+        ann(20, 100)(q)
+    grid = [(10, 50), (20, 100), (40, 200)] if sweep else [(20, 100)]
+    for nprobes, ef in grid:
+        r, p50, p95 = measure(f"ANN nprobes={nprobes} ef={ef}", ann(nprobes, ef), truth)
+        result[f"ann_{nprobes}_{ef}"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
+    r, p50, p95 = measure("exact (LanceDB flat scan)",
+                          lambda q: ix.table.search(q).distance_type("cosine")
+                          .bypass_vector_index().select([*cols, "_distance"]).limit(10)
+                          .to_arrow(), truth)
+    result["flat_scan"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
+    t = time.perf_counter()
+    for q in queries:
+        exact_topk(unit, q, 10)
+    result["numpy_exact_ms"] = 1000 * (time.perf_counter() - t) / len(queries)
+    print(f"  numpy brute force: {result['numpy_exact_ms']:.1f} ms/query")
+
+    # Prefilter: the query's own word (token = ...).
+    word_of = [f"w{words[i]}" for i in picks]
+    rows_of = {w: np.flatnonzero(words == int(w[1:])) for w in set(word_of)}
+    truth_f = [exact_topk(unit, q, 10, rows_of[w]) for q, w in zip(queries, word_of,
+                                                                    strict=True)]
+    it = iter(word_of)
+    r, p50, p95 = measure("prefilter token=w, product path (SenseIndex.search)",
+                          lambda q: ix.search(q, k=10, words=[next(it)], columns=cols),
+                          truth_f)
+    result["prefilter_product"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
+    it = iter(word_of)
+    r, p50, p95 = measure("prefilter token=w, forced ANN nprobes=20 ef=100",
+                          lambda q: ann(20, 100, where=token_filter([next(it)], "token"))(q),
+                          truth_f)
+    result["prefilter_ann"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
+    counts = np.array([len(rows_of[w]) for w in word_of])
+    print(f"  (query words have {np.median(counts):.0f} rows median, {counts.max()} max)")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--skip-sql", action="store_true")
+    parser.add_argument("--skip-index", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="nprobes x ef grid")
+    parser.add_argument("--workdir", help="keep the synthetic data here (default: temp)")
+    parser.add_argument("--json", help="write the numbers here")
+    args = parser.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="elmo-lookup-bench-"))
+    ds_dir = work / f"ds-{args.tokens}-{args.dim}"
+    rng = np.random.default_rng(1)
+    print(f"lookup bench: {args.tokens:,} tokens, dim {args.dim}, {os.cpu_count()} cpus, "
+          f"load {os.getloadavg()[0]:.1f}")
+    if ds_dir.exists():
+        shutil.rmtree(ds_dir)
+    t0 = time.perf_counter()
+    data = write_synthetic(ds_dir, args.tokens, args.dim)
+    print(f"  wrote synthetic dataset in {time.perf_counter() - t0:.1f} s "
+          f"({sum(f.stat().st_size for f in ds_dir.rglob('*.parquet')) / 1e6:,.0f} MB)")
+    results: dict[str, object] = {"tokens": args.tokens, "dim": args.dim}
+    results.update(bench_mix(str(ds_dir), args.tokens, args.repeat))
+    if not args.skip_sql:
+        results.update(bench_sql(str(ds_dir), args.tokens, args.repeat, data["top"],
+                                 data["words"]))
+    if not args.skip_index:
+        results.update(bench_index(str(ds_dir), str(work / f"ix-{args.tokens}-{args.dim}"),
+                                   data, args.queries, args.sweep, rng))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=float))
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

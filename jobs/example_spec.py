@@ -1,0 +1,27 @@
+"""The annotated example spec shown by ``elmo jobs --help`` (no imports: --help stays fast)."""
+
+EXAMPLE_SPEC = """\
+# elmo job spec (TOML). Paths without a scheme are relative to this file.
+name = "news"                          # default: the file name without extension
+source = "s3://corpus/news/**/*.jsonl" # a glob URI, or a list of them
+output = "s3://datasets/news"          # the dataset; job state lives in its _jobs/
+model = "models/default"               # directory with options.json + weights
+shards = 8
+dtype = "float16"                      # or "float32"
+schedule = "0 3 * * *"                 # cron, in `timezone` (default UTC)
+timezone = "UTC"
+delete_missing = false                 # remove rows of source files that disappeared
+mixes = ["top", "average"]             # LanceDB indexes refreshed after each run
+# index_out = "s3://datasets/news-index"   # default: <output>/_index
+
+[read]
+format = "jsonl"
+
+[ray]
+address = "auto"                       # empty: in-process, or local Ray for actors > 1
+actors = 4
+num_gpus = 1                           # per actor
+
+[storage_options]                      # passed to fsspec for source and output
+anon = false
+"""

@@ -1,0 +1,402 @@
+"""A LanceDB index of mixed token vectors, for contextual-sense search.
+
+    elmo index build data/ds --mix top --out data/ds-top.lance
+
+One row per stored token: ``vector`` (the mix, float32), ``token``, ``token_lower``,
+``doc_id``, ``sent_idx``, ``tok_idx``, ``part``, ``shard``, ``sentence`` (its text) and
+``start``/``end`` (the token's character span inside ``sentence``, for highlighting).
+Scalar BTree indexes on ``token`` and ``token_lower`` make ``token = ...`` prefilters
+cheap.
+
+Vector index (``--index``): ``flat`` (none: exact brute-force search), ``hnsw``
+(IVF_HNSW_SQ, cosine) or ``auto`` (hnsw from ``HNSW_MIN_ROWS`` rows on, else flat).
+IVF_PQ was rejected: recall@10 0.08-0.5 at defaults here, and 9x slower to build on
+float16. A prefiltered query whose filter leaves at most ``EXACT_FILTER_ROWS`` rows runs
+exact over just those rows (faster than the graph there, and recall 1.0).
+
+``<out>/_elmo_index.json`` records the dataset, its model fingerprint, the mix (weights
+in full, so the index remembers what it holds even if the dataset's mix is later
+changed), the search parameters and which committed shard files are in it. Building
+again brings the index to the dataset's committed view incrementally: rows of shard files
+no longer committed (a deleted part, a re-embedded shard) are deleted, shard files
+committed since are added (LanceDB ``delete`` / ``add``), then ``optimize`` folds the new
+rows into the existing vector and scalar indexes. Only a changed mix needs ``--rebuild``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from elmo_model.errors import ElmoUserError
+from pipeline.mixes import Dataset, Mix, iter_mixed, open_dataset
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+INDEX_META = "_elmo_index.json"
+INDEX_FORMAT = "elmo-store/sense-index"
+TABLE = "tokens"
+HNSW_MIN_ROWS = 50_000
+EXACT_FILTER_ROWS = 20_000
+INDEX_KINDS = ("auto", "hnsw", "flat")
+RESULT_COLUMNS = ["token", "doc_id", "sent_idx", "tok_idx", "sentence", "start", "end"]
+
+
+@dataclass
+class SearchParams:
+    """Query-time knobs of the HNSW index (measured in bench/lookup.py)."""
+
+    nprobes: int = 20
+    ef: int = 100
+    refine_factor: int | None = None
+
+
+@dataclass
+class IndexMeta:
+    dataset: str
+    model_fingerprint: str
+    mix: dict[str, Any]
+    mix_name: str
+    dim: int
+    kind: str = "auto"
+    built: str = "flat"  # what exists now: flat or hnsw
+    num_partitions: int | None = None
+    m: int = 20
+    ef_construction: int = 300
+    search: SearchParams = field(default_factory=SearchParams)
+    indexed: list[str] = field(default_factory=list)  # part/shard=k/run_id keys
+    rows: int = 0
+    format: str = INDEX_FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> IndexMeta:
+        data = json.loads(text)
+        if data.get("format") != INDEX_FORMAT:
+            raise ElmoUserError("not an elmo-store sense index")
+        data["search"] = SearchParams(**data.get("search", {}))
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def the_mix(self) -> Mix:
+        return Mix.from_json(self.mix_name, self.mix)
+
+
+@dataclass
+class BuildSummary:
+    out: str
+    added_files: int = 0
+    skipped_files: int = 0
+    removed_files: int = 0
+    added_rows: int = 0
+    rows: int = 0
+    built: str = "flat"
+    seconds_read: float = 0.0
+    seconds_add: float = 0.0
+    seconds_index: float = 0.0
+
+    def line(self) -> str:
+        total = self.seconds_read + self.seconds_add + self.seconds_index
+        return (f"index {self.out}: +{self.added_rows} rows from {self.added_files} shard "
+                f"files ({self.skipped_files} already in, {self.removed_files} removed), "
+                f"{self.rows} rows, vector index {self.built}; {total:.1f} s (mix+read "
+                f"{self.seconds_read:.1f}, add {self.seconds_add:.1f}, index "
+                f"{self.seconds_index:.1f})")
+
+
+def _fs(uri: str, storage_options: dict | None = None) -> tuple[Any, str]:
+    from pipeline.store import open_output
+
+    return open_output(uri, storage_options)
+
+
+def read_meta(out: str, storage_options: dict | None = None) -> IndexMeta | None:
+    fs, root = _fs(out, storage_options)
+    try:
+        with fs.open(f"{root}/{INDEX_META}", "rb") as handle:
+            return IndexMeta.from_json(handle.read().decode())
+    except FileNotFoundError:
+        return None
+
+
+def _write_meta(out: str, meta: IndexMeta, storage_options: dict | None = None) -> None:
+    from pipeline.store import write_bytes_atomic
+
+    fs, root = _fs(out, storage_options)
+    write_bytes_atomic(fs, f"{root}/{INDEX_META}", meta.to_json().encode())
+
+
+def _lance_options(storage_options: dict | None) -> dict[str, str] | None:
+    return {k: str(v) for k, v in storage_options.items()} if storage_options else None
+
+
+def quote(value: str) -> str:
+    """A Lance SQL string literal. Lance filters take no bind parameters, so user text is
+    quoted here (quotes doubled, control characters refused) and nowhere else."""
+    if any(ord(c) < 32 for c in value):
+        raise ElmoUserError("search words cannot contain control characters")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def token_filter(words: Sequence[str], column: str = "token_lower") -> str:
+    words = [w.lower() if column == "token_lower" else w for w in words]
+    if len(words) == 1:
+        return f"{column} = {quote(words[0])}"
+    return f"{column} IN ({', '.join(quote(w) for w in words)})"
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _sentence_lookup(ds: Dataset, token_path: str) -> pa.Table:
+    """The sentences file of the same shard and part as ``token_path``."""
+    import pyarrow.parquet as pq
+
+    path = token_path.replace(f"{ds.root}/tokens/", f"{ds.root}/sentences/", 1)
+    with ds.fs.open(path, "rb") as handle:
+        return pq.read_table(handle, columns=["doc_id", "sent_idx", "text", "char_start"])
+
+
+def _split_key(key: str) -> tuple[str, int]:
+    part, shard, _ = key.split("/")
+    return part, int(shard.split("=", 1)[1])
+
+
+def _shard_filter(key: str) -> str:
+    part, shard = _split_key(key)
+    return f"part = {quote(part)} AND shard = {shard}"
+
+
+def _rows_for_file(ds: Dataset, mix: Mix, path: str, key: str) -> pa.Table:
+    """Index rows of one committed tokens file (vectors mixed on read)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    metas, vectors = [], []
+    cols = ("doc_id", "sent_idx", "tok_idx", "token", "char_start", "char_end")
+    for meta, mixed in iter_mixed(ds, mix, columns=cols, files=[path]):
+        metas.append(meta)
+        vectors.append(mixed)
+    dim = ds.descriptor.dim
+    part, shard = _split_key(key)
+    if not metas:
+        return pa.table({})
+    meta = pa.Table.from_batches(metas)
+    vec = np.concatenate(vectors) if len(vectors) > 1 else vectors[0]
+    meta = meta.append_column("_row", pa.array(np.arange(meta.num_rows), pa.int64()))
+    sentences = _sentence_lookup(ds, path).rename_columns(
+        ["doc_id", "sent_idx", "sentence", "sent_start"])
+    # Arrow's hash join reorders rows: "_row" puts the vectors back in step.
+    joined = meta.join(sentences, keys=["doc_id", "sent_idx"], join_type="left outer")
+    joined = joined.sort_by("_row")
+    if joined.num_rows != meta.num_rows:
+        raise ElmoUserError(f"{path}: tokens and sentences disagree (duplicate sentences)")
+    sent_start = pc.fill_null(joined["sent_start"], 0)
+    start = pc.subtract(joined["char_start"], sent_start)
+    end = pc.subtract(joined["char_end"], sent_start)
+    vector = pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), dim)
+    return pa.table({
+        "vector": vector,
+        "token": joined["token"],
+        "token_lower": pc.utf8_lower(joined["token"]),
+        "doc_id": joined["doc_id"],
+        "sent_idx": joined["sent_idx"],
+        "tok_idx": joined["tok_idx"],
+        "part": pa.array([part] * meta.num_rows, pa.string()),
+        "shard": pa.array(np.full(meta.num_rows, shard, np.int32)),
+        "sentence": pc.fill_null(joined["sentence"], ""),
+        "start": start.cast(pa.int32()),
+        "end": end.cast(pa.int32()),
+    })
+
+
+def _has_vector_index(table: Any) -> bool:
+    return any(getattr(ix, "columns", None) == ["vector"] for ix in table.list_indices())
+
+
+def _create_vector_index(table: Any, meta: IndexMeta) -> None:
+    from lancedb.index import IvfHnswSq
+
+    rows = table.count_rows()
+    # ~sqrt(n) partitions (Lance's own rule of thumb), at least one per 4096 rows trained on.
+    partitions = meta.num_partitions or max(1, min(int(rows ** 0.5), rows // 4096 or 1))
+    table.create_index("vector", config=IvfHnswSq(
+        distance_type="cosine", num_partitions=partitions, m=meta.m,
+        ef_construction=meta.ef_construction), replace=True)
+    meta.num_partitions = partitions
+
+
+def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
+                rebuild: bool = False, search: SearchParams | None = None,
+                storage_options: dict | None = None,
+                progress: Callable[[str], None] | None = None) -> BuildSummary:
+    """Create or extend the index at ``out`` with the dataset's committed shard files."""
+    import lancedb
+
+    if kind not in INDEX_KINDS:
+        raise ElmoUserError(f"--index must be one of {', '.join(INDEX_KINDS)}")
+    ds = open_dataset(dataset, storage_options)
+    if ds.descriptor.n_output_layers < 1:
+        raise ElmoUserError(f"{dataset} stores no layers to index")
+    the_mix = ds.mix(mix)
+    db = lancedb.connect(out, storage_options=_lance_options(storage_options))
+    meta = None if rebuild else read_meta(out, storage_options)
+    exists = TABLE in db.list_tables().tables
+    if meta is not None:
+        if meta.model_fingerprint != ds.descriptor.model_fingerprint:
+            raise ElmoUserError(f"{out} indexes a dataset of another model; use --rebuild "
+                                "or another --out")
+        if meta.the_mix().weights != the_mix.weights or meta.the_mix().gamma != the_mix.gamma \
+                or meta.the_mix().layer_norm != the_mix.layer_norm:
+            raise ElmoUserError(f"{out} holds mix {meta.mix_name!r} "
+                                f"({meta.the_mix().describe()}); asked for "
+                                f"{the_mix.describe()}: use --rebuild or another --out")
+        if not exists:
+            meta = None
+    if meta is None:
+        if exists:
+            db.drop_table(TABLE)
+            exists = False
+        meta = IndexMeta(dataset=str(dataset), model_fingerprint=ds.descriptor.model_fingerprint,
+                         mix=the_mix.to_json(), mix_name=the_mix.name, dim=ds.descriptor.dim,
+                         kind=kind)
+    meta.kind = kind
+    if search is not None:
+        meta.search = search
+    summary = BuildSummary(out=out)
+    files = ds.shard_files("tokens")
+    keys_now = {key for key, _ in files}
+    table = db.open_table(TABLE) if exists else None
+    # Rows of shard files that are no longer committed (a part deleted, or a shard
+    # re-embedded under a new run id) leave the index; this keeps it equal to the
+    # dataset's committed view without a rebuild.
+    for key in [k for k in meta.indexed if k not in keys_now]:
+        if table is not None:
+            table.delete(_shard_filter(key))
+        meta.indexed.remove(key)
+        summary.removed_files += 1
+    indexed = set(meta.indexed)
+    for key, path in files:
+        if key in indexed:
+            summary.skipped_files += 1
+            continue
+        t0 = time.perf_counter()
+        rows = _rows_for_file(ds, the_mix, path, key)
+        t1 = time.perf_counter()
+        if rows.num_rows:
+            if table is None:
+                table = db.create_table(TABLE, data=rows)
+            else:
+                # A run killed after its add but before its metadata write leaves rows
+                # that no metadata lists: drop them, so that a row is never held twice.
+                table.delete(_shard_filter(key))
+                table.add(rows)
+        summary.seconds_read += t1 - t0
+        summary.seconds_add += time.perf_counter() - t1
+        summary.added_files += 1
+        summary.added_rows += rows.num_rows
+        meta.indexed.append(key)
+        if progress:
+            progress(f"{key}: {rows.num_rows} rows")
+    if table is None:
+        raise ElmoUserError(f"{dataset} has no committed token rows to index")
+    t0 = time.perf_counter()
+    meta.rows = table.count_rows()
+    want_hnsw = kind == "hnsw" or (kind == "auto" and meta.rows >= HNSW_MIN_ROWS)
+    has_scalar = {tuple(ix.columns) for ix in table.list_indices()}
+    if ("token",) not in has_scalar:
+        from lancedb.index import BTree
+
+        # BTree, not Bitmap: a corpus vocabulary has far too many values for bitmaps.
+        table.create_index("token", config=BTree())
+        table.create_index("token_lower", config=BTree())
+    if want_hnsw and not _has_vector_index(table):
+        _create_vector_index(table, meta)
+    elif summary.added_rows or summary.removed_files:
+        # Folds the new fragments into the existing indexes instead of retraining them.
+        table.optimize()
+    meta.built = "hnsw" if _has_vector_index(table) else "flat"
+    summary.seconds_index = time.perf_counter() - t0
+    summary.rows, summary.built = meta.rows, meta.built
+    _write_meta(out, meta, storage_options)
+    return summary
+
+
+# --------------------------------------------------------------------------- searching
+
+
+class SenseIndex:
+    """An opened index: its metadata and LanceDB table."""
+
+    def __init__(self, uri: str, storage_options: dict | None = None) -> None:
+        import lancedb
+
+        meta = read_meta(uri, storage_options)
+        if meta is None:
+            raise ElmoUserError(f"{uri} is not an elmo sense index (no {INDEX_META}); "
+                                "build one with `elmo index build`")
+        self.uri, self.meta = uri, meta
+        self.table = lancedb.connect(uri, storage_options=_lance_options(storage_options)
+                                     ).open_table(TABLE)
+
+    @property
+    def mix(self) -> Mix:
+        return self.meta.the_mix()
+
+    def search(self, vector: np.ndarray, k: int = 10, words: Sequence[str] | None = None,
+               exact: bool = False, columns: Sequence[str] = RESULT_COLUMNS) -> pa.Table:
+        """Nearest tokens by cosine; ``words``: only tokens whose lowercase form is one of
+        them. Returns the columns plus ``_distance`` (cosine distance), nearest first."""
+        import numpy as np
+
+        if k < 1:
+            raise ElmoUserError("-k must be at least 1")
+        vector = np.asarray(vector, np.float32).reshape(-1)
+        if vector.shape[0] != self.meta.dim:
+            raise ElmoUserError(f"query vector has {vector.shape[0]} values, index has "
+                                f"{self.meta.dim}")
+        query = self.table.search(vector).distance_type("cosine")
+        where = token_filter(words) if words else None
+        small = where is not None and self.table.count_rows(where) <= EXACT_FILTER_ROWS
+        if exact or self.meta.built != "hnsw" or small:
+            query = query.bypass_vector_index()
+        else:
+            p = self.meta.search
+            query = query.nprobes(p.nprobes).ef(p.ef)
+            if p.refine_factor:
+                query = query.refine_factor(p.refine_factor)
+        if where is not None:
+            query = query.where(where, prefilter=True)
+        return query.select([*columns, "_distance"]).limit(k).to_arrow()
+
+    def occurrences(self, words: Sequence[str], columns: Sequence[str] = RESULT_COLUMNS,
+                    limit: int = 100_000) -> pa.Table:
+        """Every row whose lowercase token is one of ``words`` (with vectors)."""
+        where = token_filter(words)
+        return (self.table.search().where(where).select([*columns, "vector"])
+                .limit(limit).to_arrow())
+
+
+def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence[str] = (),
+                  remove_doc_ids: Sequence[str] = (), storage_options: dict | None = None,
+                  ) -> BuildSummary:
+    """The jobs runner's hook (``jobs/index_refresh.py``): drop ``remove_doc_ids``, then
+    sync with the committed view (``build_index``: ``add_files`` are among the shard files
+    it adds, as it reads them from the manifest itself)."""
+    if remove_doc_ids and read_meta(index_uri, storage_options) is not None:
+        import lancedb
+
+        table = lancedb.connect(index_uri, storage_options=_lance_options(storage_options)
+                                ).open_table(TABLE)
+        ids = list(remove_doc_ids)
+        for start in range(0, len(ids), 500):  # bounded filter text per delete
+            table.delete(f"doc_id IN ({', '.join(quote(i) for i in ids[start:start + 500])})")
+    return build_index(dataset, mix, index_uri, storage_options=storage_options)

@@ -1,0 +1,335 @@
+"""``elmo sql``, ``elmo index``, ``elmo senses`` and ``elmo mix``: the lookup verbs (issue 4).
+
+Imports nothing heavy at module level; each handler imports what it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from elmo_model.errors import ElmoUserError
+
+SQL_EPILOG = """\
+views: tokens (doc_id, sent_idx, tok_idx, token, char_start, char_end, layer_0..layer_L,
+shard), sentences, documents, errors. functions: elmo_mix(layer_0, .., layer_L, 'mix')
+-> FLOAT[dim]; elmo_cosine(a, b); elmo_vector(doc_id, sent_idx, tok_idx, 'mix').
+User values go in as parameters ($name with --param name=value), never pasted into SQL.
+
+examples:
+  elmo sql data/ds "SELECT token, count(*) n FROM tokens GROUP BY ALL ORDER BY n DESC LIMIT 10"
+  elmo sql data/ds "SELECT * FROM sentences WHERE text ILIKE '%' || \\$w || '%'" --param w=guitar
+  elmo sql data/ds "SELECT doc_id, sent_idx, tok_idx,
+      elmo_cosine(elmo_mix(layer_0, layer_1, layer_2, 'top'),
+                  elmo_vector('a.txt:3', 0, 4, 'top')) AS sim
+      FROM tokens WHERE lower(token) = \\$w ORDER BY sim DESC LIMIT 5" --param w=play
+  elmo sql data/ds "SELECT * FROM documents" --format parquet --out docs.parquet
+"""
+
+INDEX_EPILOG = """\
+examples:
+  elmo index build data/ds --mix top --out data/ds-top.lance
+  elmo index build data/ds --mix top --out data/ds-top.lance   # later: adds new shards only
+  elmo index build data/ds --mix pos --out data/ds-pos.lance --index hnsw --rebuild
+  elmo index info data/ds-top.lance
+"""
+
+SENSES_EPILOG = """\
+The index (--index, or $ELMO_INDEX) remembers its dataset and mix; the query sentence is
+embedded with the dataset's own model (or --model DIR, checked by fingerprint).
+
+examples:
+  elmo senses search "He plays the guitar in a band" --word plays --index data/ds-top.lance
+  elmo senses search "She sat on the bank of the river" --word bank --same-word -k 20
+  elmo senses cluster play --index data/ds-top.lance --k auto --plot senses.png
+  elmo senses cluster play plays played --k 3
+"""
+
+MIX_EPILOG = """\
+mixes: top, average, layer:<k>, a stored mix (elmo mix list), or inline JSON
+{"weights": [0.2, 0.3, 0.5], "gamma": 1.0, "layer_norm": false}.
+labels file: CSV/TSV/JSONL/Parquet with columns doc_id, sent_idx, tok_idx, label.
+
+examples:
+  elmo mix list data/ds
+  elmo mix fit data/ds --labels pos_labels.csv --name pos
+  elmo mix fit data/ds --labels ner.parquet --name ner --lambda 0.1
+"""
+
+
+def _add(subparsers: Any, name: str, help_: str, epilog: str = "", **kw: Any) -> Any:
+    return subparsers.add_parser(name, help=help_, description=help_, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+
+
+def register(subparsers: Any) -> None:
+    p = _add(subparsers, "sql", "run SQL over a dataset with DuckDB", SQL_EPILOG)
+    p.add_argument("dataset", metavar="DATASET",
+                   help="dataset URI (a directory with _dataset.json)")
+    p.add_argument("query", metavar="SQL", help="one SQL statement")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="bind $NAME to VALUE (repeatable); numbers stay text unless cast")
+    p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table",
+                   help="table (default, for people), csv, json (JSON lines) or parquet")
+    p.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout "
+                   "(required for parquet)")
+    p.add_argument("--max-rows", type=int, default=50, help="table format: rows shown (50)")
+    p.set_defaults(handler=run_sql)
+
+    index = _add(subparsers, "index", "build LanceDB indexes of mixed token vectors",
+                 INDEX_EPILOG)
+    verbs = index.add_subparsers(dest="index_command", metavar="VERB")
+    b = _add(verbs, "build", "index (or extend an index of) a dataset's tokens under a mix",
+             INDEX_EPILOG)
+    b.add_argument("dataset", metavar="DATASET")
+    b.add_argument("--mix", default="top", help="mix to index (default top)")
+    b.add_argument("--out", required=True, metavar="URI", help="LanceDB directory / URI")
+    b.add_argument("--index", choices=("auto", "hnsw", "flat"), default="auto",
+                   help="vector index: hnsw (IVF_HNSW_SQ), flat (exact) or auto (hnsw from "
+                        "50k rows)")
+    b.add_argument("--rebuild", action="store_true", help="drop what --out holds and rebuild")
+    b.add_argument("--nprobes", type=int, default=20, help="search: IVF partitions probed")
+    b.add_argument("--ef", type=int, default=100, help="search: HNSW candidate list size")
+    b.add_argument("--refine-factor", type=int, default=None,
+                   help="search: re-rank k*F candidates with full vectors")
+    b.set_defaults(handler=run_index_build)
+    i = _add(verbs, "info", "show what an index holds", INDEX_EPILOG)
+    i.add_argument("uri", metavar="URI")
+    i.set_defaults(handler=run_index_info)
+    index.set_defaults(handler=lambda args: _help(index))
+
+    senses = _add(subparsers, "senses", "contextual word senses: search and cluster",
+                  SENSES_EPILOG)
+    sv = senses.add_subparsers(dest="senses_command", metavar="VERB")
+    s = _add(sv, "search", "occurrences nearest to a word as used in a sentence",
+             SENSES_EPILOG)
+    s.add_argument("sentence", metavar="SENTENCE")
+    s.add_argument("--word", required=True, help="the word of SENTENCE to look up")
+    s.add_argument("-k", type=int, default=10, help="neighbours to show (default 10)")
+    s.add_argument("--same-word", action="store_true",
+                   help="only occurrences of the same word (any case)")
+    s.add_argument("--occurrence", type=int, default=1,
+                   help="which occurrence of --word in SENTENCE (default 1)")
+    s.add_argument("--exact", action="store_true", help="exact search, bypassing the ANN index")
+    _index_args(s)
+    s.add_argument("--model", metavar="DIR", help="model directory (default: the dataset's)")
+    s.set_defaults(handler=run_senses_search)
+    c = _add(sv, "cluster", "group the occurrences of a word into senses", SENSES_EPILOG)
+    c.add_argument("words", nargs="+", metavar="WORD", help="word(s), matched in lowercase")
+    c.add_argument("--k", default="auto", help="number of senses, or auto (silhouette, 2..8)")
+    c.add_argument("--examples", type=int, default=3, help="sentences shown per sense")
+    c.add_argument("--plot", metavar="PNG", help="write a 2-D PCA scatter coloured by sense")
+    _index_args(c)
+    c.set_defaults(handler=run_senses_cluster)
+    senses.set_defaults(handler=lambda args: _help(senses))
+
+    mix = _add(subparsers, "mix", "named layer mixes: list them, fit task weights", MIX_EPILOG)
+    mv = mix.add_subparsers(dest="mix_command", metavar="VERB")
+    ml = _add(mv, "list", "the mixes a dataset knows", MIX_EPILOG)
+    ml.add_argument("dataset", metavar="DATASET")
+    ml.set_defaults(handler=run_mix_list)
+    mf = _add(mv, "fit", "fit softmax layer weights + gamma with a linear probe on labels",
+              MIX_EPILOG)
+    mf.add_argument("dataset", metavar="DATASET")
+    mf.add_argument("--labels", required=True, metavar="FILE")
+    mf.add_argument("--name", required=True, help="name to store the mix under")
+    mf.add_argument("--lambda", dest="lam", type=float, default=0.001,
+                    help="L2 penalty on the layer scalars (default 0.001; 1 ~ average)")
+    mf.add_argument("--epochs", type=int, default=300, help="full-batch Adam steps (300)")
+    mf.set_defaults(handler=run_mix_fit)
+    mix.set_defaults(handler=lambda args: _help(mix))
+
+
+def _index_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index", default=os.environ.get("ELMO_INDEX"), metavar="URI",
+                   help="index built by `elmo index build` (default $ELMO_INDEX)")
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _need_index(args: argparse.Namespace) -> str:
+    if not args.index:
+        raise ElmoUserError("which index? pass --index URI (or set ELMO_INDEX)")
+    return str(args.index)
+
+
+# --------------------------------------------------------------------------- sql
+
+
+def _params(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise ElmoUserError(f"--param wants NAME=VALUE, got {item!r}")
+        out[name] = value
+    return out
+
+
+def _cell(value: Any, width: int = 40) -> str:
+    if isinstance(value, list):
+        head = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value[:3])
+        text = f"[{head}{', …' if len(value) > 3 else ''}] ({len(value)})"
+    elif isinstance(value, float):
+        text = f"{value:.6g}"
+    else:
+        text = "NULL" if value is None else str(value)
+    text = text.replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def format_table(table: Any, max_rows: int) -> list[str]:
+    names = table.column_names
+    rows = table.slice(0, max_rows).to_pylist()
+    cells = [[_cell(r[n]) for n in names] for r in rows]
+    widths = [max([len(n), *(len(c[i]) for c in cells)]) for i, n in enumerate(names)]
+    line = "  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    more = table.num_rows - len(rows)
+    out.append(f"({table.num_rows} rows{f', {more} not shown (--max-rows)' if more else ''})")
+    return out
+
+
+def run_sql(args: argparse.Namespace) -> int:
+    from pipeline.sql import run_query
+
+    if args.format == "parquet" and not args.out:
+        raise ElmoUserError("--format parquet needs --out FILE")
+    table = run_query(args.dataset, args.query, _params(args.param))
+    if args.format == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, args.out, compression="zstd")
+        print(f"wrote {table.num_rows} rows to {args.out}", file=sys.stderr)
+        return 0
+    handle = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    try:
+        if args.format == "table":
+            handle.write("\n".join(format_table(table, args.max_rows)) + "\n")
+        elif args.format == "json":
+            for batch in table.to_batches(max_chunksize=4096):
+                for row in batch.to_pylist():
+                    handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        else:
+            import csv
+
+            writer = csv.writer(handle)
+            writer.writerow(table.column_names)
+            for batch in table.to_batches(max_chunksize=4096):
+                for row in batch.to_pylist():
+                    writer.writerow([json.dumps(v) if isinstance(v, list | dict) else v
+                                     for v in row.values()])
+    finally:
+        if args.out:
+            handle.close()
+    return 0
+
+
+# --------------------------------------------------------------------------- index
+
+
+def run_index_build(args: argparse.Namespace) -> int:
+    from pipeline.index import SearchParams, build_index
+
+    summary = build_index(args.dataset, args.mix, args.out, kind=args.index,
+                          rebuild=args.rebuild,
+                          search=SearchParams(args.nprobes, args.ef, args.refine_factor),
+                          progress=lambda line: print(f"  {line}", file=sys.stderr))
+    print(summary.line(), file=sys.stderr)
+    return 0
+
+
+def run_index_info(args: argparse.Namespace) -> int:
+    from pipeline.index import SenseIndex
+
+    ix = SenseIndex(args.uri)
+    m = ix.meta
+    print(f"index {args.uri}\n  dataset {m.dataset}\n  mix {ix.mix.describe()}\n"
+          f"  rows {ix.table.count_rows()}, dim {m.dim}, vector index {m.built} "
+          f"(nprobes {m.search.nprobes}, ef {m.search.ef}, refine {m.search.refine_factor})\n"
+          f"  shard files {len(m.indexed)}")
+    return 0
+
+
+# --------------------------------------------------------------------------- senses
+
+
+def _highlight() -> tuple[str, str]:
+    return ("\033[1;31m", "\033[0m") if sys.stdout.isatty() else ("[", "]")
+
+
+def run_senses_search(args: argparse.Namespace) -> int:
+    from pipeline.senses import search_senses
+
+    hits = search_senses(_need_index(args), args.sentence, args.word, k=args.k,
+                         same_word=args.same_word, occurrence=args.occurrence,
+                         model_dir=args.model, exact=args.exact)
+    left, right = _highlight()
+    for h in hits:
+        print(f"{h.rank:>3}  {h.similarity:6.3f}  {h.doc_id}#{h.sent_idx}.{h.tok_idx}  "
+              f"{h.highlighted(left, right)}")
+    if not hits:
+        print("no neighbours found", file=sys.stderr)
+    return 0
+
+
+def run_senses_cluster(args: argparse.Namespace) -> int:
+    from pipeline.senses import cluster_senses, write_scatter_png
+
+    k: int | str = args.k
+    if k != "auto":
+        try:
+            k = int(k)
+        except ValueError:
+            raise ElmoUserError(f"--k must be a number or auto, not {args.k!r}") from None
+    result = cluster_senses(_need_index(args), args.words, k=k, examples=args.examples)
+    left, right = _highlight()
+    total = sum(c.size for c in result.clusters)
+    if result.silhouettes:
+        scores = ", ".join(f"k={kk}: {s:.3f}" for kk, s in result.silhouettes.items())
+        print(f"k = {result.k} by silhouette ({scores})")
+    for c in result.clusters:
+        print(f"sense {c.label}: {c.size} of {total} occurrences")
+        for h in c.examples:
+            print(f"    {h.doc_id}#{h.sent_idx}  {h.highlighted(left, right)}")
+    if args.plot:
+        path = write_scatter_png(args.plot, result.points, result.labels)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- mix
+
+
+def run_mix_list(args: argparse.Namespace) -> int:
+    from pipeline.mixes import builtin_mix, open_dataset
+
+    ds = open_dataset(args.dataset)
+    n = ds.descriptor.n_output_layers
+    for name in ("top", "average", *(f"layer:{k}" for k in range(n))):
+        mix = builtin_mix(name, n)
+        assert mix is not None
+        print(f"  {mix.describe()}")
+    for mix in ds.mixes().values():
+        info = f"  ({mix.info})" if mix.info else ""
+        print(f"  {mix.describe()}{info}")
+    return 0
+
+
+def run_mix_fit(args: argparse.Namespace) -> int:
+    from pipeline.probe import fit_mix
+
+    result = fit_mix(args.dataset, args.labels, args.name, lam=args.lam, epochs=args.epochs)
+    print(f"fitted mix {args.name!r} on {result.n_train} tokens ({len(result.classes)} "
+          f"classes), held-out {result.n_test} tokens:")
+    for line in result.chart():
+        print(f"  {line}")
+    print(f"stored in {args.dataset.rstrip('/')}/_mixes.json", file=sys.stderr)
+    return 0

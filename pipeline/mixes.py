@@ -1,0 +1,368 @@
+"""Named layer mixes, applied to stored layers as they are read.
+
+A mix is ELMo's ``gamma * sum_j w_j * h_j`` (``elmo_model.layer_mix``) with fixed weights:
+
+- ``top``: the top biLSTM layer only; ``average``: all layers equally;
+- ``layer:<k>``: layer ``k`` alone (``layer:0`` is the context-free char-CNN layer);
+- a stored mix (``_mixes.json`` at the dataset root, e.g. one fitted by ``elmo mix fit``);
+- an inline JSON object ``{"weights": [...], "gamma": 1.0, "layer_norm": false}``.
+
+``weights`` are the softmax-normalised layer weights (non-negative, summing to 1), so
+``top`` is exact (a zero weight, which a finite softmax scalar cannot express). Layers
+with weight 0 are never read from disk. With ``layer_norm`` every token's layer vector is
+normalised to zero mean and unit variance over its own values before mixing: on read,
+there is no batch to normalise over that would not change with how the rows are cut.
+
+Mixing reads Arrow buffers zero-copy: a fixed-size-list column's values buffer becomes a
+``[n, dim]`` numpy view, widened to float32 only inside the fused weighted sum.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from elmo_model.errors import ElmoUserError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from schemas import DatasetDescriptor
+
+MIXES_FILE = "_mixes.json"
+MIXES_FORMAT = "elmo-store/mixes"
+BUILTIN_MIXES = ("top", "average", "layer:<k>")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+_LN_EPS = 1e-12  # the same epsilon as elmo_model.scalar_mix
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Fixed layer weights (summing to 1), a scale and optional per-token layer norm."""
+
+    name: str
+    weights: tuple[float, ...]
+    gamma: float = 1.0
+    layer_norm: bool = False
+    info: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        w = np.asarray(self.weights, dtype=np.float64)
+        if w.ndim != 1 or len(w) == 0:
+            raise ElmoUserError(f"mix {self.name!r}: weights must be a non-empty list")
+        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+            raise ElmoUserError(f"mix {self.name!r}: weights must be finite, >= 0, not all 0")
+        if not math.isfinite(self.gamma):
+            raise ElmoUserError(f"mix {self.name!r}: gamma must be a finite number")
+        # Normalise once so that stored and computed weights agree exactly.
+        object.__setattr__(self, "weights", tuple(float(x) for x in w / w.sum()))
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.weights)
+
+    @property
+    def used_layers(self) -> list[int]:
+        """Layers with a non-zero weight: the only ones read from disk."""
+        return [k for k, w in enumerate(self.weights) if w > 0]
+
+    @property
+    def scalars(self) -> list[float]:
+        """Softmax scalars giving these weights (``-inf`` for a zero weight)."""
+        return [math.log(w) if w > 0 else -math.inf for w in self.weights]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"weights": list(self.weights), "gamma": self.gamma,
+                               "layer_norm": self.layer_norm}
+        if self.info:
+            out["info"] = self.info
+        return out
+
+    @classmethod
+    def from_json(cls, name: str, data: Mapping[str, Any]) -> Mix:
+        if not isinstance(data, Mapping) or "weights" not in data:
+            raise ElmoUserError(f"mix {name!r}: expected an object with 'weights'")
+        unknown = set(data) - {"weights", "gamma", "layer_norm", "info"}
+        if unknown:
+            raise ElmoUserError(f"mix {name!r}: unknown keys {sorted(unknown)}")
+        try:
+            weights = tuple(float(x) for x in data["weights"])
+            gamma = float(data.get("gamma", 1.0))
+        except (TypeError, ValueError):
+            raise ElmoUserError(f"mix {name!r}: weights and gamma must be numbers") from None
+        return cls(name, weights, gamma, bool(data.get("layer_norm", False)),
+                   dict(data.get("info") or {}))
+
+    def describe(self) -> str:
+        ws = ", ".join(f"{w:.3f}" for w in self.weights)
+        ln = ", layer_norm" if self.layer_norm else ""
+        return f"{self.name}: weights [{ws}], gamma {self.gamma:.4g}{ln}"
+
+
+def builtin_mix(name: str, n_layers: int) -> Mix | None:
+    """``top`` / ``average`` / ``layer:<k>`` for a model with ``n_layers`` output layers."""
+    if n_layers < 1:
+        return None
+    if name == "top":
+        return Mix("top", tuple(float(k == n_layers - 1) for k in range(n_layers)))
+    if name == "average":
+        return Mix("average", (1.0,) * n_layers)
+    match = re.fullmatch(r"layer:(\d+)", name)
+    if match:
+        k = int(match.group(1))
+        if k >= n_layers:
+            raise ElmoUserError(f"mix {name!r}: this dataset has layers 0..{n_layers - 1}")
+        return Mix(name, tuple(float(j == k) for j in range(n_layers)))
+    return None
+
+
+def check_name(name: str) -> str:
+    """A name for a stored mix: not a built-in, filename- and SQL-literal-friendly."""
+    if not _NAME_RE.match(name) or name in ("top", "average"):
+        raise ElmoUserError(f"bad mix name {name!r}: use letters, digits, '_', '.', '-' "
+                            "(not 'top', 'average' or 'layer:<k>')")
+    return name
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def _dataset_fs(dataset: str, storage_options: dict | None = None) -> tuple[Any, str]:
+    from pipeline.store import open_output
+
+    return open_output(dataset, storage_options)
+
+
+def load_mixes(dataset: str, storage_options: dict | None = None) -> dict[str, Mix]:
+    """The mixes stored in a dataset (built-ins are not stored)."""
+    from pipeline.store import read_json
+
+    fs, root = _dataset_fs(dataset, storage_options)
+    data = read_json(fs, f"{root}/{MIXES_FILE}")
+    if data is None:
+        return {}
+    if data.get("format") != MIXES_FORMAT:
+        raise ElmoUserError(f"{dataset}/{MIXES_FILE}: not an elmo-store mixes file")
+    return {name: Mix.from_json(name, spec) for name, spec in data.get("mixes", {}).items()}
+
+
+def save_mix(dataset: str, mix: Mix, storage_options: dict | None = None) -> None:
+    """Add or replace one named mix in ``_mixes.json`` (read-modify-write, atomic move)."""
+    from pipeline.store import write_bytes_atomic
+
+    check_name(mix.name)
+    descriptor = read_dataset_descriptor(dataset, storage_options)
+    if mix.n_layers != descriptor.n_output_layers:
+        raise ElmoUserError(f"mix {mix.name!r} has {mix.n_layers} weights; the dataset has "
+                            f"{descriptor.n_output_layers} layers")
+    mixes = load_mixes(dataset, storage_options)
+    mixes[mix.name] = mix
+    fs, root = _dataset_fs(dataset, storage_options)
+    body = {"format": MIXES_FORMAT, "version": 1,
+            "mixes": {name: m.to_json() for name, m in sorted(mixes.items())}}
+    write_bytes_atomic(fs, f"{root}/{MIXES_FILE}",
+                       (json.dumps(body, indent=2, sort_keys=True) + "\n").encode())
+
+
+def resolve_mix(spec: str | Mapping[str, Any] | Mix, n_layers: int,
+                stored: Mapping[str, Mix] | None = None) -> Mix:
+    """A mix from a name, an inline JSON object (dict or text) or a ``Mix``."""
+    if isinstance(spec, Mix):
+        mix = spec
+    elif isinstance(spec, Mapping):
+        mix = Mix.from_json(str(spec.get("name", "custom")), {k: v for k, v in spec.items()
+                                                               if k != "name"})
+    else:
+        text = spec.strip()
+        if text.startswith("{"):
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise ElmoUserError(f"inline mix is not valid JSON: {error}") from None
+            mix = Mix.from_json("custom", data)
+        else:
+            found = builtin_mix(text, n_layers)
+            if found is None and stored:
+                found = stored.get(text)
+            if found is None:
+                names = ", ".join([*BUILTIN_MIXES, *sorted(stored or {})])
+                raise ElmoUserError(f"unknown mix {text!r}; known: {names}")
+            mix = found
+    if mix.n_layers != n_layers:
+        raise ElmoUserError(f"mix {mix.name!r} has {mix.n_layers} weights but the dataset "
+                            f"has {n_layers} layers")
+    return mix
+
+
+# --------------------------------------------------------------------------- mixing
+
+
+def fsl_to_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """``[n, dim]`` numpy view of a fixed-size-list column (no copy for one chunk).
+
+    ``flatten()`` honours slice offsets and is zero-copy for a fixed-size list without
+    nulls; several chunks are concatenated (one copy), so callers iterate batches.
+    """
+    import pyarrow as pa
+
+    if isinstance(array, pa.ChunkedArray):
+        if array.num_chunks == 1:
+            array = array.chunk(0)
+        else:
+            parts = [fsl_to_numpy(c) for c in array.chunks if len(c)]
+            dim = array.type.list_size
+            return np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
+    if not pa.types.is_fixed_size_list(array.type):
+        raise ElmoUserError(f"expected a fixed-size list column of vectors, got {array.type}")
+    dim = array.type.list_size
+    if array.null_count:
+        raise ElmoUserError("layer column holds nulls")
+    values = array.flatten().to_numpy(zero_copy_only=True)
+    return values.reshape(len(array), dim)
+
+
+def _token_layer_norm(layer: np.ndarray) -> np.ndarray:
+    x = np.asarray(layer, dtype=np.float32)
+    mean = x.mean(axis=-1, keepdims=True)
+    var = x.var(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + _LN_EPS)
+
+
+def mix_arrays(layers: Sequence[np.ndarray | None], mix: Mix) -> np.ndarray:
+    """``gamma * sum_j w_j * layers[j]`` as float32; ``layers[j]`` may be None if w_j == 0.
+
+    Same formula as ``elmo_model.layer_mix`` (tests assert equality), fused in place: one
+    float32 output and one scratch buffer instead of three temporaries per layer, which
+    is what keeps the float16 -> float32 widening off the critical path.
+    """
+    used = mix.used_layers
+    first = layers[used[0]]
+    if first is None:
+        raise ValueError("a used layer was not provided")
+    n, dim = first.shape
+    out = np.empty((n, dim), np.float32)
+    scratch: np.ndarray | None = None
+    for i, k in enumerate(used):
+        layer = layers[k]
+        if layer is None:
+            raise ValueError(f"layer {k} has weight {mix.weights[k]} but was not provided")
+        if mix.layer_norm:
+            layer = _token_layer_norm(layer)
+        weight = np.float32(mix.weights[k] * mix.gamma)
+        if i == 0:
+            np.multiply(layer, weight, out=out, dtype=np.float32)
+        else:
+            if scratch is None:
+                scratch = np.empty_like(out)
+            np.multiply(layer, weight, out=scratch, dtype=np.float32)
+            out += scratch
+    return out
+
+
+def mix_batch(batch: pa.RecordBatch | pa.Table, mix: Mix) -> np.ndarray:
+    """Mix the ``layer_k`` columns of one Arrow batch (only the used ones must be present)."""
+    layers: list[np.ndarray | None] = [None] * mix.n_layers
+    for k in mix.used_layers:
+        layers[k] = fsl_to_numpy(batch.column(f"layer_{k}"))
+    return mix_arrays(layers, mix)
+
+
+# --------------------------------------------------------------------------- dataset reading
+
+
+@dataclass
+class Dataset:
+    """A readable dataset: descriptor, file system and the committed files per table."""
+
+    uri: str
+    descriptor: DatasetDescriptor
+    fs: Any
+    root: str
+    storage_options: dict | None = None
+
+    def files(self, table: str = "tokens") -> list[str]:
+        """Committed files (paths without protocol, for ``fs``): what a strict reader reads."""
+        return [path for _, path in self.shard_files(table)]
+
+    def shard_files(self, table: str = "tokens") -> list[tuple[str, str]]:
+        """``(key, path)`` per committed file; key ``part/shard=k/run_id`` says what it holds."""
+        from pipeline.store import committed_shards, iter_parts, table_file
+
+        out = []
+        for part in iter_parts(self.fs, self.root):
+            for shard, entry in sorted(committed_shards(self.fs, self.root, part).items()):
+                key = f"{part}/shard={shard}/{entry.get('run_id', '')}"
+                out.append((key, table_file(self.root, table, shard, part)))
+        return out
+
+    @property
+    def is_local(self) -> bool:
+        protocol = self.fs.protocol
+        return "file" in (protocol if isinstance(protocol, tuple) else (protocol,))
+
+    def arrow_filesystem(self) -> Any:
+        import pyarrow.fs as pafs
+
+        if self.is_local:
+            return pafs.LocalFileSystem()
+        return pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
+
+    def mixes(self) -> dict[str, Mix]:
+        return load_mixes(self.uri, self.storage_options)
+
+    def mix(self, spec: str | Mapping[str, Any] | Mix) -> Mix:
+        if self.descriptor.n_output_layers < 1:
+            raise ElmoUserError(f"{self.uri} stores no layers to mix")
+        return resolve_mix(spec, self.descriptor.n_output_layers, self.mixes())
+
+
+def read_dataset_descriptor(uri: str, storage_options: dict | None = None) -> DatasetDescriptor:
+    from pipeline.store import read_descriptor
+
+    try:
+        return read_descriptor(uri, storage_options)
+    except (ValueError, TypeError) as error:
+        raise ElmoUserError(f"{uri}: unreadable dataset descriptor ({error})") from None
+
+
+def open_dataset(uri: str, storage_options: dict | None = None) -> Dataset:
+    descriptor = read_dataset_descriptor(uri, storage_options)
+    fs, root = _dataset_fs(uri, storage_options)
+    return Dataset(str(uri), descriptor, fs, root, storage_options)
+
+
+def _check_layers(ds: Dataset, schema: pa.Schema, mix: Mix, path: str) -> None:
+    missing = [f"layer_{k}" for k in mix.used_layers if f"layer_{k}" not in schema.names]
+    if missing:
+        raise ElmoUserError(f"{path} has no layer columns {missing}: "
+                            f"this dataset stores no layers to mix")
+
+
+def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_idx", "tok_idx",
+                                                                  "token"),
+               files: Sequence[str] | None = None, batch_rows: int = 1 << 16,
+               ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    """Stream ``(metadata batch, mixed [n, dim] float32)`` over the committed token files.
+
+    pyarrow's scanner decodes row groups on its own threads (the GIL is released), so
+    reading the next batch overlaps with mixing this one.
+    """
+    import pyarrow.dataset as pads
+
+    paths = list(ds.files("tokens") if files is None else files)
+    if not paths:
+        return
+    layer_cols = [f"layer_{k}" for k in mix.used_layers]
+    source = pads.dataset(paths, format="parquet", filesystem=ds.arrow_filesystem())
+    _check_layers(ds, source.schema, mix, paths[0])
+    for batch in source.to_batches(columns=[*columns, *layer_cols], batch_size=batch_rows,
+                                   use_threads=True):
+        if batch.num_rows == 0:
+            continue
+        yield batch.select(list(columns)), mix_batch(batch, mix)

@@ -1,0 +1,297 @@
+"""Read corpora through fsspec: plain text, JSON Lines and Parquet, from globs of URIs.
+
+Every input becomes either a ``Document`` or a ``DocError`` (what was wrong and where);
+nothing raises for bad content, so one broken file never stops a corpus. Only user
+mistakes about the command itself (a glob matching nothing, an unknown format) raise
+``ElmoUserError``.
+
+Document ids are given (JSON Lines ``id``, a Parquet id column) or derived
+deterministically from the file's path relative to the glob's fixed prefix: ``a.txt:17``
+for line 17 (1-based), ``a.txt`` for a whole file; the same corpus copied to another
+machine or bucket gets the same ids, hence the same shards.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from elmo_model.errors import ElmoUserError
+
+FORMATS = ("auto", "text", "jsonl", "parquet")
+_EXTENSIONS = {
+    ".txt": "text", ".text": "text", ".md": "text",
+    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+    ".parquet": "parquet", ".pq": "parquet",
+}
+_BINARY_SAMPLE = 8192
+_BINARY_MAGIC = (
+    b"\x89PNG", b"\x1f\x8b", b"%PDF", b"PK\x03\x04", b"\x7fELF", b"GIF8", b"\xff\xd8\xff",
+)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    uri: str  # full URI with protocol
+    path: str  # path as the file system knows it
+    relative: str  # path relative to the glob's fixed prefix: the base of derived ids
+    size: int
+    version: str  # mtime or etag: lets a resumed run detect a changed input
+
+
+@dataclass
+class Document:
+    doc_id: str
+    source: str
+    line: int | None
+    text: str
+    pretokenized: list[list[str]] | None = None
+    metadata: dict[str, Any] | None = field(default=None)
+
+
+@dataclass(frozen=True)
+class DocError:
+    doc_id: str
+    source: str
+    line: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    format: str = "auto"
+    doc_per: str = "line"  # text files: "line" (one document per line) or "file"
+    pretokenized: bool = False  # text: whitespace-separated tokens; jsonl/parquet: "tokens"
+    text_column: str = "text"
+    id_column: str = "id"
+    tokens_column: str = "tokens"
+
+
+def _fixed_prefix(pattern: str) -> str:
+    """The directory part of a glob before its first wildcard."""
+    cut = min((i for i, ch in enumerate(pattern) if ch in "*?["), default=None)
+    if cut is None:
+        return posixpath.dirname(pattern)
+    return posixpath.dirname(pattern[:cut])
+
+
+def list_sources(globs: list[str], storage_options: dict | None = None) -> list[SourceFile]:
+    """Expand globs (any fsspec URI) into a sorted, de-duplicated list of files."""
+    import fsspec
+
+    found: dict[str, SourceFile] = {}
+    for pattern in globs:
+        fs, path = fsspec.core.url_to_fs(pattern, **(storage_options or {}))
+        if any(ch in path for ch in "*?["):
+            matches = fs.glob(path, detail=True)
+            prefix = _fixed_prefix(path)
+        elif fs.isdir(path):  # a directory means every file below it
+            matches = fs.find(path, detail=True)
+            prefix = path.rstrip("/")
+        elif fs.exists(path):
+            matches = {path: fs.info(path)}
+            prefix = posixpath.dirname(path)
+        else:
+            matches = {}
+        for match_path, info in sorted(matches.items()):
+            if info.get("type") == "directory":
+                continue
+            uri = fs.unstrip_protocol(match_path)
+            relative = posixpath.relpath(match_path, prefix) if prefix else match_path
+            version = str(info.get("ETag") or info.get("etag") or info.get("mtime") or
+                          info.get("LastModified") or info.get("created") or "")
+            found.setdefault(uri, SourceFile(uri, match_path, relative, int(info.get("size") or 0),
+                                             version))
+    if not found:
+        raise ElmoUserError(f"no input files match {' '.join(globs)!s}; check the path or glob")
+    return sorted(found.values(), key=lambda s: s.uri)
+
+
+def detect_format(source: SourceFile, requested: str) -> str:
+    if requested != "auto":
+        if requested not in FORMATS:
+            raise ElmoUserError(f"unknown --format {requested!r}; use one of {', '.join(FORMATS)}")
+        return requested
+    ext = posixpath.splitext(source.path)[1].lower()
+    return _EXTENSIONS.get(ext, "text")
+
+
+def looks_binary(sample: bytes) -> bool:
+    """A file is binary when it starts with a known magic number, or when more than 10%
+    of its first 8 KiB are NUL/control bytes or invalid UTF-8 (a stray NUL in a text
+    line is not enough: that line is still good text)."""
+    if not sample:
+        return False
+    if sample.startswith(_BINARY_MAGIC):
+        return True
+    decoded = sample.decode("utf-8", errors="replace")
+    # The sample may cut a multi-byte character at its end: ignore the last 3 chars.
+    body = decoded[:-3] if len(decoded) > 16 else decoded
+    bad = sum(1 for ch in body if ch == "\ufffd" or (ord(ch) < 32 and ch not in "\t\n\r\f\v"))
+    return bad > 0.10 * max(1, len(body))
+
+
+def _check_text(text: str) -> str | None:
+    """Why ``text`` cannot be stored, or None. Arrow strings must be valid UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "text contains unpaired surrogate code points"
+    if not text.strip():
+        return "empty document"
+    return None
+
+
+def _document(doc_id: str, source: SourceFile, line: int | None, text: str | None,
+              tokens: Any, metadata: dict | None, pretokenized: bool) -> Document | DocError:
+    if pretokenized:
+        if isinstance(tokens, str) or tokens is None:
+            tokens = (text or tokens or "").split()
+        sentences = tokens if tokens and isinstance(tokens[0], list) else [tokens]
+        if not all(isinstance(t, str) for s in sentences for t in s):
+            return DocError(doc_id, source.uri, line, "pre-tokenized tokens must be strings")
+        if any(t == "" or any(c.isspace() for c in t) for s in sentences for t in s):
+            return DocError(doc_id, source.uri, line, "empty token or whitespace inside a token")
+        sentences = [list(s) for s in sentences if s]
+        text = "\n".join(" ".join(s) for s in sentences)
+        reason = _check_text(text)
+        if reason:
+            return DocError(doc_id, source.uri, line, reason)
+        return Document(doc_id, source.uri, line, text, sentences, metadata)
+    if not isinstance(text, str):
+        return DocError(doc_id, source.uri, line, f"text is {type(text).__name__}, not a string")
+    reason = _check_text(text)
+    if reason:
+        return DocError(doc_id, source.uri, line, reason)
+    return Document(doc_id, source.uri, line, text, None, metadata)
+
+
+def _read_text(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Document | DocError]:
+    with fs.open(source.path, "rb") as handle:
+        data = handle.read()
+    if looks_binary(data[:_BINARY_SAMPLE]):
+        yield DocError(source.relative, source.uri, None, "binary file (not text)")
+        return
+    if not data.strip():
+        yield DocError(source.relative, source.uri, None, "empty file")
+        return
+    if opts.doc_per == "file":
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            yield DocError(source.relative, source.uri, None,
+                           f"invalid UTF-8 at byte {error.start}")
+            return
+        yield _document(source.relative, source, None, text.removeprefix("\ufeff"), None, None,
+                        opts.pretokenized)
+        return
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        raw = raw.removesuffix(b"\r")
+        doc_id = f"{source.relative}:{number}"
+        if number == 1:
+            raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark is not text
+        if not raw.strip():
+            continue  # blank lines separate documents; they are not documents themselves
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            yield DocError(doc_id, source.uri, number, f"invalid UTF-8 at byte {error.start}")
+            continue
+        yield _document(doc_id, source, number, text, None, None, opts.pretokenized)
+
+
+def _read_jsonl(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Document | DocError]:
+    with fs.open(source.path, "rb") as handle:
+        data = handle.read()
+    if looks_binary(data[:_BINARY_SAMPLE]):
+        yield DocError(source.relative, source.uri, None, "binary file (not JSON Lines)")
+        return
+    if not data.strip():
+        yield DocError(source.relative, source.uri, None, "empty file")
+        return
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        fallback_id = f"{source.relative}:{number}"
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as error:
+            yield DocError(fallback_id, source.uri, number, f"invalid JSON: {error}"[:300])
+            continue
+        if not isinstance(record, dict):
+            yield DocError(fallback_id, source.uri, number, "a JSON Lines record must be an object")
+            continue
+        doc_id = record.get(opts.id_column)
+        doc_id = fallback_id if doc_id is None else str(doc_id)
+        if opts.pretokenized and opts.tokens_column in record:
+            tokens = record[opts.tokens_column]
+        else:
+            tokens = None
+            if opts.text_column not in record:
+                yield DocError(doc_id, source.uri, number, f"no {opts.text_column!r} field")
+                continue
+        extra = {k: v for k, v in record.items()
+                 if k not in (opts.id_column, opts.text_column, opts.tokens_column)}
+        yield _document(doc_id, source, number, record.get(opts.text_column), tokens,
+                        extra or None, opts.pretokenized)
+
+
+def _read_parquet(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Document | DocError]:
+    import pyarrow.parquet as pq
+
+    try:
+        handle = fs.open(source.path, "rb")
+        parquet = pq.ParquetFile(handle)
+    except Exception as error:  # a corrupt or non-Parquet file is bad input, not a crash
+        yield DocError(source.relative, source.uri, None, f"unreadable Parquet: {error}"[:300])
+        return
+    with handle:
+        names = parquet.schema_arrow.names
+        wanted = opts.tokens_column if opts.pretokenized else opts.text_column
+        if wanted not in names:
+            yield DocError(source.relative, source.uri, None, f"no column {wanted!r} in {names}")
+            return
+        columns = [wanted] + ([opts.id_column] if opts.id_column in names else [])
+        number = 0
+        for batch in parquet.iter_batches(columns=columns, batch_size=4096):
+            values = batch.column(wanted).to_pylist()
+            ids = batch.column(opts.id_column).to_pylist() if len(columns) > 1 else None
+            for k, value in enumerate(values):
+                number += 1
+                doc_id = f"{source.relative}:{number}" if ids is None or ids[k] is None \
+                    else str(ids[k])
+                if value is None:
+                    yield DocError(doc_id, source.uri, number, f"{wanted} is null")
+                    continue
+                if opts.pretokenized:
+                    yield _document(doc_id, source, number, None, value, None, True)
+                else:
+                    yield _document(doc_id, source, number, value, None, None, False)
+
+
+def read_documents(sources: list[SourceFile], opts: ReadOptions,
+                   storage_options: dict | None = None) -> Iterator[Document | DocError]:
+    """Documents (or errors) of every source, in source order then line order."""
+    import fsspec
+
+    if opts.doc_per not in ("line", "file"):
+        raise ElmoUserError(f"--doc-per must be 'line' or 'file', not {opts.doc_per!r}")
+    readers = {"text": _read_text, "jsonl": _read_jsonl, "parquet": _read_parquet}
+    seen: set[str] = set()
+    for source in sources:
+        fs, _ = fsspec.core.url_to_fs(source.uri, **(storage_options or {}))
+        reader = readers[detect_format(source, opts.format)]
+        try:
+            items = list(reader(fs, source, opts))
+        except OSError as error:
+            items = [DocError(source.relative, source.uri, None, f"cannot read: {error}"[:300])]
+        for item in items:
+            if isinstance(item, Document):
+                if item.doc_id in seen:
+                    item = DocError(item.doc_id, item.source, item.line, "duplicate doc_id")
+                else:
+                    seen.add(item.doc_id)
+            yield item

@@ -1,0 +1,313 @@
+"""The on-disk dataset: descriptor, writer lock, per-shard commits and the manifest.
+
+Exactly-once rests on three rules (see ``docs/dataset_format.md``):
+
+1. A shard's files are written under ``_staging/<run_id>/`` and moved to their final
+   names only when complete, so a final name never holds a partial file.
+2. After the moves, ``_manifest/<part>/shard=<k>.json`` is written (temp name + move).
+   A shard is committed if and only if that entry exists.
+3. A run recomputes every uncommitted shard from scratch, first deleting whatever a
+   crashed run may have moved into place, so no row is ever stored twice.
+
+The driver is the only writer (Ray actors compute, they never write), which is what
+makes these rules enough, on local disks and on object stores alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import posixpath
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from elmo_model.errors import ElmoUserError
+from schemas import DESCRIPTOR_FILE, PARTITION_COLUMN, TABLES, DatasetDescriptor
+
+LOCK_FILE = "_lock"
+MANIFEST_DIR = "_manifest"
+STAGING_DIR = "_staging"
+PLAN_FILE = "plan.json"
+DEFAULT_STALE_AFTER_S = 15 * 60.0
+HEARTBEAT_EVERY_S = 30.0
+
+
+def open_output(uri: str, storage_options: dict | None = None) -> tuple[Any, str]:
+    """(fsspec file system, root path without protocol) for an output URI."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+    return fs, root.rstrip("/")
+
+
+def _is_local(fs: Any) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def write_bytes_atomic(fs: Any, path: str, data: bytes) -> None:
+    """Write to a temporary sibling, then move into place: readers see all or nothing."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    with fs.open(tmp, "wb") as handle:
+        handle.write(data)
+    fs.mv(tmp, path)
+
+
+def read_json(fs: Any, path: str) -> dict | None:
+    try:
+        with fs.open(path, "rb") as handle:
+            return json.loads(handle.read())
+    except FileNotFoundError:
+        return None
+
+
+def shard_dir(root: str, table: str, shard: int) -> str:
+    return f"{root}/{table}/{PARTITION_COLUMN}={shard}"
+
+
+def table_file(root: str, table: str, shard: int, part: str) -> str:
+    return f"{shard_dir(root, table, shard)}/{part}.parquet"
+
+
+def manifest_path(root: str, part: str, shard: int) -> str:
+    return f"{root}/{MANIFEST_DIR}/{part}/{PARTITION_COLUMN}={shard}.json"
+
+
+# --------------------------------------------------------------------------- descriptor
+
+
+def ensure_descriptor(fs: Any, root: str, wanted: DatasetDescriptor) -> DatasetDescriptor:
+    """Create the descriptor, or check that the existing one agrees with ``wanted``."""
+    path = f"{root}/{DESCRIPTOR_FILE}"
+    existing = read_json(fs, path)
+    if existing is None:
+        if fs.exists(root) and any(
+            fs.exists(f"{root}/{t}") for t in TABLES
+        ):
+            raise ElmoUserError(f"{root} holds tables but no {DESCRIPTOR_FILE}; "
+                                "refusing to write into a directory that is not our dataset")
+        write_bytes_atomic(fs, path, wanted.to_json().encode())
+        return wanted
+    try:
+        current = DatasetDescriptor.from_json(json.dumps(existing))
+    except (ValueError, TypeError) as error:
+        raise ElmoUserError(f"{path}: not a readable elmo-store descriptor ({error})") from None
+    problems = current.incompatibilities(wanted)
+    if problems:
+        raise ElmoUserError(
+            f"refusing to write into {root}: it was made with different settings "
+            f"({'; '.join(problems)}); choose another --out or the same model/settings"
+        )
+    return current
+
+
+def read_descriptor(uri: str, storage_options: dict | None = None) -> DatasetDescriptor:
+    fs, root = open_output(uri, storage_options)
+    data = read_json(fs, f"{root}/{DESCRIPTOR_FILE}")
+    if data is None:
+        raise ElmoUserError(f"{uri} is not an elmo-store dataset (no {DESCRIPTOR_FILE})")
+    return DatasetDescriptor.from_json(json.dumps(data))
+
+
+# --------------------------------------------------------------------------- lock
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A killed child that its parent has not reaped yet is a zombie: dead for our purpose.
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as handle:
+        if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+class DatasetLock:
+    """One writer per dataset: ``_lock`` holds the owner's host, pid and a heartbeat.
+
+    A lock is stale (and taken over) when its owner was on this host and that process is
+    gone, or when its heartbeat is older than ``stale_after_s`` (owners on other hosts).
+    A live owner's heartbeat is refreshed by a background thread.
+    """
+
+    def __init__(self, fs: Any, root: str, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> None:
+        self.fs, self.root, self.stale_after_s = fs, root, stale_after_s
+        self.path = f"{root}/{LOCK_FILE}"
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _record(self) -> bytes:
+        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": self.token,
+                           "heartbeat": time.time()}).encode()
+
+    def _create_exclusive(self) -> bool:
+        if _is_local(self.fs):
+            os.makedirs(self.root, exist_ok=True)
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(self._record())
+            return True
+        # Object stores have no O_EXCL here: write, then read back to see who won.
+        if self.fs.exists(self.path):
+            return False
+        write_bytes_atomic(self.fs, self.path, self._record())
+        time.sleep(0.05)
+        owner = read_json(self.fs, self.path) or {}
+        return owner.get("token") == self.token
+
+    def _stale_reason(self, owner: dict) -> str | None:
+        age = time.time() - float(owner.get("heartbeat", 0))
+        if owner.get("host") == socket.gethostname() and not _pid_alive(int(owner.get("pid", -1))):
+            return f"process {owner.get('pid')} is gone"
+        if age > self.stale_after_s:
+            return f"no heartbeat for {age:.0f} s"
+        return None
+
+    def acquire(self) -> None:
+        for _ in range(3):
+            if self._create_exclusive():
+                self._thread = threading.Thread(target=self._beat, daemon=True)
+                self._thread.start()
+                return
+            owner = read_json(self.fs, self.path)
+            if owner is None:
+                continue  # released between our two looks: try again
+            reason = self._stale_reason(owner)
+            if reason is None:
+                raise ElmoUserError(
+                    f"{self.root} is being written by another run (pid {owner.get('pid')} on "
+                    f"{owner.get('host')}); wait for it, or delete {self.path} if it is dead"
+                )
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(self.path)
+        raise ElmoUserError(f"could not take the lock {self.path}; try again")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_EVERY_S):
+            with contextlib.suppress(Exception):
+                write_bytes_atomic(self.fs, self.path, self._record())
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        owner = read_json(self.fs, self.path) or {}
+        if owner.get("token") == self.token:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(self.path)
+
+    def __enter__(self) -> DatasetLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def committed_shards(fs: Any, root: str, part: str) -> dict[int, dict]:
+    """Manifest entries of the committed shards of ``part``, by shard number."""
+    folder = f"{root}/{MANIFEST_DIR}/{part}"
+    out: dict[int, dict] = {}
+    try:
+        names = fs.ls(folder, detail=False)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        base = posixpath.basename(name)
+        if base.startswith(f"{PARTITION_COLUMN}=") and base.endswith(".json"):
+            entry = read_json(fs, name)
+            if entry is not None:
+                out[int(base[len(PARTITION_COLUMN) + 1 : -5])] = entry
+    return out
+
+
+def committed_files(uri: str, table: str = "tokens", storage_options: dict | None = None
+                    ) -> list[str]:
+    """URIs of the committed files of one table, over all parts: what a strict reader reads."""
+    fs, root = open_output(uri, storage_options)
+    files = []
+    with contextlib.suppress(FileNotFoundError):
+        for part in sorted(fs.ls(f"{root}/{MANIFEST_DIR}", detail=False)):
+            name = posixpath.basename(part)
+            for shard in sorted(committed_shards(fs, root, name)):
+                files.append(fs.unstrip_protocol(table_file(root, table, shard, name)))
+    return files
+
+
+def check_plan(fs: Any, root: str, part: str, plan: dict) -> None:
+    """Record what a part is made from; a resumed run must be made from the same inputs."""
+    path = f"{root}/{MANIFEST_DIR}/{part}/{PLAN_FILE}"
+    existing = read_json(fs, path)
+    if existing is None:
+        write_bytes_atomic(fs, path, json.dumps(plan, indent=1, sort_keys=True).encode())
+        return
+    if existing != plan:
+        changed = sorted(k for k in set(existing) | set(plan) if existing.get(k) != plan.get(k))
+        raise ElmoUserError(
+            f"{root} already holds part {part!r} made from other inputs or options "
+            f"(differs in: {', '.join(changed)}); write to a new --out (or a new --part)"
+        )
+
+
+@dataclass
+class ShardCommit:
+    """Write the four tables of one shard to staging, then commit them."""
+
+    fs: Any
+    root: str
+    part: str
+    run_id: str
+    shard: int
+
+    def staging_file(self, table: str) -> str:
+        folder = f"{self.root}/{STAGING_DIR}/{self.run_id}/{table}"
+        return f"{folder}/{PARTITION_COLUMN}={self.shard}/{self.part}.parquet"
+
+    def open(self, table: str) -> Any:
+        path = self.staging_file(table)
+        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        return self.fs.open(path, "wb")
+
+    def commit(self, counts: dict[str, int]) -> dict:
+        for table in TABLES:
+            final = table_file(self.root, table, self.shard, self.part)
+            self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
+            if self.fs.exists(final):  # left by a run that died before its manifest entry
+                self.fs.rm(final)
+            self.fs.mv(self.staging_file(table), final)
+        entry = {"shard": self.shard, "part": self.part, "run_id": self.run_id,
+                 "committed_at": time.time(), "counts": counts,
+                 "files": {t: posixpath.relpath(table_file(self.root, t, self.shard, self.part),
+                                                self.root) for t in TABLES}}
+        write_bytes_atomic(self.fs, manifest_path(self.root, self.part, self.shard),
+                           json.dumps(entry, indent=1, sort_keys=True).encode())
+        return entry
+
+
+def clear_staging(fs: Any, root: str) -> None:
+    """Remove staging left by dead runs (only called while holding the lock)."""
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(f"{root}/{STAGING_DIR}", recursive=True)
+
+
+def iter_parts(fs: Any, root: str) -> Iterator[str]:
+    with contextlib.suppress(FileNotFoundError):
+        for path in sorted(fs.ls(f"{root}/{MANIFEST_DIR}", detail=False)):
+            yield posixpath.basename(path)

@@ -1,0 +1,148 @@
+"""Versioned Arrow schemas of an elmo-store dataset and its descriptor (``_dataset.json``).
+
+The public contract is documented in ``docs/dataset_format.md``; this module is its
+executable form. Bump ``SCHEMA_VERSION`` whenever a table's columns or their meaning
+change: writers refuse to add data to a dataset of another version, so a reader never
+sees two layouts mixed in one dataset.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+DATASET_FORMAT = "elmo-store/token-activations"
+DESCRIPTOR_FILE = "_dataset.json"
+PARTITION_COLUMN = "shard"
+TABLES = ("tokens", "sentences", "documents", "errors")
+STORAGE_DTYPES = ("float16", "float32")
+
+
+def layer_columns(n_output_layers: int) -> list[str]:
+    """``layer_0`` (the context-free char-CNN layer) .. ``layer_L`` (the top biLSTM layer)."""
+    return [f"layer_{k}" for k in range(n_output_layers)]
+
+
+def token_schema(n_output_layers: int, dim: int, dtype: str = "float16") -> pa.Schema:
+    """One row per stored token; the hive partition column ``shard`` lives in the path.
+
+    ``token == sentence_text_of_doc[char_start:char_end]`` always holds (offsets count
+    Unicode code points of the document text), so tokens are never rewritten (no PTB
+    quote conversion) and tokens longer than the model's 50 chars are stored whole.
+    """
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"dtype must be one of {STORAGE_DTYPES}, not {dtype!r}")
+    value_type = pa.float16() if dtype == "float16" else pa.float32()
+    fields = [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("sent_idx", pa.int32(), nullable=False),
+        pa.field("tok_idx", pa.int32(), nullable=False),
+        pa.field("token", pa.string(), nullable=False),
+        pa.field("char_start", pa.int32(), nullable=False),
+        pa.field("char_end", pa.int32(), nullable=False),
+    ]
+    fields += [
+        pa.field(name, pa.list_(value_type, dim), nullable=False)
+        for name in layer_columns(n_output_layers)
+    ]
+    return pa.schema(fields, metadata={b"elmo_store_schema_version": str(SCHEMA_VERSION).encode()})
+
+
+SENTENCE_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("sent_idx", pa.int32(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("char_start", pa.int32(), nullable=False),
+        pa.field("char_end", pa.int32(), nullable=False),
+        pa.field("n_tokens", pa.int32(), nullable=False),
+        pa.field("n_windows", pa.int32(), nullable=False),
+    ]
+)
+
+DOCUMENT_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),  # the file URI the document came from
+        pa.field("line", pa.int64()),  # 1-based line / record number; null for a whole file
+        pa.field("n_sentences", pa.int32(), nullable=False),
+        pa.field("n_tokens", pa.int32(), nullable=False),
+        pa.field("metadata", pa.string()),  # JSON object of extra input fields, or null
+    ]
+)
+
+ERROR_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("line", pa.int64()),
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
+
+TABLE_SCHEMAS: dict[str, pa.Schema] = {
+    "sentences": SENTENCE_SCHEMA,
+    "documents": DOCUMENT_SCHEMA,
+    "errors": ERROR_SCHEMA,
+}
+
+
+@dataclass(frozen=True)
+class DatasetDescriptor:
+    """What every writer of a dataset must agree on; stored as ``_dataset.json``."""
+
+    model_fingerprint: str
+    n_output_layers: int
+    dim: int
+    dtype: str
+    n_shards: int
+    tokenizer: dict[str, Any]
+    model: dict[str, Any] = field(default_factory=dict)  # informative: config, source path
+    schema_version: int = SCHEMA_VERSION
+    format: str = DATASET_FORMAT
+    shard_hash: str = "sha256(doc_id UTF-8), first 8 bytes as big-endian uint64, mod n_shards"
+    partition_column: str = PARTITION_COLUMN
+    compression: str = "zstd"
+    extra: dict[str, Any] = field(default_factory=dict)  # room for later issues (mixes, jobs)
+
+    @property
+    def layer_columns(self) -> list[str]:
+        return layer_columns(self.n_output_layers)
+
+    def token_schema(self) -> pa.Schema:
+        return token_schema(self.n_output_layers, self.dim, self.dtype)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> DatasetDescriptor:
+        data = json.loads(text)
+        if data.get("format") != DATASET_FORMAT:
+            raise ValueError(f"not an elmo-store descriptor (format={data.get('format')!r})")
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def incompatibilities(self, other: DatasetDescriptor) -> list[str]:
+        """Reasons why data described by ``other`` cannot be added to this dataset."""
+        problems = []
+        if self.schema_version != other.schema_version:
+            problems.append(
+                f"schema version {self.schema_version} != {other.schema_version}"
+            )
+        if self.model_fingerprint != other.model_fingerprint:
+            problems.append(
+                f"model fingerprint {self.model_fingerprint[:12]}… != "
+                f"{other.model_fingerprint[:12]}… (another model)"
+            )
+        for name in ("n_output_layers", "dim", "dtype", "n_shards"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                problems.append(f"{name} {mine!r} != {theirs!r}")
+        if self.tokenizer != other.tokenizer:
+            problems.append(f"tokenizer {self.tokenizer} != {other.tokenizer}")
+        return problems

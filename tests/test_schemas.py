@@ -1,0 +1,44 @@
+"""Versioned Arrow schemas and the dataset descriptor."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+import pytest
+
+from schemas import SCHEMA_VERSION, DatasetDescriptor, token_schema
+
+
+def descriptor(**changes: object) -> DatasetDescriptor:
+    base = DatasetDescriptor(model_fingerprint="ab" * 32, n_output_layers=3, dim=1024,
+                             dtype="float16", n_shards=8,
+                             tokenizer={"name": "elmo-store-ptb", "version": "1"})
+    return dataclasses.replace(base, **changes)
+
+
+def test_token_schema_layers_are_fixed_size_lists() -> None:
+    schema = token_schema(3, 1024, "float16")
+    assert schema.names[:6] == ["doc_id", "sent_idx", "tok_idx", "token", "char_start",
+                                "char_end"]
+    assert [n for n in schema.names if n.startswith("layer_")] == ["layer_0", "layer_1",
+                                                                   "layer_2"]
+    assert schema.field("layer_2").type == pa.list_(pa.float16(), 1024)
+    assert token_schema(2, 8, "float32").field("layer_1").type == pa.list_(pa.float32(), 8)
+    assert schema.metadata[b"elmo_store_schema_version"] == str(SCHEMA_VERSION).encode()
+    with pytest.raises(ValueError):
+        token_schema(3, 8, "int8")
+
+
+def test_descriptor_round_trips_and_reports_incompatibilities() -> None:
+    d = descriptor()
+    assert DatasetDescriptor.from_json(d.to_json()) == d
+    assert d.incompatibilities(descriptor()) == []
+    other = descriptor(model_fingerprint="cd" * 32, schema_version=SCHEMA_VERSION + 1,
+                       dtype="float32")
+    problems = " ".join(d.incompatibilities(other))
+    assert "another model" in problems
+    assert "schema version" in problems
+    assert "dtype" in problems
+    with pytest.raises(ValueError):
+        DatasetDescriptor.from_json('{"format": "something-else"}')

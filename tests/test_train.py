@@ -1,0 +1,249 @@
+"""Training: loss goes down, resume is exact, perplexity is computed as by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_train_helpers import write_tiny_options, write_toy_corpus
+
+from elmo_model.char_ids import token_char_ids
+from elmo_model.errors import ElmoUserError
+from elmo_model.model import BiLM, BiLMConfig
+from elmo_model.train import (
+    Corpus,
+    Softmax,
+    StreamBatches,
+    TrainParams,
+    heldout_perplexity,
+    is_heldout,
+    load_corpus,
+    load_trained,
+    perplexity,
+    resolve_config,
+    train,
+)
+from elmo_model.vocab import Vocabulary, tokenize
+
+QUIET = {"progress": False, "log": lambda _message: None}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Two torch threads on a shared 2-core machine run many times slower than one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_tiny_model_learns(tmp_path: Path) -> None:
+    corpus = write_toy_corpus(tmp_path / "text")
+    options = write_tiny_options(tmp_path)
+    out = tmp_path / "run"
+    first = train(corpus, out, str(options), max_steps=1, **QUIET)
+    assert first.last_perplexity is not None
+    # The toy language has 25 word types: an untrained model sits near uniform.
+    assert first.last_perplexity["mean"] > 15
+    later = train(corpus, out, str(options), max_steps=30, **QUIET)
+    assert later.state.step == 30
+    assert later.last_perplexity is not None
+    for direction in ("forward", "backward", "mean"):
+        assert later.last_perplexity[direction] < 0.5 * first.last_perplexity[direction]
+    saved = json.loads((out / "training_state.json").read_text())
+    assert [h["step"] for h in saved["history"]] == [1, 30]
+    assert (out / "options.json").is_file() and (out / "vocab.txt").is_file()
+
+
+def test_sampled_softmax_learns(tmp_path: Path) -> None:
+    corpus = write_toy_corpus(tmp_path / "text")
+    # 8 shared negatives for a 28-word vocabulary: slow, but it must learn
+    options = write_tiny_options(tmp_path, n_negative_samples=8, dropout=0.1,
+                                 precision="bfloat16")
+    out = tmp_path / "run"
+    first = train(corpus, out, str(options), max_steps=1, **QUIET)
+    later = train(corpus, out, str(options), max_steps=30, **QUIET)
+    assert first.last_perplexity and later.last_perplexity
+    assert later.last_perplexity["mean"] < 0.92 * first.last_perplexity["mean"]
+
+
+class KilledError(Exception):
+    """Stands in for a kill between two checkpoints."""
+
+
+def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    corpus = write_toy_corpus(tmp_path / "text")
+    options = write_tiny_options(tmp_path, dropout=0.1, n_negative_samples=8)
+    straight = train(corpus, tmp_path / "straight", str(options), max_steps=12,
+                     checkpoint_steps=4, **QUIET)
+
+    window = StreamBatches.window
+
+    def dying_window(self: StreamBatches, step: int) -> tuple[np.ndarray, np.ndarray]:
+        if step == 10:
+            raise KilledError
+        return window(self, step)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(StreamBatches, "window", dying_window)
+        with pytest.raises(KilledError):
+            train(corpus, tmp_path / "killed", str(options), max_steps=12, checkpoint_steps=4,
+                  **QUIET)
+    on_disk = json.loads((tmp_path / "killed" / "training_state.json").read_text())
+    assert on_disk["step"] == 8  # the last whole checkpoint
+    assert not list((tmp_path / "killed").glob("*.tmp"))
+    resumed = train(corpus, tmp_path / "killed", str(options), max_steps=12, checkpoint_steps=4,
+                    **QUIET)
+    assert resumed.state.step == straight.state.step == 12
+    assert [h["step"] for h in resumed.state.history] == [4, 8, 12]
+    a = load_file(str(tmp_path / "straight" / "weights.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "weights.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_init_from_fine_tunes_and_keeps_the_vocabulary(tmp_path: Path) -> None:
+    corpus = write_toy_corpus(tmp_path / "text")
+    options = write_tiny_options(tmp_path)
+    train(corpus, tmp_path / "base", str(options), max_steps=20, **QUIET)
+    other = write_toy_corpus(tmp_path / "other", n_lines=120, seed=7)
+    tuned = train(other, tmp_path / "tuned", str(options), init_from=str(tmp_path / "base"),
+                  max_steps=5, **QUIET)
+    assert tuned.state.init_from == str(tmp_path / "base")
+    assert (tmp_path / "tuned" / "vocab.txt").read_text() == \
+        (tmp_path / "base" / "vocab.txt").read_text()
+    base_model, base_softmax, _, _ = load_trained(tmp_path / "base")
+    tuned_model, tuned_softmax, _, _ = load_trained(tmp_path / "tuned")
+    # started from the base weights (same shapes), then moved
+    assert base_model.config.lstm_dim == tuned_model.config.lstm_dim
+    assert not torch.equal(base_softmax.weight, tuned_softmax.weight)
+    first = base_model.layers[0].input_weight
+    assert (tuned_model.layers[0].input_weight - first).abs().max() < 0.2
+
+
+def test_plain_model_dir_is_not_resumed(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = write_toy_corpus(tmp_path / "text")
+    with pytest.raises(ElmoUserError, match="not a training checkpoint"):
+        train(corpus, tiny_model_dir, "small", max_steps=1, **QUIET)
+
+
+def test_config_errors_are_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(ElmoUserError, match="neither a preset"):
+        resolve_config(str(tmp_path / "missing.json"))
+    bad = write_tiny_options(tmp_path, optimizer="sgd")
+    with pytest.raises(ElmoUserError, match="optimizer"):
+        resolve_config(str(bad))
+    with pytest.raises(ElmoUserError, match="unknown training key"):
+        TrainParams.from_dict({"learning_rate": 1}, "x")
+    with pytest.raises(ElmoUserError, match="no files match"):
+        load_corpus(str(tmp_path / "nothing*.txt"), TrainParams())
+    for preset in ("small", "medium", "standard"):
+        config, params = resolve_config(preset)
+        assert config.extra["training"]["batch_size"] == params.batch_size
+
+
+# ---------------------------------------------------------------- perplexity by hand
+
+
+def test_full_softmax_nll_by_hand() -> None:
+    softmax = Softmax(3, 2)
+    with torch.no_grad():
+        softmax.weight.zero_()
+        softmax.bias.copy_(torch.log(torch.tensor([0.5, 0.25, 0.25])))
+    nll = softmax.nll(torch.randn(4, 2), torch.tensor([0, 1, 2, 1]), chunk=3)
+    torch.testing.assert_close(nll, torch.tensor([math.log(2), math.log(4), math.log(4),
+                                                  math.log(4)]))
+    # exp(mean NLL) = (2 * 4 * 4 * 4) ** (1 / 4) = 2 ** (7 / 4)
+    assert perplexity(float(nll.sum().detach()), 4) == pytest.approx(2 ** 1.75)
+    assert math.isnan(perplexity(0.0, 0))
+
+
+def test_heldout_perplexity_by_hand() -> None:
+    """One held-out line ``<S> a b </S>``, a softmax that ignores the LSTM (zero weights)
+    and predicts p = [<S> .1, </S> .2, <UNK> .1, a .4, b .2]. Forward predicts a, b, </S>;
+    backward predicts <S>, a, b."""
+    types = ["<S>", "</S>", "a", "b"]
+    vocab = Vocabulary(["a", "b"])
+    corpus = Corpus(types=types, train=[], heldout=[np.array([0, 2, 3, 1])],
+                    char_ids=np.stack([token_char_ids(t) for t in types]).astype(np.int16),
+                    softmax_ids=np.array(vocab.ids(types)))
+    config = BiLMConfig(n_layers=1, lstm_dim=8, projection_dim=4, char_embedding_dim=4,
+                        filters=((1, 4),), n_highway=0)
+    model = BiLM(config)
+    softmax = Softmax(len(vocab), 4)
+    probabilities = torch.tensor([0.1, 0.2, 0.1, 0.4, 0.2])
+    with torch.no_grad():
+        softmax.weight.zero_()
+        softmax.bias.copy_(probabilities.log())
+    result = heldout_perplexity(model, softmax, corpus)
+    forward = (0.4 * 0.2 * 0.2) ** (-1 / 3)
+    backward = (0.1 * 0.4 * 0.2) ** (-1 / 3)
+    assert result["forward"] == pytest.approx(forward, rel=1e-5)
+    assert result["backward"] == pytest.approx(backward, rel=1e-5)
+    assert result["mean"] == pytest.approx(math.sqrt(forward * backward), rel=1e-5)
+    assert result["tokens"] == 3
+
+
+def test_sampled_softmax_masks_accidental_hits() -> None:
+    torch.manual_seed(0)
+    softmax = Softmax(5, 3)
+    hidden = torch.randn(6, 3, requires_grad=True)
+    targets = torch.tensor([0, 1, 2, 3, 4, 0])
+    generator = torch.Generator().manual_seed(0)
+    nll = softmax.sampled_nll(hidden, targets, 64, generator)  # every id is drawn
+    assert torch.isfinite(nll).all() and (nll > 0).all()
+    nll.sum().backward()
+    assert hidden.grad is not None and torch.isfinite(hidden.grad).all()
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_streams_continue_across_windows(tmp_path: Path) -> None:
+    corpus, _ = load_corpus(write_toy_corpus(tmp_path), TrainParams(heldout_percent=0,
+                                                                    batch_size=3,
+                                                                    unroll_steps=5))
+    batches = StreamBatches(corpus, TrainParams(batch_size=3, unroll_steps=5))
+    first_f, first_b = batches.window(0)
+    second_f, second_b = batches.window(1)
+    assert first_f.shape == (3, 6)
+    # the next window starts where the previous one's targets ended
+    assert np.array_equal(first_f[:, -1], second_f[:, 0])
+    assert np.array_equal(first_b[:, -1], second_b[:, 0])
+    # the backward stream is text read right to left: </S> comes before <S>
+    flat = first_b.ravel().tolist()
+    assert 1 in flat and 0 in flat
+    row = batches._backward[0].tolist()
+    eos = row.index(1)
+    assert row[eos:].index(0) > 0
+
+
+def test_vocabulary_and_tokenizer(tmp_path: Path) -> None:
+    assert tokenize("Now, fair Hippolyta, our nuptial hour draws on apace; don't.") == [
+        "Now", ",", "fair", "Hippolyta", ",", "our", "nuptial", "hour", "draws", "on",
+        "apace", ";", "don't", "."]
+    vocab = Vocabulary.build([["b", "a", "b"], ["c", "a", "b"]], max_size=2)
+    assert vocab.words == ["<S>", "</S>", "<UNK>", "b", "a"]
+    assert vocab.ids(["a", "c", "<S>"]) == [4, 2, 0]
+    vocab.save(tmp_path / "vocab.txt")
+    assert Vocabulary.load(tmp_path / "vocab.txt").words == vocab.words
+    (tmp_path / "bad.txt").write_text("a\nb\n")
+    with pytest.raises(ElmoUserError, match="special token"):
+        Vocabulary.load(tmp_path / "bad.txt")
+
+
+def test_heldout_split_on_the_shared_corpus(corpora_dir: Path) -> None:
+    text = corpora_dir / "moby_dick.txt"
+    lines = [line.strip() for line in text.read_text(encoding="utf-8").splitlines()
+             if line.strip()]
+    held = [line for line in lines if is_heldout(line, 1.0)]
+    assert 0.004 < len(held) / len(lines) < 0.02
+    assert held == [line for line in lines if is_heldout(line, 1.0)]  # fixed, not random
