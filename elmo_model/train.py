@@ -580,6 +580,7 @@ def train(
         model = _with_config(model, config)
     else:
         config, params = resolve_config(config_spec)
+        torch.manual_seed(params.seed)  # the same seed, the same initial weights
         model = BiLM(config)
     if overrides and resumed is None:
         params = TrainParams.from_dict({**asdict(params), **overrides}, "overrides")
@@ -587,12 +588,12 @@ def train(
                                "extra": {**config.extra, "training": asdict(params)}})
         model = _with_config(model, config)
 
-    torch.manual_seed(params.seed)
     started = time.perf_counter()
     corpus, vocab = load_corpus(corpus_glob, params, config.max_chars, vocab)
     log(f"corpus: {len(corpus.train):,} training lines ({corpus.n_train_tokens:,} tokens), "
         f"{len(corpus.heldout):,} held out; vocabulary {len(vocab):,}; "
         f"loaded in {time.perf_counter() - started:.1f}s")
+    torch.manual_seed(params.seed + 1)
     softmax = Softmax(len(vocab), config.projection_dim)
     if init_softmax and set(init_softmax) == {"weight", "bias"} and \
             init_softmax["weight"].shape == softmax.weight.shape:
@@ -637,6 +638,8 @@ def train(
         if corpus.heldout:
             last_ppl = heldout_perplexity(model, softmax, corpus,
                                           None if final else eval_subset)
+            if state.history and state.history[-1]["step"] == state.step:
+                state.history.pop()  # the final evaluation supersedes one at the same step
             state.history.append({"step": state.step, "tokens_seen": state.tokens_seen,
                                   "wall_seconds": round(state.wall_seconds, 1),
                                   "heldout_perplexity": last_ppl})
