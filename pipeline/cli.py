@@ -17,14 +17,23 @@ REGISTRARS = (
     "pipeline.embed_cli",
     "pipeline.lookup_cli",
     "jobs.cli",
+    "pipeline.demo",
 )
 
 DESCRIPTION = """\
 elmo: corpus-scale ELMo embeddings: embed, store every layer, query with SQL, search senses.
 
 examples:
+  elmo demo                                            # the tour `make run` gives
+  elmo embed 'corpus/*.txt' --out runs/ds              # every layer of every token
+  elmo sql runs/ds "SELECT token, count(*) n FROM tokens GROUP BY 1 ORDER BY n DESC LIMIT 5"
+  elmo index build runs/ds --mix top --out runs/ds-top.lance
+  elmo senses search "He plays the guitar" --word plays --index runs/ds-top.lance
+  elmo train 'corpus/*.txt' --config small --out runs/my-model
+  elmo jobs run job.toml                               # incremental, scheduled embedding
   elmo model info models/default/options.json models/default/weights.safetensors
-  elmo embed-sentences OPTIONS WEIGHTS sentences.txt --out layers.npz
+
+Each COMMAND has --help with more examples.
 """
 
 
