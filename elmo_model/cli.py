@@ -43,6 +43,15 @@ examples:
   elmo model export models/default --format allennlp --out exported/default
 """
 
+PACKAGE_HELP = """\
+Turn a training checkpoint into a model directory to ship: options.json,
+weights.safetensors (biLM only, float16 by default), vocab.txt, softmax.safetensors
+(for perplexity and --init-from fine-tuning) and warm_state.safetensors.
+
+examples:
+  elmo model package runs/default --out models/default
+"""
+
 EMBED_HELP = """\
 Embed pre-tokenized sentences (one per line, tokens separated by spaces) and print
 the layer shapes, or save every layer with --out.
@@ -92,6 +101,13 @@ def register(subparsers: Any) -> None:
     export.add_argument("--format", choices=["allennlp"], default="allennlp")
     export.add_argument("--out", required=True, metavar="DIR2")
     export.set_defaults(handler=_model_export)
+    package = verbs.add_parser("package", help="a shippable model dir from a checkpoint",
+                               description=PACKAGE_HELP, formatter_class=_RAW)
+    package.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
+    package.add_argument("--out", required=True, metavar="DIR")
+    package.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
+                         default="float16", help="storage precision (default float16)")
+    package.set_defaults(handler=_model_package)
     model.set_defaults(handler=lambda _args: model.print_help() or 2)
 
     embed = subparsers.add_parser("embed-sentences", help="embed pre-tokenized sentences",
@@ -234,4 +250,19 @@ def _model_export(args: argparse.Namespace) -> int:
     (out / OPTIONS_FILE).write_text(json.dumps(options, indent=2) + "\n", encoding="utf-8")
     export_bilm_tf_weights(model, out / HDF5_FILE)
     print(f"wrote {out / OPTIONS_FILE} and {out / HDF5_FILE} (bilm-tf / AllenNLP layout)")
+    return 0
+
+
+def _model_package(args: argparse.Namespace) -> int:
+    import torch
+
+    from elmo_model.train import package_model
+
+    source = Path(args.checkpoint)
+    if not (source / "options.json").is_file() or not (source / "vocab.txt").is_file():
+        raise ElmoUserError(f"{source}: not a training checkpoint (needs options.json, vocab.txt "
+                            "and weights.safetensors)")
+    out = package_model(source, args.out, dtype=getattr(torch, args.dtype))
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    print(f"wrote {out} ({size / 1e6:.1f} MB)")
     return 0

@@ -56,6 +56,7 @@ from elmo_model.weights import (
 
 VOCAB_FILE = "vocab.txt"
 STATE_FILE = "training_state.json"
+SOFTMAX_FILE = "softmax.safetensors"
 CHECKPOINT_FORMAT = "elmo-store-train-checkpoint"
 
 
@@ -404,6 +405,7 @@ class TrainState:
     init_from: str | None = None
     corpus: str = ""
     command: str = ""
+    resumes: list[dict[str, Any]] = field(default_factory=list)  # step and command of each
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer, names: dict[int, str]
@@ -506,13 +508,49 @@ def load_init_model(source: str) -> tuple[BiLM, Vocabulary | None, dict[str, tor
     model = BiLM(config)
     load_weights(model, weights)
     vocab = Vocabulary.load(path / VOCAB_FILE) if (path / VOCAB_FILE).is_file() else None
-    softmax: dict[str, torch.Tensor] = {}
-    if vocab is not None and weights.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    return model, vocab, read_softmax(path) if vocab is not None else {}
 
-        softmax = {k[len("softmax."):]: v.float() for k, v in load_file(str(weights)).items()
-                   if k.startswith("softmax.")}
-    return model, vocab, softmax
+
+def read_softmax(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Softmax tensors of a checkpoint (inside its weights) or a packaged model (beside
+    them, in ``softmax.safetensors``); empty when there are none."""
+    from safetensors.torch import load_file
+
+    for name in (SOFTMAX_FILE, SAFETENSORS_FILE):
+        if (model_dir / name).is_file():
+            found = {k[len("softmax."):]: v.float()
+                     for k, v in load_file(str(model_dir / name)).items()
+                     if k.startswith("softmax.")}
+            if found:
+                return found
+    return {}
+
+
+def package_model(checkpoint_dir: str | Path, out: str | Path,
+                  dtype: torch.dtype = torch.float16) -> Path:
+    """A shippable model directory from a training checkpoint: ``options.json``,
+    ``weights.safetensors`` (biLM only, ``dtype``), ``vocab.txt``, ``softmax.safetensors``
+    (for perplexity and fine-tuning) and ``warm_state.safetensors``."""
+    from safetensors.torch import save_file
+
+    from elmo_model.embedder import compute_warm_state
+    from elmo_model.weights import save_model_dir
+
+    checkpoint_dir, out = Path(checkpoint_dir), Path(out)
+    model, softmax, vocab, _ = load_trained(checkpoint_dir)
+    save_model_dir(model, out, dtype=dtype)
+    # keep the training keys: they document how the model was made
+    (out / OPTIONS_FILE).write_text((checkpoint_dir / OPTIONS_FILE).read_text())
+    vocab.save(out / VOCAB_FILE)
+    save_file({f"softmax.{k}": v.detach().to(dtype).contiguous()
+               for k, v in softmax.state_dict().items()}, str(out / SOFTMAX_FILE))
+    # the warm state of the weights as shipped (rounded to dtype), not of the fp32 ones
+    shipped = BiLM(model.config)
+    load_weights(shipped, out / SAFETENSORS_FILE)
+    from elmo_model import save_warm_state
+
+    save_warm_state(out, compute_warm_state(shipped.eval()))
+    return out
 
 
 # ---------------------------------------------------------------- the loop
@@ -571,7 +609,8 @@ def train(
         config, params = split_options(json.loads((out / OPTIONS_FILE).read_text()), str(out))
         vocab = Vocabulary.load(out / VOCAB_FILE)
         model = BiLM(config)
-        log(f"resuming {out} from step {resumed[1].step}")
+        log(f"resuming {out} from step {resumed[1].step} (its options.json rules; --config, "
+            "--init-from and --set apply to new runs only)")
     elif init_from:
         model, vocab, init_softmax = load_init_model(init_from)
         _, params = resolve_config(config_spec)
@@ -613,6 +652,7 @@ def train(
                    for i in range(config.n_layers)]
         if max_steps is not None:
             state.total_steps = max_steps  # the decay follows the latest step budget
+        state.resumes.append({"step": state.step, "command": command})
     else:
         out.mkdir(parents=True, exist_ok=True)
         state = TrainState(total_steps=max_steps, init_from=init_from, corpus=corpus_glob,

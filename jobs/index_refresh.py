@@ -81,8 +81,9 @@ def _refresh_with_build_index(dataset: str, *, mix: str, index_uri: str,
     ``build_index`` adds every committed tokens file it has not indexed yet (LanceDB
     ``add`` + ``optimize``) but never deletes rows; so the rows of removed documents are
     deleted here first (before the add: a changed file's new rows carry the same doc ids).
-    When this is called, the committed parts are the live ones plus old ones the index
-    already holds (the runner deletes other parts first), so ``add_files`` is implied.
+    ``build_index`` reads the dataset's live view (``_live.json``), which the runner has
+    just published, so ``add_files`` is implied, and the shard files of replaced parts
+    leave the index there too.
     """
     import lancedb
 
@@ -108,10 +109,9 @@ def _refresh_with_build_index(dataset: str, *, mix: str, index_uri: str,
 
 
 def _part_files(fs: Any, root: str, table: str, part: str) -> list[str]:
-    from pipeline.store import committed_shards, table_file
+    from pipeline.store import part_files
 
-    return [fs.unstrip_protocol(table_file(root, table, shard, part))
-            for shard in sorted(committed_shards(fs, root, part))]
+    return [fs.unstrip_protocol(path) for path in part_files(fs, root, part, table)]
 
 
 def _doc_ids(fs: Any, root: str, part: str) -> list[str]:

@@ -9,9 +9,11 @@ A run, holding the job lock:
    exactly-once shard commits make this step resumable after a kill -9: a part's name
    depends only on the file's URI and content, so the next run finds the committed
    shards and finishes the rest);
-3. switches ``state.json`` to the new set of parts in one atomic write (the commit
-   point: before it readers of the live view see the previous run's data, after it the
-   new data);
+3. switches ``state.json`` to the new set of parts in one atomic write (the job's commit
+   point), then publishes the same parts as the dataset's ``_live.json`` (the readers'
+   commit point, ``pipeline.store.publish_live``): before it every reader sees the
+   previous run's data, after it the new data. A run killed between the two writes is
+   caught up by the next run, which republishes ``_live.json`` from ``state.json`` first;
 4. deletes parts outside the live view, refreshes the mixes' indexes, and records the run.
 
 With nothing new, changed or (when ``delete_missing``) deleted, no model is loaded.
@@ -28,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
 from jobs.spec import JobSpec
 from jobs.state import (
     PART_PREFIX,
@@ -89,38 +90,15 @@ def plan_run(fs_for: Callable[[str], Any], sources: list[Any], state: JobState,
     return plan
 
 
-def single_file_glob(source: Any) -> str:
-    """A glob matching only ``source`` whose fixed prefix is the original glob's prefix.
-
-    The pipeline derives document ids from the path relative to the glob's fixed prefix
-    (``sub/a.txt:3``); embedding one file by its plain path would give ``a.txt:3``. So the
-    first safe character of the relative path's first component becomes a one-character
-    class (``[s]ub/a.txt``): the prefix ends before it, and only this file matches.
-    """
-    relative = source.relative
-    prefix = source.path[: len(source.path) - len(relative)].rstrip("/")
-    if not source.path.endswith(relative):
-        raise ElmoUserError(f"cannot address {source.uri} alone (path {source.path!r} does "
-                            f"not end with {relative!r})")
-    first = relative.split("/", 1)[0]
-    pick = next((i for i, ch in enumerate(first) if ch.isalnum()), None)
-    if pick is None:
-        raise ElmoUserError(f"cannot address {source.uri} alone: its name {first!r} has no "
-                            "letter or digit to anchor a glob on; rename it")
-    escaped = "".join(f"[{ch}]" if ch in "*?[" or i == pick else ch
-                      for i, ch in enumerate(relative))
-    joined = f"{prefix}/{escaped}" if prefix else escaped
-    protocol = source.uri[: len(source.uri) - len(source.path)] if source.uri.endswith(
-        source.path) else ""
-    return protocol + joined
-
-
 def _embed_config(spec: JobSpec, source: Any, part: str, progress: bool) -> Any:
     from pipeline.embed import EmbedConfig, ModelSpec
     from pipeline.sources import ReadOptions
 
     return EmbedConfig(
-        sources=[single_file_glob(source)],
+        # The job's own globs plus the one file: ids stay relative to the glob's prefix,
+        # as in a run over the whole glob, and the SourceFile is not listed again.
+        sources=list(spec.sources),
+        source_files=(source,),
         out=spec.output,
         model=ModelSpec.resolve(spec.model, spec.options, spec.weights),
         n_shards=spec.shards,
@@ -168,15 +146,16 @@ def _part_counts(fs: Any, root: str, part: str) -> dict[str, int]:
 def _embed_file(spec: JobSpec, fs: Any, root: str, source: Any, part: str,
                 progress: bool) -> Any:
     from pipeline.embed import embed_corpus
+    from pipeline.store import PlanMismatchError
 
     cfg = _embed_config(spec, source, part, progress)
     try:
         return embed_corpus(cfg)
-    except ElmoUserError as error:
+    except PlanMismatchError as error:
         # A part left by a crashed run, made from the same content but recorded with
         # another mtime (the file was touched since): its plan no longer matches. It is
         # outside the live view, so dropping it and starting over loses nothing.
-        if "already holds part" not in str(error):
+        if error.part != part:
             raise
         from pipeline.store import DatasetLock
 
@@ -279,8 +258,15 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
 
     from jobs.index_refresh import referenced_parts
     from pipeline.sources import list_sources
+    from pipeline.store import publish_live, read_live
 
     state = read_state(fs, root, spec.name)
+    # Readers follow _live.json; make it agree with state.json before anything else (a
+    # run killed between its two commit writes, a dataset from before _live.json, or a
+    # first run: an empty live view hides the parts this run is about to build).
+    live = read_live(fs, root)
+    if live is None or set(live.get("parts", [])) != state.live_parts:
+        publish_live(fs, root, state.live_parts)
     sources = list_sources(list(spec.sources), spec.storage_options or None)
     source_fs: dict[str, Any] = {}
 
@@ -324,7 +310,9 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
                          state.live_parts | referenced_parts(fs, root, spec.mixes))
         return failed
 
-    with _ray_session(spec):
+    from pipeline.embed import reuse_models
+
+    with _ray_session(spec), reuse_models():  # in-process: one model load per run
         for i, (uri, (source, part)) in enumerate(sorted(wanted.items()), start=1):
             kind = "new" if uri not in state.files else "changed"
             summary = _embed_file(spec, fs, root, source, part, progress)
@@ -347,7 +335,8 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
     if spec.delete_missing:
         for uri in plan.deleted:
             del state.files[uri]
-    write_state(fs, root, state)  # the commit point: the live view switches here
+    write_state(fs, root, state)  # the job's commit point
+    publish_live(fs, root, state.live_parts)  # the readers' commit point: the view switches
     record.status = "ok"
     c = record.files
     _say(lines, f"{spec.name}: {c['new']} new, {c['changed']} changed, {c['deleted']} deleted, "
@@ -368,8 +357,10 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
 
 def _collect_garbage(fs: Any, root: str, n_shards: int, keep: set[str]) -> None:
     """Drop the job's parts outside ``keep`` (old versions, a crashed run's leftovers)."""
-    from pipeline.store import DatasetLock, iter_parts
+    from pipeline.store import DatasetLock, iter_parts, read_live
 
+    # Never a part that _live.json lists: a reader may be reading it right now.
+    keep = keep | set((read_live(fs, root) or {}).get("parts", []))
     garbage = [p for p in iter_parts(fs, root) if p.startswith(PART_PREFIX) and p not in keep]
     if garbage:
         # The dataset lock too: an `elmo embed` into this output must not see half a part.

@@ -10,10 +10,11 @@ source file embedded into its own part can be added, replaced or removed without
 the rows of any other file. A changed file is embedded into a *new* part (the name holds a
 digest of its content), and ``state.json`` is switched from the old part to the new one by
 one atomic write: a reader of the live view sees the old rows or the new rows, never both.
-Parts outside the live view (old versions, or a crashed run's unfinished work) are deleted
-by the next run; until then :func:`live_files` is what a strict reader must use. A plain
-directory scan of ``tokens/`` can still see an old part for the moment between the switch
-and that deletion (see docs/jobs.md).
+Readers do not read this file: every run publishes the same set of parts as the
+dataset's ``_live.json`` (``pipeline.store.publish_live``), which every reader of the
+dataset follows. Parts outside the live view (old versions, or a crashed run's
+unfinished work) are deleted later; a plain directory scan of ``tokens/`` can see them
+until then (see docs/dataset_format.md, "Live view").
 """
 
 from __future__ import annotations
@@ -142,36 +143,21 @@ def write_state(fs: Any, root: str, state: JobState) -> None:
 
 
 def live_parts(uri: str, storage_options: dict | None = None) -> set[str] | None:
-    """Parts in the job's live view, or None for a dataset that no job manages."""
-    from pipeline.store import open_output, read_json
+    """Parts in the dataset's published live view, or None when none is published."""
+    from pipeline.store import open_output, read_live
 
     fs, root = open_output(uri, storage_options)
-    data = read_json(fs, f"{jobs_root(root)}/{STATE_FILE}")
-    if data is None:
-        return None
-    return JobState.from_json(data, uri).live_parts
+    live = read_live(fs, root)
+    return None if live is None else set(live.get("parts", []))
 
 
 def live_files(uri: str, table: str = "tokens", storage_options: dict | None = None
                ) -> list[str]:
-    """URIs of the files a reader should read: committed shards of live parts only.
+    """URIs of the files a reader should read; kept for callers of the jobs API, it is
+    ``pipeline.store.committed_files`` (the store's live view, ``_live.json``)."""
+    from pipeline.store import committed_files
 
-    For a dataset that no job manages this is ``pipeline.store.committed_files``. Read
-    ``state.json`` once, then the files: a run that switches the view meanwhile deletes
-    old parts only after the switch, so a reader that started earlier may see a file
-    vanish (retry), but never a mix of two versions of one source file.
-    """
-    from pipeline.store import committed_files, committed_shards, open_output, table_file
-
-    parts = live_parts(uri, storage_options)
-    if parts is None:
-        return committed_files(uri, table, storage_options)
-    fs, root = open_output(uri, storage_options)
-    files = []
-    for part in sorted(parts):
-        for shard in sorted(committed_shards(fs, root, part)):
-            files.append(fs.unstrip_protocol(table_file(root, table, shard, part)))
-    return files
+    return committed_files(uri, table, storage_options)
 
 
 def read_live_table(uri: str, table: str = "tokens", storage_options: dict | None = None

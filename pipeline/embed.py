@@ -15,6 +15,8 @@ every stored shard from the same units in the same way and writes the same bytes
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import logging
 import os
@@ -27,7 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.sources import DocError, Document, ReadOptions, list_sources, read_documents
+from pipeline.sources import (
+    DocError,
+    Document,
+    ReadOptions,
+    SourceFile,
+    list_sources,
+    read_documents,
+)
 from pipeline.tokenize import (
     TOKENIZER_NAME,
     TOKENIZER_VERSION,
@@ -43,6 +52,8 @@ DEFAULT_MAX_SENTENCE_TOKENS = 256
 DEFAULT_WINDOW_OVERLAP = 32
 ROW_GROUP_BYTES = 64 << 20  # ~64 MB row groups: large scans for DuckDB/LanceDB, bounded RAM
 EXECUTORS = ("auto", "local", "ray")
+DEVICES = ("auto", "cpu", "cuda")
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def shard_of(doc_id: str, n_shards: int) -> int:
@@ -100,7 +111,13 @@ class EmbedConfig:
     gpus_per_actor: float | None = None
     ray_address: str | None = None
     unit_tokens: int | None = None  # tokens per unit of work; default 4 x batch_tokens
-    compute_dtype: str = "float32"
+    compute_dtype: str = "float32"  # model arithmetic: float32, bfloat16, float16 (CUDA only)
+    device: str = "auto"  # auto: CUDA when the process (actor) has a GPU, else CPU
+    # Embed only these files of ``sources`` (None: all of them). A URI string is looked up
+    # in the listing of ``sources``; a SourceFile (from ``list_sources(sources)``) is used
+    # as given, without listing again. Either way a file keeps the path relative to its
+    # glob's fixed prefix, hence the same document ids as a run over the whole glob.
+    source_files: tuple[SourceFile | str, ...] | None = None
     # Test hook: the first Ray actor call that finds no file at this path creates it and
     # kills its own process, to check that Ray restarts the actor and retries the unit.
     crash_marker: str | None = None
@@ -120,6 +137,32 @@ class EmbedConfig:
             raise ElmoUserError("need --max-sentence-tokens >= 2 and 0 <= --window-overlap < it")
         if not self.part or "/" in self.part or self.part.startswith(("_", ".")):
             raise ElmoUserError(f"bad part name {self.part!r}")
+        if self.device not in DEVICES:
+            raise ElmoUserError(f"--device must be one of {', '.join(DEVICES)}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ElmoUserError(f"--compute-dtype must be one of {', '.join(COMPUTE_DTYPES)}")
+        if self.compute_dtype == "float16" and self.device == "cpu":
+            raise ElmoUserError("--compute-dtype float16 needs CUDA; on the CPU use bfloat16")
+        if self.source_files is not None and not self.source_files:
+            raise ElmoUserError("source_files is empty: nothing to embed")
+
+    def select_sources(self) -> list[SourceFile]:
+        """The files this run embeds, each with its path relative to its glob's prefix."""
+        if self.source_files is None:
+            return list_sources(self.sources, self.storage_options)
+        given = [s for s in self.source_files if isinstance(s, SourceFile)]
+        wanted = [s for s in self.source_files if not isinstance(s, SourceFile)]
+        if wanted:
+            listed = {s.uri: s for s in list_sources(self.sources, self.storage_options)}
+            by_path = {s.path: s for s in listed.values()}
+            missing = [u for u in wanted if u not in listed and u not in by_path]
+            if missing:
+                raise ElmoUserError(f"source_files not matched by {' '.join(self.sources)}: "
+                                    f"{', '.join(missing[:5])}")
+            given += [listed.get(u) or by_path[u] for u in wanted]
+        # Sorted and de-duplicated like list_sources: the plan and the ids do not depend
+        # on the order the caller listed the files in.
+        return sorted({s.uri: s for s in given}.values(), key=lambda s: s.uri)
 
 
 @dataclass
@@ -329,22 +372,52 @@ def embed_unit(embedder: Any, unit: Any, dtype: str) -> Any:
     return pa.table(columns)
 
 
+# Set only inside ``reuse_models()``: in-process runs then share loaded models.
+_MODEL_CACHE: contextvars.ContextVar[dict[tuple, Any] | None] = contextvars.ContextVar(
+    "elmo_store_model_cache", default=None)
+
+
+@contextlib.contextmanager
+def reuse_models() -> Iterator[None]:
+    """Within this block, in-process (``local``) runs load each model once and reuse it.
+
+    For callers that run many small embeddings in a row (jobs: one per changed file).
+    Reuse is safe because a unit's vectors do not depend on what the embedder computed
+    before (its token cache returns vectors bitwise equal to fresh ones; see the module
+    docstring). Ray actors are per run and load their own copy.
+    """
+    token = _MODEL_CACHE.set({})
+    try:
+        yield
+    finally:
+        _MODEL_CACHE.reset(token)
+
+
 def _load_embedder(spec: ModelSpec, batch_tokens: int, compute_dtype: str, device: str) -> Any:
+    """The biLM on ``device`` (auto/cpu/cuda) computing in ``compute_dtype``; elmo_model
+    refuses float16 off CUDA and cuda without a GPU, with a user-facing message."""
     import elmo_model
 
-    return elmo_model.load(spec.options, spec.weights, mode="stateless", device=device,
-                           dtype=compute_dtype, max_batch_tokens=batch_tokens)
+    cache = _MODEL_CACHE.get()
+    key = (spec, batch_tokens, compute_dtype, device)
+    if cache is not None and key in cache:
+        return cache[key]
+    embedder = elmo_model.load(spec.options, spec.weights, mode="stateless", device=device,
+                               dtype=compute_dtype, max_batch_tokens=batch_tokens)
+    if cache is not None:
+        cache[key] = embedder
+    return embedder
 
 
 class EmbedActor:
     """Ray Data callable class: loads the biLM once per actor, embeds one unit per call."""
 
     def __init__(self, spec: ModelSpec, batch_tokens: int, dtype: str, compute_dtype: str,
-                 threads: int, crash_marker: str | None = None) -> None:
+                 threads: int, crash_marker: str | None = None, device: str = "auto") -> None:
         import torch
 
         torch.set_num_threads(max(1, threads))
-        self.embedder = _load_embedder(spec, batch_tokens, compute_dtype, "auto")
+        self.embedder = _load_embedder(spec, batch_tokens, compute_dtype, device)
         self.dtype = dtype
         self.crash_marker = crash_marker
 
@@ -373,7 +446,7 @@ def _ipc_bytes(table: Any) -> bytes:
 
 
 def _run_local(units: list[Unit], cfg: EmbedConfig) -> Iterator[tuple[int, Any]]:
-    embedder = _load_embedder(cfg.model, cfg.batch_tokens, cfg.compute_dtype, "auto")
+    embedder = _load_embedder(cfg.model, cfg.batch_tokens, cfg.compute_dtype, cfg.device)
     for unit in units:
         yield unit.unit_id, embed_unit(embedder, unit.table, cfg.dtype)
 
@@ -407,8 +480,12 @@ def _run_ray(units: list[Unit], cfg: EmbedConfig) -> Iterator[tuple[int, Any]]:
         ctx.execution_options.preserve_order = True  # results stream back in unit order
         resources = ray.cluster_resources()
         gpus = cfg.gpus_per_actor
-        if gpus is None:
-            gpus = 1.0 if resources.get("GPU", 0) >= 1 else 0.0
+        if cfg.device == "cpu":
+            gpus = 0.0  # a GPU reserved by an actor that computes on the CPU is wasted
+        elif gpus is None:
+            # --device cuda asks for one even when the cluster has none yet: an
+            # autoscaling cluster adds a GPU node for the pending actor.
+            gpus = 1.0 if cfg.device == "cuda" or resources.get("GPU", 0) >= 1 else 0.0
         cpus = cfg.cpus_per_actor or max(1.0, float(int(resources.get("CPU", 1) // cfg.actors)))
         remote = {"num_gpus": gpus} if gpus else {"num_cpus": cpus}
         blocks = [pa.table({"unit": pa.array([u.unit_id], pa.int64()),
@@ -419,7 +496,7 @@ def _run_ray(units: list[Unit], cfg: EmbedConfig) -> Iterator[tuple[int, Any]]:
             fn_constructor_kwargs={
                 "spec": cfg.model, "batch_tokens": cfg.batch_tokens, "dtype": cfg.dtype,
                 "compute_dtype": cfg.compute_dtype, "threads": int(cpus),
-                "crash_marker": cfg.crash_marker,
+                "crash_marker": cfg.crash_marker, "device": cfg.device,
             },
             compute=ray.data.ActorPoolStrategy(size=cfg.actors),
             batch_size=1,
@@ -442,12 +519,13 @@ def _run_ray(units: list[Unit], cfg: EmbedConfig) -> Iterator[tuple[int, Any]]:
 
 class _ShardWriter:
     def __init__(self, fs: Any, root: str, part: str, run_id: str, work: ShardWork,
-                 descriptor: Any) -> None:
+                 descriptor: Any, info: dict | None = None) -> None:
         import pyarrow.parquet as pq
 
         from pipeline.store import ShardCommit
 
         self.work = work
+        self.info = info
         self.commit_ = ShardCommit(fs, root, part, run_id, work.shard)
         self.schema = descriptor.token_schema()
         layer_bytes = descriptor.n_output_layers * descriptor.dim * (
@@ -491,13 +569,15 @@ class _ShardWriter:
         small = {"sentences": self.work.sentences, "documents": self.work.documents,
                  "errors": self.work.errors}
         for name, rows in small.items():
+            if not rows:  # no file for a table without rows (ShardCommit.commit)
+                continue
             schema = TABLE_SCHEMAS[name]
             table = pa.Table.from_pylist(rows, schema=schema)
             with self.commit_.open(name) as handle:
                 pq.write_table(table, handle, compression="zstd")
         counts = {"tokens": self.rows, "sentences": len(self.work.sentences),
                   "documents": len(self.work.documents), "errors": len(self.work.errors)}
-        return self.commit_.commit(counts)
+        return self.commit_.commit(counts, self.info)
 
 
 # --------------------------------------------------------------------------- driver
@@ -508,6 +588,8 @@ def _choose_executor(cfg: EmbedConfig) -> str:
         return cfg.executor
     if cfg.actors > 1 or cfg.ray_address or cfg.gpus_per_actor:
         return "ray"
+    if cfg.device == "cpu":
+        return "local"  # Ray is only worth starting here to put the model on a GPU
     try:
         import ray
 
@@ -529,10 +611,11 @@ def _progress(total: int, enabled: bool) -> Any:
 
 
 def dataset_totals(fs: Any, root: str) -> dict[str, int]:
-    from pipeline.store import committed_shards, iter_parts
+    """Row counts of the live view (what readers see), from the manifest."""
+    from pipeline.store import committed_shards, live_parts
 
     totals: dict[str, int] = {}
-    for part in iter_parts(fs, root):
+    for part in live_parts(fs, root):
         for entry in committed_shards(fs, root, part).values():
             for key, value in entry.get("counts", {}).items():
                 totals[key] = totals.get(key, 0) + int(value)
@@ -567,8 +650,11 @@ def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
         model={"n_layers": config.n_layers, "projection_dim": config.projection_dim,
                "lstm_dim": config.lstm_dim, "max_chars": config.max_chars,
                "state_mode": "stateless", "options": cfg.model.options},
+        # Informative only: incompatibilities() ignores ``extra``, so a rerun with this or
+        # another compute dtype is not refused (each manifest entry records its own).
+        extra={"compute_dtype": cfg.compute_dtype},
     )
-    sources = list_sources(cfg.sources, cfg.storage_options)
+    sources = cfg.select_sources()
     fs, root = open_output(cfg.out, cfg.storage_options)
     summary = EmbedSummary(out=cfg.out, executor=_choose_executor(cfg))
     with DatasetLock(fs, root):
@@ -606,7 +692,8 @@ def _execute(fs: Any, root: str, cfg: EmbedConfig, descriptor: Any, work: dict[i
 
     def writer(shard: int) -> _ShardWriter:
         if shard not in writers:
-            writers[shard] = _ShardWriter(fs, root, cfg.part, run_id, work[shard], descriptor)
+            writers[shard] = _ShardWriter(fs, root, cfg.part, run_id, work[shard], descriptor,
+                                          {"compute_dtype": cfg.compute_dtype})
         return writers[shard]
 
     def commit_ready() -> None:

@@ -16,6 +16,13 @@ examples:
   elmo embed 's3://bucket/corpus/**/*.parquet' --out s3://bucket/ds --shards 64 --actors 4
   elmo embed 'books/*.txt' --doc-per file --out data/books --dtype float32
   elmo embed 'tok/*.txt' --pretokenized --out data/tok --executor ray --actors 2
+  elmo embed 'corpus/*.txt' --out data/ds --device cpu --compute-dtype bfloat16
+  elmo embed 'corpus/*.txt' --out data/ds --device cuda --compute-dtype float16
+
+Compute dtype: bfloat16 runs 1.6-3.4x faster than float32 on CPUs with bf16 matmul
+support (AVX512-BF16/AMX; bench/bilm_throughput.py), vectors within cosine 0.99999 of
+float32's; float16 compute is CUDA only. It is recorded in the descriptor's "extra" and
+in each shard's manifest entry, and a rerun with another compute dtype is not refused.
 
 Output: hive-partitioned Parquet under --out (tokens/, sentences/, documents/, errors/,
 shard=K/), zstd, float16 layers by default; see docs/dataset_format.md. Re-running the
@@ -49,6 +56,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ray-address", metavar="ADDR", help="existing Ray cluster to run on")
     p.add_argument("--dtype", choices=("float16", "float32"), default="float16",
                    help="storage dtype of the layers (default float16)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the model runs: auto (default: CUDA when the process or Ray "
+                        "actor has a GPU, else CPU), cpu (no GPU is requested from Ray), "
+                        "or cuda (each Ray actor requests one GPU)")
+    p.add_argument("--compute-dtype", choices=("float32", "bfloat16", "float16"),
+                   default="float32",
+                   help="model arithmetic (default float32); bfloat16 is faster on CPUs with "
+                        "bf16 matmuls, float16 needs --device cuda/auto on a GPU")
     p.add_argument("--batch-tokens", type=int, default=4096,
                    help="token budget of one model batch (default 4096)")
     p.add_argument("--format", choices=("auto", "text", "jsonl", "parquet"), default="auto",
@@ -89,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
                          id_column=args.id_column),
         part=args.part,
         progress=not args.no_progress,
+        device=args.device,
+        compute_dtype=args.compute_dtype,
     )
     summary = embed_corpus(cfg)
     for line in summary.lines():

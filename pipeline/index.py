@@ -12,7 +12,9 @@ Vector index (``--index``): ``flat`` (none: exact brute-force search), ``hnsw``
 (IVF_HNSW_SQ, cosine) or ``auto`` (hnsw from ``HNSW_MIN_ROWS`` rows on, else flat).
 IVF_PQ was rejected: recall@10 0.08-0.5 at defaults here, and 9x slower to build on
 float16. A prefiltered query whose filter leaves at most ``EXACT_FILTER_ROWS`` rows runs
-exact over just those rows (faster than the graph there, and recall 1.0).
+exact over just those rows (recall 1.0 at a few ms); above that, LanceDB's exact scan of
+the filtered rows grows to ~100 ms (10k rows of 1024-d), so the prefiltered graph search
+is used (recall@10 0.99 measured).
 
 ``<out>/_elmo_index.json`` records the dataset, its model fingerprint, the mix (weights
 in full, so the index remembers what it holds even if the dataset's mix is later
@@ -26,8 +28,9 @@ rows into the existing vector and scalar indexes. Only a changed mix needs ``--r
 from __future__ import annotations
 
 import json
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +45,7 @@ INDEX_META = "_elmo_index.json"
 INDEX_FORMAT = "elmo-store/sense-index"
 TABLE = "tokens"
 HNSW_MIN_ROWS = 50_000
-EXACT_FILTER_ROWS = 20_000
+EXACT_FILTER_ROWS = 2_000
 INDEX_KINDS = ("auto", "hnsw", "flat")
 RESULT_COLUMNS = ["token", "doc_id", "sent_idx", "tok_idx", "sentence", "start", "end"]
 
@@ -53,7 +56,9 @@ class SearchParams:
 
     nprobes: int = 20
     ef: int = 100
-    refine_factor: int | None = None
+    # Re-rank 5k candidates with the full vectors: SQ's error alone cost 3-4 points of
+    # recall@10 (0.93 -> 0.96 at 100k, 0.94 -> 0.99 at 1M) for ~1-3 ms.
+    refine_factor: int | None = 5
 
 
 @dataclass
@@ -66,6 +71,7 @@ class IndexMeta:
     kind: str = "auto"
     built: str = "flat"  # what exists now: flat or hnsw
     num_partitions: int | None = None
+    trained_rows: int = 0  # rows when the vector index was last trained
     m: int = 20
     ef_construction: int = 300
     search: SearchParams = field(default_factory=SearchParams)
@@ -174,48 +180,44 @@ def _shard_filter(key: str) -> str:
     return f"part = {quote(part)} AND shard = {shard}"
 
 
-def _rows_for_file(ds: Dataset, mix: Mix, path: str, key: str) -> pa.Table:
-    """Index rows of one committed tokens file (vectors mixed on read)."""
+ADD_BYTES = 256 << 20  # float32 vectors per LanceDB add: bounds memory for any shard size
+
+
+def _rows_for_file(ds: Dataset, mix: Mix, path: str, key: str) -> Iterator[pa.Table]:
+    """Index rows of one committed tokens file, in chunks (vectors mixed on read)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    metas, vectors = [], []
-    cols = ("doc_id", "sent_idx", "tok_idx", "token", "char_start", "char_end")
-    for meta, mixed in iter_mixed(ds, mix, columns=cols, files=[path]):
-        metas.append(meta)
-        vectors.append(mixed)
     dim = ds.descriptor.dim
     part, shard = _split_key(key)
-    if not metas:
-        return pa.table({})
-    meta = pa.Table.from_batches(metas)
-    vec = np.concatenate(vectors) if len(vectors) > 1 else vectors[0]
-    meta = meta.append_column("_row", pa.array(np.arange(meta.num_rows), pa.int64()))
     sentences = _sentence_lookup(ds, path).rename_columns(
         ["doc_id", "sent_idx", "sentence", "sent_start"])
-    # Arrow's hash join reorders rows: "_row" puts the vectors back in step.
-    joined = meta.join(sentences, keys=["doc_id", "sent_idx"], join_type="left outer")
-    joined = joined.sort_by("_row")
-    if joined.num_rows != meta.num_rows:
-        raise ElmoUserError(f"{path}: tokens and sentences disagree (duplicate sentences)")
-    sent_start = pc.fill_null(joined["sent_start"], 0)
-    start = pc.subtract(joined["char_start"], sent_start)
-    end = pc.subtract(joined["char_end"], sent_start)
-    vector = pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), dim)
-    return pa.table({
-        "vector": vector,
-        "token": joined["token"],
-        "token_lower": pc.utf8_lower(joined["token"]),
-        "doc_id": joined["doc_id"],
-        "sent_idx": joined["sent_idx"],
-        "tok_idx": joined["tok_idx"],
-        "part": pa.array([part] * meta.num_rows, pa.string()),
-        "shard": pa.array(np.full(meta.num_rows, shard, np.int32)),
-        "sentence": pc.fill_null(joined["sentence"], ""),
-        "start": start.cast(pa.int32()),
-        "end": end.cast(pa.int32()),
-    })
+    cols = ("doc_id", "sent_idx", "tok_idx", "token", "char_start", "char_end")
+    chunk_rows = max(4096, ADD_BYTES // (4 * dim))
+    for batch, vec in iter_mixed(ds, mix, columns=cols, files=[path], batch_rows=chunk_rows):
+        n = batch.num_rows
+        meta = pa.Table.from_batches([batch]).append_column(
+            "_row", pa.array(np.arange(n), pa.int64()))
+        # Arrow's hash join reorders rows: "_row" puts them back in step with the vectors.
+        joined = meta.join(sentences, keys=["doc_id", "sent_idx"], join_type="left outer")
+        joined = joined.sort_by("_row")
+        if joined.num_rows != n:
+            raise ElmoUserError(f"{path}: tokens and sentences disagree (duplicate sentences)")
+        sent_start = pc.fill_null(joined["sent_start"], 0)
+        yield pa.table({
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), dim),
+            "token": joined["token"],
+            "token_lower": pc.utf8_lower(joined["token"]),
+            "doc_id": joined["doc_id"],
+            "sent_idx": joined["sent_idx"],
+            "tok_idx": joined["tok_idx"],
+            "part": pa.array([part] * n, pa.string()),
+            "shard": pa.array(np.full(n, shard, np.int32)),
+            "sentence": pc.fill_null(joined["sentence"], ""),
+            "start": pc.subtract(joined["char_start"], sent_start).cast(pa.int32()),
+            "end": pc.subtract(joined["char_end"], sent_start).cast(pa.int32()),
+        })
 
 
 def _has_vector_index(table: Any) -> bool:
@@ -226,12 +228,14 @@ def _create_vector_index(table: Any, meta: IndexMeta) -> None:
     from lancedb.index import IvfHnswSq
 
     rows = table.count_rows()
-    # ~sqrt(n) partitions (Lance's own rule of thumb), at least one per 4096 rows trained on.
-    partitions = meta.num_partitions or max(1, min(int(rows ** 0.5), rows // 4096 or 1))
+    # 0.3 * sqrt(n) partitions: measured best here (bench/lookup.py, BENCHMARKS.md) at
+    # 100k (~100) and 1M (~300) rows; sqrt(n) made recall@10 drop to ~0.92 at nprobes 20.
+    partitions = meta.num_partitions or max(1, round(0.3 * rows ** 0.5))
     table.create_index("vector", config=IvfHnswSq(
         distance_type="cosine", num_partitions=partitions, m=meta.m,
         ef_construction=meta.ef_construction), replace=True)
     meta.num_partitions = partitions
+    meta.trained_rows = rows
 
 
 def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
@@ -239,6 +243,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                 storage_options: dict | None = None,
                 progress: Callable[[str], None] | None = None) -> BuildSummary:
     """Create or extend the index at ``out`` with the dataset's committed shard files."""
+    os.environ.setdefault("LANCE_LOG", "error")  # k-means "empty cluster" warnings on stderr
     import lancedb
 
     if kind not in INDEX_KINDS:
@@ -288,24 +293,27 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
         if key in indexed:
             summary.skipped_files += 1
             continue
+        if table is not None:
+            # A run killed after an add but before its metadata write leaves rows that no
+            # metadata lists: drop them, so that a row is never held twice.
+            table.delete(_shard_filter(key))
+        n_rows = 0
         t0 = time.perf_counter()
-        rows = _rows_for_file(ds, the_mix, path, key)
-        t1 = time.perf_counter()
-        if rows.num_rows:
+        for rows in _rows_for_file(ds, the_mix, path, key):
+            t1 = time.perf_counter()
+            summary.seconds_read += t1 - t0
             if table is None:
                 table = db.create_table(TABLE, data=rows)
             else:
-                # A run killed after its add but before its metadata write leaves rows
-                # that no metadata lists: drop them, so that a row is never held twice.
-                table.delete(_shard_filter(key))
                 table.add(rows)
-        summary.seconds_read += t1 - t0
-        summary.seconds_add += time.perf_counter() - t1
+            n_rows += rows.num_rows
+            t0 = time.perf_counter()
+            summary.seconds_add += t0 - t1
         summary.added_files += 1
-        summary.added_rows += rows.num_rows
+        summary.added_rows += n_rows
         meta.indexed.append(key)
         if progress:
-            progress(f"{key}: {rows.num_rows} rows")
+            progress(f"{key}: {n_rows} rows")
     if table is None:
         raise ElmoUserError(f"{dataset} has no committed token rows to index")
     t0 = time.perf_counter()
@@ -318,11 +326,16 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
         # BTree, not Bitmap: a corpus vocabulary has far too many values for bitmaps.
         table.create_index("token", config=BTree())
         table.create_index("token_lower", config=BTree())
-    if want_hnsw and not _has_vector_index(table):
-        _create_vector_index(table, meta)
-    elif summary.added_rows or summary.removed_files:
-        # Folds the new fragments into the existing indexes instead of retraining them.
+    if summary.added_rows or summary.removed_files:
+        # Compacts the new fragments and folds them into the existing indexes (vector and
+        # scalar) instead of retraining them.
         table.optimize()
+    grown = meta.trained_rows and meta.rows > 4 * meta.trained_rows
+    if want_hnsw and (not _has_vector_index(table) or grown):
+        # First index, or the data outgrew the partitions it was trained with: (re)train.
+        if grown:
+            meta.num_partitions = None
+        _create_vector_index(table, meta)
     meta.built = "hnsw" if _has_vector_index(table) else "flat"
     summary.seconds_index = time.perf_counter() - t0
     summary.rows, summary.built = meta.rows, meta.built

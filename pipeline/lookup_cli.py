@@ -11,8 +11,6 @@ import os
 import sys
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
-
 SQL_EPILOG = """\
 views: tokens (doc_id, sent_idx, tok_idx, token, char_start, char_end, layer_0..layer_L,
 shard), sentences, documents, errors. functions: elmo_mix(layer_0, .., layer_L, 'mix')
@@ -93,8 +91,8 @@ def register(subparsers: Any) -> None:
     b.add_argument("--rebuild", action="store_true", help="drop what --out holds and rebuild")
     b.add_argument("--nprobes", type=int, default=20, help="search: IVF partitions probed")
     b.add_argument("--ef", type=int, default=100, help="search: HNSW candidate list size")
-    b.add_argument("--refine-factor", type=int, default=None,
-                   help="search: re-rank k*F candidates with full vectors")
+    b.add_argument("--refine-factor", type=int, default=5,
+                   help="search: re-rank k*F candidates with full vectors (default 5)")
     b.set_defaults(handler=run_index_build)
     i = _add(verbs, "info", "show what an index holds", INDEX_EPILOG)
     i.add_argument("uri", metavar="URI")
@@ -154,6 +152,8 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _need_index(args: argparse.Namespace) -> str:
+    from elmo_model.errors import ElmoUserError
+
     if not args.index:
         raise ElmoUserError("which index? pass --index URI (or set ELMO_INDEX)")
     return str(args.index)
@@ -163,6 +163,8 @@ def _need_index(args: argparse.Namespace) -> str:
 
 
 def _params(items: list[str]) -> dict[str, str]:
+    from elmo_model.errors import ElmoUserError
+
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
@@ -198,6 +200,7 @@ def format_table(table: Any, max_rows: int) -> list[str]:
 
 
 def run_sql(args: argparse.Namespace) -> int:
+    from elmo_model.errors import ElmoUserError
     from pipeline.sql import run_query
 
     if args.format == "parquet" and not args.out:
@@ -281,6 +284,7 @@ def run_senses_search(args: argparse.Namespace) -> int:
 
 
 def run_senses_cluster(args: argparse.Namespace) -> int:
+    from elmo_model.errors import ElmoUserError
     from pipeline.senses import cluster_senses, write_scatter_png
 
     k: int | str = args.k

@@ -291,15 +291,14 @@ class Dataset:
         return [path for _, path in self.shard_files(table)]
 
     def shard_files(self, table: str = "tokens") -> list[tuple[str, str]]:
-        """``(key, path)`` per committed file; key ``part/shard=k/run_id`` says what it holds."""
-        from pipeline.store import committed_shards, iter_parts, table_file
+        """``(key, path)`` per live file; key ``part/shard=k/run_id`` says what it holds.
 
-        out = []
-        for part in iter_parts(self.fs, self.root):
-            for shard, entry in sorted(committed_shards(self.fs, self.root, part).items()):
-                key = f"{part}/shard={shard}/{entry.get('run_id', '')}"
-                out.append((key, table_file(self.root, table, shard, part)))
-        return out
+        The store's live view (``_live.json`` when a job publishes one, else every
+        committed shard): what every reader here (SQL views, indexes) goes through."""
+        from pipeline.store import live_shards
+
+        return [(s.key, path) for s in live_shards(self.fs, self.root)
+                if (path := s.path(self.root, table)) is not None]
 
     @property
     def is_local(self) -> bool:

@@ -129,6 +129,9 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
             ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with the dataset's views and the ``elmo_*`` functions."""
     import duckdb
+    import pyarrow as pa
+
+    from schemas import PARTITION_COLUMN, TABLE_SCHEMAS
 
     ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, storage_options)
     con = con or duckdb.connect()
@@ -136,17 +139,25 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
         con.execute(f"SET threads = {int(threads)}")  # int(): nothing else reaches the SQL
     if not ds.is_local:
         con.register_filesystem(ds.fs)
-    empty = True
+    columns: dict[str, list[str]] = {}
     for view in VIEWS:
         paths = _paths(ds, view)
         if not paths:
             continue
-        empty = False
         # The relation API takes the file list as values: nothing is pasted into SQL text.
-        con.read_parquet(paths, hive_partitioning=True).create_view(view, replace=True)
-    if empty:
+        relation = con.read_parquet(paths, hive_partitioning=True)
+        relation.create_view(view, replace=True)
+        columns[view] = list(relation.columns)
+    if not columns:
         raise ElmoUserError(f"{ds.uri} has no committed shards yet")
-    if ds.descriptor.n_output_layers > 0 and _paths(ds, "tokens"):
+    for view in set(TABLE_SCHEMAS) - set(columns):
+        # A table without rows has no files (docs/dataset_format.md): an empty view keeps
+        # e.g. `SELECT * FROM errors` valid on a clean dataset.
+        empty = TABLE_SCHEMAS[view].empty_table()
+        empty = empty.append_column(PARTITION_COLUMN, pa.array([], pa.int64()))
+        con.from_arrow(empty).create_view(view, replace=True)
+    layers = [f"layer_{k}" for k in range(ds.descriptor.n_output_layers)]
+    if layers and all(c in columns.get("tokens", []) for c in layers):
         _register_functions(con, ds)
     return con
 
@@ -184,11 +195,19 @@ def run_query(dataset: str, query: str, params: dict[str, Any] | None = None) ->
     """One query's result as an Arrow table (malformed SQL -> ``ElmoUserError``)."""
     import duckdb
 
-    con = connect(dataset)
+    try:
+        con = connect(dataset)
+    except duckdb.Error as error:  # e.g. unreadable Parquet behind a view
+        raise ElmoUserError(f"{dataset}: {_one_line(error)}") from None
     try:
         return con.sql(query, params=params or None).to_arrow_table()
     except duckdb.Error as error:
-        raise ElmoUserError(_one_line(error)) from None
+        message = _one_line(error)
+        names = {r[0] for r in con.sql("SELECT function_name FROM duckdb_functions()"
+                                       " WHERE function_name = 'elmo_mix'").fetchall()}
+        if not names and ("elmo_" in query or "layer_" in query):
+            message += f" ({dataset} stores no layer columns, so no elmo_* functions)"
+        raise ElmoUserError(message) from None
     finally:
         con.close()
 

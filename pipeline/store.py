@@ -11,6 +11,11 @@ Exactly-once rests on three rules (see ``docs/dataset_format.md``):
 
 The driver is the only writer (Ray actors compute, they never write), which is what
 makes these rules enough, on local disks and on object stores alike.
+
+What readers read is the *live view* (:func:`live_shards`): the shards listed by
+``_live.json`` when a writer that swaps parts (jobs) has published one, else every
+committed shard. Every reader in this project goes through it; the file is plain JSON
+so that readers without our code can do the same (docs/dataset_format.md).
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ LOCK_FILE = "_lock"
 MANIFEST_DIR = "_manifest"
 STAGING_DIR = "_staging"
 PLAN_FILE = "plan.json"
+LIVE_FILE = "_live.json"
+LIVE_FORMAT = "elmo-store/live"
+LIVE_VERSION = 1
 DEFAULT_STALE_AFTER_S = 15 * 60.0
 HEARTBEAT_EVERY_S = 30.0
 
@@ -240,15 +248,17 @@ def committed_shards(fs: Any, root: str, part: str) -> dict[int, dict]:
 
 def committed_files(uri: str, table: str = "tokens", storage_options: dict | None = None
                     ) -> list[str]:
-    """URIs of the committed files of one table, over all parts: what a strict reader reads."""
+    """URIs of the live files of one table: what a strict reader reads (see live_shards)."""
     fs, root = open_output(uri, storage_options)
-    files = []
-    with contextlib.suppress(FileNotFoundError):
-        for part in sorted(fs.ls(f"{root}/{MANIFEST_DIR}", detail=False)):
-            name = posixpath.basename(part)
-            for shard in sorted(committed_shards(fs, root, name)):
-                files.append(fs.unstrip_protocol(table_file(root, table, shard, name)))
-    return files
+    return [fs.unstrip_protocol(path) for path in live_files(fs, root, table)]
+
+
+class PlanMismatchError(ElmoUserError):
+    """A part already exists, made from other inputs or options than this run's."""
+
+    def __init__(self, message: str, part: str) -> None:
+        super().__init__(message)
+        self.part = part
 
 
 def check_plan(fs: Any, root: str, part: str, plan: dict) -> None:
@@ -260,9 +270,10 @@ def check_plan(fs: Any, root: str, part: str, plan: dict) -> None:
         return
     if existing != plan:
         changed = sorted(k for k in set(existing) | set(plan) if existing.get(k) != plan.get(k))
-        raise ElmoUserError(
+        raise PlanMismatchError(
             f"{root} already holds part {part!r} made from other inputs or options "
-            f"(differs in: {', '.join(changed)}); write to a new --out (or a new --part)"
+            f"(differs in: {', '.join(changed)}); write to a new --out (or a new --part)",
+            part,
         )
 
 
@@ -285,17 +296,27 @@ class ShardCommit:
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         return self.fs.open(path, "wb")
 
-    def commit(self, counts: dict[str, int]) -> dict:
+    def commit(self, counts: dict[str, int], info: dict | None = None) -> dict:
+        """Move the staged files of the tables with rows into place, then write the
+        manifest entry. A table with no rows in this shard gets no file (an empty Parquet
+        file per shard and table is pure overhead for every reader), and the entry's
+        ``files`` lists only the files that exist; the shard is committed all the same."""
+        files = {}
         for table in TABLES:
             final = table_file(self.root, table, self.shard, self.part)
-            self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
             if self.fs.exists(final):  # left by a run that died before its manifest entry
                 self.fs.rm(final)
-            self.fs.mv(self.staging_file(table), final)
+            staged = self.staging_file(table)
+            if counts.get(table, 0) == 0:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(staged)
+                continue
+            self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
+            self.fs.mv(staged, final)
+            files[table] = posixpath.relpath(final, self.root)
         entry = {"shard": self.shard, "part": self.part, "run_id": self.run_id,
-                 "committed_at": time.time(), "counts": counts,
-                 "files": {t: posixpath.relpath(table_file(self.root, t, self.shard, self.part),
-                                                self.root) for t in TABLES}}
+                 "committed_at": time.time(), "counts": counts, "files": files,
+                 **({"info": info} if info else {})}
         write_bytes_atomic(self.fs, manifest_path(self.root, self.part, self.shard),
                            json.dumps(entry, indent=1, sort_keys=True).encode())
         return entry
@@ -308,6 +329,108 @@ def clear_staging(fs: Any, root: str) -> None:
 
 
 def iter_parts(fs: Any, root: str) -> Iterator[str]:
+    """Every part with a manifest folder, live or not: the *writer's* listing (resume,
+    garbage collection). Readers use :func:`live_shards`."""
     with contextlib.suppress(FileNotFoundError):
         for path in sorted(fs.ls(f"{root}/{MANIFEST_DIR}", detail=False)):
             yield posixpath.basename(path)
+
+
+# --------------------------------------------------------------------------- live view
+
+
+@dataclass(frozen=True)
+class LiveShard:
+    """One committed shard of one part that readers should read."""
+
+    part: str
+    shard: int
+    run_id: str
+    files: dict[str, str]  # table -> path relative to the root; no entry: no rows
+
+    @property
+    def key(self) -> str:
+        """``part/shard=k/run_id``: names this shard's content (a re-embedded shard gets a
+        new run id), e.g. for an index that records what it holds."""
+        return f"{self.part}/{PARTITION_COLUMN}={self.shard}/{self.run_id}"
+
+    def path(self, root: str, table: str) -> str | None:
+        rel = self.files.get(table)
+        return None if rel is None else f"{root}/{rel}"
+
+
+def _live_shard(entry: dict, part: str, shard: int) -> LiveShard:
+    files = entry.get("files")
+    if files is None:  # not written by this code: assume the four files at their names
+        files = {t: f"{t}/{PARTITION_COLUMN}={shard}/{part}.parquet" for t in TABLES}
+    return LiveShard(part, shard, str(entry.get("run_id", "")), dict(files))
+
+
+def read_live(fs: Any, root: str) -> dict | None:
+    """``_live.json``, or None when no writer has published a live view."""
+    data = read_json(fs, f"{root}/{LIVE_FILE}")
+    if data is not None and (data.get("format") != LIVE_FORMAT
+                             or data.get("version") != LIVE_VERSION):
+        raise ElmoUserError(f"{root}/{LIVE_FILE}: format {data.get('format')!r} version "
+                            f"{data.get('version')!r} is not {LIVE_FORMAT} {LIVE_VERSION}; "
+                            "written by another elmo-store release")
+    return data
+
+
+def live_shards(fs: Any, root: str) -> list[LiveShard]:
+    """The shards a reader should read, sorted by (part, shard).
+
+    With ``_live.json`` present: exactly the shards it lists (one atomic read, so a
+    reader gets one version of everything even while a writer builds or deletes other
+    parts). Without it (a dataset only ``elmo embed`` writes): every committed shard of
+    every part.
+    """
+    live = read_live(fs, root)
+    if live is not None:
+        return sorted((LiveShard(str(s["part"]), int(s["shard"]), str(s.get("run_id", "")),
+                                 dict(s.get("files", {}))) for s in live.get("shards", [])),
+                      key=lambda s: (s.part, s.shard))
+    return [_live_shard(entry, part, shard)
+            for part in iter_parts(fs, root)
+            for shard, entry in sorted(committed_shards(fs, root, part).items())]
+
+
+def part_files(fs: Any, root: str, part: str, table: str = "tokens") -> list[str]:
+    """Paths of the committed files of one table of one part, live or not (writers)."""
+    shards = [_live_shard(entry, part, shard)
+              for shard, entry in sorted(committed_shards(fs, root, part).items())]
+    return [p for s in shards if (p := s.path(root, table)) is not None]
+
+
+def live_parts(fs: Any, root: str) -> list[str]:
+    """Names of the parts in the live view (see :func:`live_shards`)."""
+    live = read_live(fs, root)
+    if live is not None:
+        return sorted(str(p) for p in live.get("parts", []))
+    return list(iter_parts(fs, root))
+
+
+def live_files(fs: Any, root: str, table: str = "tokens") -> list[str]:
+    """Paths (without protocol, for ``fs``) of the live files of one table."""
+    return [p for s in live_shards(fs, root) if (p := s.path(root, table)) is not None]
+
+
+def publish_live(fs: Any, root: str, parts: set[str] | list[str]) -> dict:
+    """Make ``parts`` (and nothing else) the live view, in one atomic write.
+
+    Every shard of every listed part must be committed already: the file names the
+    shards as they are now, so what it lists never changes under a reader. Callers hold
+    the dataset's writer lock or their own (jobs hold the job lock).
+    """
+    shards = []
+    for part in sorted(set(parts)):
+        for shard, entry in sorted(committed_shards(fs, root, part).items()):
+            s = _live_shard(entry, part, shard)
+            shards.append({"part": s.part, "shard": s.shard, "run_id": s.run_id,
+                           "files": dict(sorted(s.files.items()))})
+    previous = read_json(fs, f"{root}/{LIVE_FILE}") or {}
+    data = {"format": LIVE_FORMAT, "version": LIVE_VERSION,
+            "generation": int(previous.get("generation", 0)) + 1,
+            "updated_at": time.time(), "parts": sorted(set(parts)), "shards": shards}
+    write_bytes_atomic(fs, f"{root}/{LIVE_FILE}", json.dumps(data, indent=1).encode())
+    return data

@@ -7,6 +7,7 @@ several points -> the next run completes and equals a clean run; index refresh d
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,14 +61,14 @@ def doc_ids(spec: JobSpec) -> set[str]:
 
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The source globs of every embedding call the runner makes."""
+    """The files (URIs) of every embedding call the runner makes."""
     import pipeline.embed
 
     calls: list[list[str]] = []
     real = pipeline.embed.embed_corpus
 
     def wrapped(cfg: Any) -> Any:
-        calls.append(list(cfg.sources))
+        calls.append([s.uri for s in cfg.select_sources()])
         return real(cfg)
 
     monkeypatch.setattr(pipeline.embed, "embed_corpus", wrapped)
@@ -106,7 +107,7 @@ def test_add_modify_touch_delete(tiny_model_dir: Path, tmp_path: Path,
     write_corpus(tmp_path, {"c.txt": FINAL["c.txt"]})
     added = run_job(spec)
     assert added is not None and added.record.files["new"] == 1 and len(spy) == 1
-    assert spy[0][0].endswith("/corpus/[c].txt")
+    assert spy[0] == [f"file://{tmp_path}/corpus/c.txt"]  # that one file alone
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
     assert doc_ids(spec) == {"a.txt:1", "a.txt:2", "sub/b.txt:1", "c.txt:1"}
 
@@ -126,7 +127,7 @@ def test_add_modify_touch_delete(tiny_model_dir: Path, tmp_path: Path,
     assert others.filter(pa.compute.not_equal(others.column("doc_id"), "c.txt:1")).equals(
         old_others)
     # The old part is gone from disk too: a plain directory scan sees one version.
-    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 3 * 2
+    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 3  # one per part: one doc each
 
     # Delete a: kept while delete_missing is false, removed once it is true.
     (tmp_path / "corpus/a.txt").unlink()
@@ -138,7 +139,7 @@ def test_add_modify_touch_delete(tiny_model_dir: Path, tmp_path: Path,
     deleted = run_job(spec)
     assert deleted is not None and deleted.record.files["deleted"] == 1 and spy == []
     assert doc_ids(spec) == {"sub/b.txt:1", "c.txt:1"}
-    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 2 * 2
+    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 2
 
     history = list(iter_runs(*_fs(spec)))
     assert [r.status for r in history] == ["ok", "no-changes", "no-changes", "ok", "ok",
@@ -173,8 +174,8 @@ CRASHER = textwrap.dedent("""
             die()
         return summary
 
-    def commit(self, counts):
-        entry = real_commit(self, counts)
+    def commit(self, counts, info=None):
+        entry = real_commit(self, counts, info)
         calls["commit"] += 1
         if mode == "mid-part" and calls["embed"] == 2 and calls["commit"] >= 3:
             die()  # the 2nd file's part has one of its two shards committed
@@ -183,7 +184,15 @@ CRASHER = textwrap.dedent("""
     def refresh(*args, **kwargs):
         die()  # after the state switch, before old parts are deleted
 
+    real_write_state = jobs.runner.write_state
+
+    def write_state(*args, **kwargs):
+        real_write_state(*args, **kwargs)
+        if mode == "after-state":
+            die()  # state.json switched, _live.json (what readers follow) not yet
+
     pipeline.embed.embed_corpus = embed
+    jobs.runner.write_state = write_state
     pipeline.store.ShardCommit.commit = commit
     jobs.runner._refresh = refresh
     run_job(load_spec(sys.argv[1]))
@@ -202,7 +211,31 @@ def clean_final(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     return folder, {t: live(spec, t) for t in KEYS}
 
 
-@pytest.mark.parametrize("mode", ["mid-part", "after-part", "after-switch"])
+def reader_views(spec: JobSpec) -> dict[str, Any]:
+    """What the other readers see: DuckDB's views and Dataset.shard_files (the index's)."""
+    from pipeline.mixes import open_dataset
+    from pipeline.sql import connect
+
+    con = connect(spec.output)
+    try:
+        rows = con.sql("SELECT doc_id, sent_idx, tok_idx, token FROM tokens "
+                       "ORDER BY doc_id, sent_idx, tok_idx").fetchall()
+        docs = con.sql("SELECT doc_id FROM documents ORDER BY doc_id").fetchall()
+    finally:
+        con.close()
+    parts = {key.split("/")[0] for key, _ in open_dataset(spec.output).shard_files("tokens")}
+    return {"rows": rows, "docs": docs, "parts": parts}
+
+
+def expected_views(tables: dict[str, pa.Table]) -> dict[str, Any]:
+    tokens = tables["tokens"].sort_by([(k, "ascending") for k in ("doc_id", "sent_idx",
+                                                                   "tok_idx")])
+    return {"rows": list(zip(*(tokens.column(c).to_pylist() for c in (
+                "doc_id", "sent_idx", "tok_idx", "token")), strict=True)),
+            "docs": [(d,) for d in sorted(tables["documents"].column("doc_id").to_pylist())]}
+
+
+@pytest.mark.parametrize("mode", ["mid-part", "after-part", "after-state", "after-switch"])
 def test_kill_9_during_a_run_then_rerun_equals_a_clean_run(
         tiny_model_dir: Path, clean_final: tuple[Path, dict[str, pa.Table]], mode: str) -> None:
     clean_folder, clean = clean_final
@@ -232,10 +265,19 @@ def test_kill_9_during_a_run_then_rerun_equals_a_clean_run(
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == -9, proc.stdout + proc.stderr
     after_crash = {t: live(spec, t) for t in KEYS}
+    views = reader_views(spec)
+    live_now = {s["part"] for s in json.loads((Path(spec.output) / "_live.json").read_text())[
+        "shards"]}
     if mode == "after-switch":
         assert after_crash == clean  # the switch happened: readers see the new version
+        assert {k: views[k] for k in ("rows", "docs")} == expected_views(clean)
     else:
         assert after_crash == before  # readers still see the old version, entirely
+        assert {k: views[k] for k in ("rows", "docs")} == expected_views(before)
+    # Parts built but not switched to yet are on disk, and invisible to every reader.
+    assert views["parts"] == live_now
+    on_disk = {p.stem for p in (Path(spec.output) / "tokens").rglob("*.parquet")}
+    assert on_disk >= live_now and (mode == "after-switch" or on_disk > live_now)
     assert [r.status for r in iter_runs(*_fs(spec))] == ["ok", "running"]
 
     result = run_job(spec)
@@ -276,15 +318,15 @@ def test_index_refresh_gets_deltas_and_is_retried_after_a_failure(
         "failed: RuntimeError: lance is down")
     # The index still holds b's old rows: the old part stays on disk (not live) until the
     # index has dropped them.
-    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 3 * 2
+    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 3  # one per part: one doc each
 
     fail["now"] = False
     retried = run_job(spec)
     assert retried is not None and retried.record.status == "no-changes"
     assert calls[1]["remove_doc_ids"] == ["sub/b.txt:1"]
-    assert len(calls[1]["add_files"]) == 2 and all(f in live_files(spec.output)
+    assert len(calls[1]["add_files"]) == 1 and all(f in live_files(spec.output)
                                                    for f in calls[1]["add_files"])
-    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 2 * 2
+    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 2
     assert run_job(spec).record.index["top"] == "up to date"  # type: ignore[union-attr]
 
 

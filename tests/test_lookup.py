@@ -235,17 +235,43 @@ def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
     assert SenseIndex(str(out)).table.count_rows() == len(vectors) + again.added_rows
     with pytest.raises(ElmoUserError, match="holds mix 'top'"):
         build_index(str(ds_copy), "average", str(out))
+    # A part that leaves the dataset leaves the index; refresh_index drops doc ids.
+    shutil.rmtree(ds_copy / "_manifest" / "more")
+    gone = build_index(str(ds_copy), "top", str(out))
+    assert gone.removed_files == again.added_files
+    assert SenseIndex(str(out)).table.count_rows() == len(vectors)
+    from pipeline.index import refresh_index
+
+    refresh_index(str(ds_copy), mix="top", index_uri=str(out), remove_doc_ids=[keys[0][0]])
+    n_first = sum(k[0] == keys[0][0] for k in keys)
+    assert SenseIndex(str(out)).table.count_rows() == len(vectors) - n_first
 
 
-def test_hnsw_index_builds_and_finds_itself(dataset: Path, tmp_path: Path) -> None:
+def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
+        dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
     from pipeline.index import SenseIndex, build_index
 
-    build_index(str(dataset), "average", str(tmp_path / "ix"), kind="hnsw")
+    ds_copy = tmp_path / "ds"
+    shutil.copytree(dataset, ds_copy)
+    build_index(str(ds_copy), "average", str(tmp_path / "ix"), kind="hnsw")
     ix = SenseIndex(str(tmp_path / "ix"))
-    assert ix.meta.built == "hnsw"
-    vectors = mixed_sorted(dataset, "average")
+    assert ix.meta.built == "hnsw" and ix.meta.search.refine_factor == 5
+    vectors = mixed_sorted(ds_copy, "average")
     for q in (0, 50, 100):
         assert ix.search(vectors[q], k=1)["_distance"][0].as_py() < 1e-5
+    # New shards go in through add + optimize (no retraining): they are found too.
+    (tmp_path / "more.txt").write_text("\n".join(MORE) + "\n")
+    _embed(fixture_model, tmp_path / "more.txt", ds_copy, part="more")
+    summary = build_index(str(ds_copy), "average", str(tmp_path / "ix"), kind="hnsw")
+    assert summary.added_rows > 0 and summary.skipped_files == 2
+    ix = SenseIndex(str(tmp_path / "ix"))
+    assert ix.table.count_rows() == len(vectors) + summary.added_rows
+    assert not any(i.num_unindexed_rows for i in ix.table.list_indices())
+    new = pq.read_table(ds_copy / "tokens", filters=[("doc_id", "=", "more.txt:1")])
+    layers = [np.array(new[c].to_pylist(), np.float16) for c in LAYERS]
+    query = layer_mix(layers, [0.0, 0.0, 0.0])[3]
+    hit = ix.search(query, k=1).to_pylist()[0]
+    assert hit["doc_id"] == "more.txt:1" and hit["_distance"] < 1e-5
 
 
 # --------------------------------------------------------------------------- senses
@@ -397,6 +423,7 @@ def _dataset_without_layers(dataset: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("case", ["unknown-mix-sql", "unknown-mix-index", "no-layers",
+                                  "no-layers-sql",
                                   "word-not-in-sentence", "malformed-sql", "no-dataset",
                                   "no-index", "bad-labels"])
 def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
@@ -408,13 +435,17 @@ def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
         from pipeline.index import build_index
 
         build_index(ds, "top", str(ix))
+    bare = str(_dataset_without_layers(dataset, tmp_path)) if case.startswith("no-layers") \
+        else ""
     argv, expected = {
         "unknown-mix-sql": (["sql", ds, "SELECT elmo_mix(layer_0, layer_1, layer_2, 'nope') "
                                         "FROM tokens"], "unknown mix 'nope'"),
         "unknown-mix-index": (["index", "build", ds, "--mix", "nope", "--out", str(ix)],
                               "unknown mix 'nope'"),
-        "no-layers": (["index", "build", str(_dataset_without_layers(dataset, tmp_path)),
-                       "--out", str(ix)], "stores no layers"),
+        "no-layers": (["index", "build", bare, "--out", str(ix)], "stores no layers"),
+        "no-layers-sql": (["sql", bare,
+                           "SELECT elmo_mix(layer_0, layer_1, layer_2, 'top') FROM tokens"],
+                          "stores no layer columns"),
         "word-not-in-sentence": (["senses", "search", "He plays the guitar", "--word", "bank",
                                   "--index", str(ix)], "word 'bank' is not in the sentence"),
         "malformed-sql": (["sql", ds, "SELEC token FROM tokens"], "Parser Error"),

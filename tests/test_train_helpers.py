@@ -12,7 +12,8 @@ TINY_OPTIONS = {
     "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 8], [2, 8], [3, 16]], "n_highway": 1,
                  "n_characters": 262, "max_characters_per_token": 50, "activation": "relu"},
     "training": {"batch_size": 16, "unroll_steps": 10, "n_tokens_vocab": 40,
-                 "n_negative_samples": 0, "dropout": 0.0, "lr": 0.03, "warmup_steps": 1,
+                 "n_negative_samples": 0, "dropout": 0.0, "lr": 0.015, "clip_norm": 1.0,
+                 "warmup_steps": 1,
                  "heldout_percent": 10.0},
 }
 
