@@ -89,8 +89,10 @@ def register(subparsers: Any) -> None:
                    help="vector index: hnsw (IVF_HNSW_SQ), flat (exact) or auto (hnsw from "
                         "50k rows)")
     b.add_argument("--rebuild", action="store_true", help="drop what --out holds and rebuild")
-    b.add_argument("--nprobes", type=int, default=20, help="search: IVF partitions probed")
-    b.add_argument("--ef", type=int, default=100, help="search: HNSW candidate list size")
+    b.add_argument("--nprobes", type=int, default=20,
+                   help="search: IVF partitions probed (default 20)")
+    b.add_argument("--ef", type=int, default=150,
+                   help="search: HNSW candidate list size (default 150)")
     b.add_argument("--refine-factor", type=int, default=5,
                    help="search: re-rank k*F candidates with full vectors (default 5)")
     b.set_defaults(handler=run_index_build)
