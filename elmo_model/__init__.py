@@ -3,34 +3,34 @@
     import elmo_model
     embedder = elmo_model.load("options.json", "weights.hdf5")      # stateless by default
     layers = embedder.embed([["The", "cat", "sat", "."]])             # [[L+1, 4, 2P] float32]
+
+Names are imported on first use, so ``from elmo_model.errors import ElmoUserError`` (the
+CLI's start-up path) does not pay for importing torch.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from elmo_model.embedder import (
-    ElmoEmbedder,
-    StateMode,
-    TokenCache,
-    compute_warm_state,
-    select_device,
-)
 from elmo_model.errors import ElmoUserError
-from elmo_model.model import BiLM, BiLMConfig, BiLMOutput, PackPlan
-from elmo_model.scalar_mix import ScalarMix, layer_mix
-from elmo_model.weights import (
-    OPTIONS_FILE,
-    WARM_STATE_FILE,
-    export_bilm_tf_weights,
-    find_weights,
-    load_weights,
-    model_fingerprint,
-    read_options,
-    save_model_dir,
-)
+
+_EXPORTS = {
+    "elmo_model.api": ("build_model", "default_model_dir", "load", "load_model_dir",
+                       "load_warm_state", "save_warm_state"),
+    "elmo_model.embedder": ("ElmoEmbedder", "StateMode", "TokenCache", "compute_warm_state",
+                            "select_device"),
+    "elmo_model.model": ("BiLM", "BiLMConfig", "BiLMOutput", "PackPlan"),
+    "elmo_model.scalar_mix": ("ScalarMix", "layer_mix"),
+    "elmo_model.weights": ("OPTIONS_FILE", "WARM_STATE_FILE", "export_bilm_tf_weights",
+                           "find_weights", "load_weights", "model_fingerprint", "read_options",
+                           "save_model_dir"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
+    "OPTIONS_FILE",
+    "WARM_STATE_FILE",
     "BiLM",
     "BiLMConfig",
     "BiLMOutput",
@@ -44,95 +44,54 @@ __all__ = [
     "compute_warm_state",
     "default_model_dir",
     "export_bilm_tf_weights",
+    "find_weights",
     "layer_mix",
     "load",
     "load_model_dir",
     "load_warm_state",
+    "load_weights",
     "model_fingerprint",
+    "read_options",
     "save_model_dir",
     "save_warm_state",
     "select_device",
 ]
 
 
-def default_model_dir() -> Path:
-    """The bundled model shipped in the repository, ``models/default``."""
-    return Path(__file__).resolve().parent.parent / "models" / "default"
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'elmo_model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
-def build_model(options: str | Path, weights: str | Path) -> BiLM:
-    """A ``BiLM`` with the weights loaded (CPU, float32, eval mode)."""
-    model = BiLM(read_options(options))
-    load_weights(model, weights)
-    return model.eval()
-
-
-def save_warm_state(model_dir: str | Path, state: list) -> Path:
-    from safetensors.torch import save_file
-
-    tensors = {}
-    for layer, (h, c) in enumerate(state):
-        tensors[f"h.{layer}"], tensors[f"c.{layer}"] = h.cpu().contiguous(), c.cpu().contiguous()
-    path = Path(model_dir) / WARM_STATE_FILE
-    save_file(tensors, str(path))
-    return path
-
-
-def load_warm_state(path: str | Path, config: BiLMConfig) -> list:
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(path))
-    state = []
-    for layer in range(config.n_layers):
-        h, c = tensors.get(f"h.{layer}"), tensors.get(f"c.{layer}")
-        expected_h, expected_c = (2, config.projection_dim), (2, config.lstm_dim)
-        if h is None or c is None or tuple(h.shape) != expected_h or tuple(c.shape) != expected_c:
-            raise ElmoUserError(f"{path}: warm state for layer {layer} is missing or not shaped "
-                                f"{expected_h} / {expected_c}")
-        state.append((h.float(), c.float()))
-    return state
-
-
-def load(
-    options: str | Path,
-    weights: str | Path,
-    mode: StateMode = "stateless",
-    device: str = "auto",
-    dtype: str = "float32",
-    initial_state: str = "zeros",
-    cache_size: int = 100_000,
-    max_batch_tokens: int = 4096,
-    warm_state_path: str | Path | None = None,
-) -> ElmoEmbedder:
-    """Load ``options.json`` + weights (bilm-tf ``.hdf5`` or ``.safetensors``) for embedding.
-
-    ``initial_state``: ``zeros`` or ``warm`` (stateless mode's starting state; ``warm``
-    reads ``warm_state_path`` or computes it from the built-in warm-up text).
-    """
-    if initial_state not in ("zeros", "warm"):
-        raise ElmoUserError(f"unknown initial_state {initial_state!r}; use zeros or warm")
-    model = build_model(options, weights)
-    warm = None
-    if initial_state == "warm":
-        if warm_state_path is not None and Path(warm_state_path).is_file():
-            warm = load_warm_state(warm_state_path, model.config)
-        else:
-            warm = compute_warm_state(model)
-    return ElmoEmbedder(model, mode=mode, device=device, dtype=dtype, cache_size=cache_size,
-                        max_batch_tokens=max_batch_tokens, warm_state=warm,
-                        fingerprint=model_fingerprint(options, weights))
-
-
-def load_model_dir(model_dir: str | Path, **kwargs) -> ElmoEmbedder:
-    """``load`` for a directory holding ``options.json`` and ``weights.{safetensors,hdf5}``.
-
-    A ``warm_state.safetensors`` in the directory is used when ``initial_state="warm"``.
-    """
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ElmoUserError(f"model directory not found: {model_dir}")
-    options = model_dir / OPTIONS_FILE
-    if not options.is_file():
-        raise ElmoUserError(f"{model_dir}: no {OPTIONS_FILE} in the model directory")
-    kwargs.setdefault("warm_state_path", model_dir / WARM_STATE_FILE)
-    return load(options, find_weights(model_dir), **kwargs)
+if TYPE_CHECKING:
+    from elmo_model.api import (
+        build_model,
+        default_model_dir,
+        load,
+        load_model_dir,
+        load_warm_state,
+        save_warm_state,
+    )
+    from elmo_model.embedder import (
+        ElmoEmbedder,
+        StateMode,
+        TokenCache,
+        compute_warm_state,
+        select_device,
+    )
+    from elmo_model.model import BiLM, BiLMConfig, BiLMOutput, PackPlan
+    from elmo_model.scalar_mix import ScalarMix, layer_mix
+    from elmo_model.weights import (
+        OPTIONS_FILE,
+        WARM_STATE_FILE,
+        export_bilm_tf_weights,
+        find_weights,
+        load_weights,
+        model_fingerprint,
+        read_options,
+        save_model_dir,
+    )

@@ -86,28 +86,37 @@ def locate_word(sentence: str, word: str, occurrence: int = 1) -> QueryToken:
                         f"{' '.join(tokens)})")
 
 
-def model_dir_for(descriptor: DatasetDescriptor, model_dir: str | None = None) -> Path:
-    """The dataset's model: ``model_dir`` if given, else where the descriptor says its
-    options file was; either way its fingerprint must match the dataset's."""
+def model_files_for(descriptor: DatasetDescriptor,
+                    model_dir: str | None = None) -> tuple[Path, Path]:
+    """The dataset's model files ``(options, weights)``: from ``model_dir`` if given, else
+    the paths the descriptor recorded; either way the fingerprint must match the dataset's."""
     import elmo_model
 
-    if model_dir is None:
-        options = descriptor.model.get("options")
-        if not options:
+    if model_dir is not None:
+        directory = Path(model_dir)
+        options_path = directory / elmo_model.OPTIONS_FILE
+        if not options_path.is_file():
+            raise ElmoUserError(f"model not found at {directory} (no "
+                                f"{elmo_model.OPTIONS_FILE}); pass --model DIR")
+        weights = elmo_model.find_weights(directory)
+    else:
+        recorded = descriptor.model.get("options")
+        if not recorded:
             raise ElmoUserError("the dataset does not record its model's location; "
                                 "pass --model DIR")
-        directory = Path(options).parent
-    else:
-        directory = Path(model_dir)
-    options_path = directory / elmo_model.OPTIONS_FILE
-    if not options_path.is_file():
-        raise ElmoUserError(f"model not found at {directory} (no {elmo_model.OPTIONS_FILE}); "
-                            "pass --model DIR")
-    weights = elmo_model.find_weights(directory)
+        options_path = Path(recorded)
+        # Datasets written before the weights path was recorded: the usual file names.
+        weights_recorded = descriptor.model.get("weights")
+        if not options_path.is_file() or (weights_recorded
+                                          and not Path(weights_recorded).is_file()):
+            raise ElmoUserError(f"the dataset's model is no longer at {options_path.parent}; "
+                                "pass --model DIR")
+        weights = (Path(weights_recorded) if weights_recorded
+                   else elmo_model.find_weights(options_path.parent))
     if elmo_model.model_fingerprint(options_path, weights) != descriptor.model_fingerprint:
-        raise ElmoUserError(f"the model in {directory} is not the one that embedded this "
-                            "dataset (fingerprint differs); pass the right --model DIR")
-    return directory
+        raise ElmoUserError(f"the model at {options_path.parent} is not the one that embedded "
+                            "this dataset (fingerprint differs); pass the right --model DIR")
+    return options_path, weights
 
 
 def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = None,
@@ -118,8 +127,8 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
 
     descriptor = read_dataset_descriptor(index.meta.dataset)
     if embedder is None:
-        embedder = elmo_model.load_model_dir(model_dir_for(descriptor, model_dir),
-                                             mode="stateless", device="auto")
+        options, weights = model_files_for(descriptor, model_dir)
+        embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
     layers = embedder.embed([query.tokens])[0][:, query.position, :]  # [L+1, 2P]
     storage = np.float16 if descriptor.dtype == "float16" else np.float32
     # Round like the stored rows, so that a sentence from the corpus finds itself at 0.
