@@ -304,12 +304,36 @@ def _trained_model() -> Path | None:
     return None
 
 
+KIND_SORT = [
+    "What kind of house do they live in now ?",
+    "She had never seen that kind of flower before .",
+    "It was a strange kind of silence in the room .",
+    "Every kind of food was laid upon the long table .",
+    "He was not the kind of man to complain of anything .",
+    "They spoke of some kind of trouble in the village .",
+    "This kind of weather will ruin the whole harvest .",
+    "There is no kind of excuse for such conduct as his .",
+]
+KIND_KINDLY = [
+    "You are very kind to think of me so often .",
+    "She was always kind to the poor children of the parish .",
+    "Her aunt was kind and gentle with everyone in the house .",
+    "He had a kind heart and a cheerful temper .",
+    "They were so kind to us when we were ill last winter .",
+    "Thank you for your kind letter and the news it brought .",
+    "The old woman gave him a kind smile as he passed .",
+    "Be kind to your sisters while I am away .",
+]
+
+
 def test_sense_ranking_with_a_trained_model(tmp_path: Path) -> None:
-    """Same-sense occurrences of "bank" rank first under the top mix.
+    """Same-sense occurrences of "kind" (a sort of / kindly) rank first under the top mix.
 
     Needs a trained model: the bilm-tf fixture model (16-d projections, trained on a toy
-    corpus) does not separate these senses (precision@5 0.56 vs 0.47 by chance, measured),
-    so without ``models/default`` there is nothing meaningful to test.
+    corpus) does not separate senses (precision@5 0.56 vs 0.47 by chance on "bank",
+    measured), so without ``models/default`` there is nothing meaningful to test. "kind"
+    is used because both its senses are common in the default model's training text;
+    the financial "bank" hardly occurs there.
     """
     from pipeline.index import build_index
     from pipeline.senses import search_senses
@@ -319,14 +343,14 @@ def test_sense_ranking_with_a_trained_model(tmp_path: Path) -> None:
         pytest.skip("no trained model in models/default (the fixture model does not "
                     "separate word senses, so this test would be meaningless)")
     corpus = tmp_path / "senses.txt"
-    corpus.write_text("\n".join(MONEY + RIVER) + "\n")
+    corpus.write_text("\n".join(KIND_SORT + KIND_KINDLY) + "\n")
     _embed(model, corpus, tmp_path / "ds")
     build_index(str(tmp_path / "ds"), "top", str(tmp_path / "ix"), kind="flat")
-    queries = {"money": "I need to withdraw some cash from the bank before the weekend.",
-               "river": "The boys went swimming near the bank of the quiet river."}
+    queries = {"sort": "I do not like that kind of music at all .",
+               "kindly": "She has always been very kind to her mother ."}
     for sense, sentence in queries.items():
-        hits = search_senses(str(tmp_path / "ix"), sentence, "bank", k=5, same_word=True)
-        same = sum((h.sentence in MONEY) == (sense == "money") for h in hits)
+        hits = search_senses(str(tmp_path / "ix"), sentence, "kind", k=5, same_word=True)
+        same = sum((h.sentence in KIND_SORT) == (sense == "sort") for h in hits)
         assert same >= 4, f"{sense}: {[h.sentence for h in hits]}"
 
 
