@@ -17,7 +17,7 @@ from elmo_model.errors import ElmoUserError
 
 _EXPORTS = {
     "elmo_model.api": ("build_model", "default_model_dir", "load", "load_model_dir",
-                       "load_warm_state", "save_warm_state"),
+                       "load_warm_state", "resolve_initial_state", "save_warm_state"),
     "elmo_model.embedder": ("ElmoEmbedder", "StateMode", "TokenCache", "compute_warm_state",
                             "select_device"),
     "elmo_model.model": ("BiLM", "BiLMConfig", "BiLMOutput", "PackPlan"),
@@ -52,6 +52,7 @@ __all__ = [
     "load_weights",
     "model_fingerprint",
     "read_options",
+    "resolve_initial_state",
     "save_model_dir",
     "save_warm_state",
     "select_device",
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
         load,
         load_model_dir,
         load_warm_state,
+        resolve_initial_state,
         save_warm_state,
     )
     from elmo_model.embedder import (

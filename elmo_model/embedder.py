@@ -119,6 +119,7 @@ class ElmoEmbedder:
         self.warm_state = (
             [(h.to(self.device), c.to(self.device)) for h, c in warm_state] if warm_state else None
         )
+        self.initial_state = "warm" if warm_state else "zeros"
         self._carried: LstmState | None = None  # stateful mode: per row, grown on demand
 
     @property

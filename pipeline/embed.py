@@ -649,8 +649,9 @@ def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
                    "window_overlap": cfg.window_overlap},
         model={"n_layers": config.n_layers, "projection_dim": config.projection_dim,
                "lstm_dim": config.lstm_dim, "max_chars": config.max_chars,
-               "state_mode": "stateless", "options": cfg.model.options,
-               "weights": cfg.model.weights},
+               "state_mode": "stateless",
+               "initial_state": elmo_model.resolve_initial_state(cfg.model.weights)[0],
+               "options": cfg.model.options, "weights": cfg.model.weights},
         # Informative only: incompatibilities() ignores ``extra``, so a rerun with this or
         # another compute dtype is not refused (each manifest entry records its own).
         extra={"compute_dtype": cfg.compute_dtype},

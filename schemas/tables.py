@@ -143,6 +143,11 @@ class DatasetDescriptor:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 problems.append(f"{name} {mine!r} != {theirs!r}")
+        # The stateless start (zeros or the model's warm state) changes every vector.
+        mine_start = self.model.get("initial_state", "zeros")
+        theirs_start = other.model.get("initial_state", "zeros")
+        if mine_start != theirs_start:
+            problems.append(f"initial state {mine_start!r} != {theirs_start!r}")
         if self.tokenizer != other.tokenizer:
             problems.append(f"tokenizer {self.tokenizer} != {other.tokenizer}")
         return problems

@@ -101,3 +101,19 @@ def test_tiny_random_model_loads_from_its_directory(tiny_model_dir: Path) -> Non
     layers = embedder.embed([["a", "b"], []])
     assert layers[0].shape == (3, 2, 16)
     assert layers[1].shape == (3, 0, 16)
+
+
+def test_initial_state_auto_uses_a_shipped_warm_state(tiny_model_dir: Path, tmp_path: Path
+                                                      ) -> None:
+    shutil.copytree(tiny_model_dir, tmp_path / "m")
+    assert elmo_model.load_model_dir(tmp_path / "m", device="cpu").initial_state == "zeros"
+    model = elmo_model.build_model(tmp_path / "m" / "options.json",
+                                   tmp_path / "m" / "weights.safetensors")
+    elmo_model.save_warm_state(tmp_path / "m", elmo_model.compute_warm_state(model))
+    auto = elmo_model.load_model_dir(tmp_path / "m", device="cpu")
+    zeros = elmo_model.load_model_dir(tmp_path / "m", device="cpu", initial_state="zeros")
+    assert auto.initial_state == "warm" and zeros.initial_state == "zeros"
+    sentence = [["state", "matters"]]
+    assert not np.allclose(auto.embed(sentence)[0][1], zeros.embed(sentence)[0][1])
+    with pytest.raises(ElmoUserError, match="unknown initial_state"):
+        elmo_model.load_model_dir(tmp_path / "m", initial_state="hot")
