@@ -62,7 +62,7 @@ def demo_steps(out: Path, corpus: str, model: str | None) -> list[tuple[str, lis
          ["senses", "search", "They went to London to see the new play at the theatre .",
           "--word", "play", "--same-word", "-k", "5", "--index", index, *model_args]),
         ("Sense search: 'play' as making music",
-         ["senses", "search", "David took the harp and began to play for the king .",
+         ["senses", "search", "She sat down at the pianoforte and began to play a song .",
           "--word", "play", "--same-word", "-k", "5", "--index", index, *model_args]),
     ]
 
