@@ -98,3 +98,58 @@ def test_submit_wants_the_dashboard_url(tmp_path: Path) -> None:
     path.write_text('source = "s3://b/*"\noutput = "s3://b/ds"\n')
     with pytest.raises(ElmoUserError, match="dashboard URL"):
         submit(load_spec(path), "ray://head:10001", client_factory=FakeClient)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_submit_runs_the_job_on_a_real_local_ray_cluster(tiny_model_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """The Job Submission API end to end: a local Ray head with its dashboard, the spec
+    uploaded, `elmo jobs run` executed by Ray as the job, its dataset written."""
+    import logging
+    import os
+    import shutil
+    import sys
+    import tempfile
+
+    import ray
+
+    from jobs.spec import load_spec
+    from jobs.state import read_live_table
+    from jobs.submit import submit, wait
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The cat sat on the mat.\nA dog ran home fast.\n")
+    # The job's process finds `elmo` where this interpreter's scripts are.
+    path_env = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    spec_path = tmp_path / "news.toml"
+    spec_path.write_text(
+        f'source = "{corpus}/*.txt"\noutput = "{tmp_path / "ds"}"\nmodel = "{tiny_model_dir}"\n'
+        'shards = 2\n[ray]\nactors = 1\n'
+        f'runtime_env = {{env_vars = {{PATH = "{path_env}", RAY_AUTH_MODE = "disabled"}}}}\n')
+    if ray.is_initialized():
+        ray.shutdown()
+    port = _free_port()
+    # A short temp dir: Ray's socket paths under pytest's tmp_path exceed AF_UNIX's limit.
+    ray_temp = tempfile.mkdtemp(prefix="elmo-ray-")
+    context = ray.init(num_cpus=2, include_dashboard=True, dashboard_port=port,
+                       logging_level=logging.WARNING, log_to_driver=False, _temp_dir=ray_temp)
+    try:
+        submission_id, client = submit(load_spec(spec_path), f"http://{context.dashboard_url}")
+        status = wait(client, submission_id, poll_s=1.0)
+        logs = client.get_job_logs(submission_id)
+        assert status == "SUCCEEDED", logs
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_temp, ignore_errors=True)
+    documents = read_live_table(str(tmp_path / "ds"), "documents")
+    assert sorted(documents.column("doc_id").to_pylist()) == ["a.txt:1", "a.txt:2"]
