@@ -104,6 +104,8 @@ def _embed_config(spec: JobSpec, source: Any, part: str, progress: bool) -> Any:
         n_shards=spec.shards,
         actors=spec.ray.actors,
         dtype=spec.dtype,
+        device=spec.device,
+        compute_dtype=spec.compute_dtype,
         batch_tokens=spec.batch_tokens,
         executor=spec.ray.executor,
         max_sentence_tokens=spec.max_sentence_tokens,

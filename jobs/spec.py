@@ -64,6 +64,8 @@ class JobSpec:
     weights: str | None = None
     shards: int = 8
     dtype: str = "float16"
+    device: str = "auto"
+    compute_dtype: str = "float32"
     batch_tokens: int = 4096
     max_sentence_tokens: int = 256
     window_overlap: int = 32
@@ -197,7 +199,8 @@ def _close_match(key: str, known: tuple[str, ...]) -> str | None:
 
 
 _TOP_KEYS = ("name", "source", "output", "model", "options", "weights", "shards", "dtype",
-             "batch_tokens", "max_sentence_tokens", "window_overlap", "schedule", "timezone",
+             "device", "compute_dtype", "batch_tokens", "max_sentence_tokens", "window_overlap",
+             "schedule", "timezone",
              "delete_missing", "mixes", "index_out", "hash_max_bytes", "read", "ray",
              "storage_options")
 _READ_KEYS = ("format", "doc_per", "pretokenized", "text_column", "id_column")
@@ -263,6 +266,11 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
         c.bad("options" if weights else "weights", "options and weights go together")
     shards = c.integer(data, "shards", 8, 1)
     dtype = c.string(data, "dtype", default="float16", choices=("float16", "float32"))
+    device = c.string(data, "device", default="auto", choices=("auto", "cpu", "cuda"))
+    compute_dtype = c.string(data, "compute_dtype", default="float32",
+                             choices=("float32", "bfloat16", "float16"))
+    if compute_dtype == "float16" and device == "cpu":
+        c.bad("compute_dtype", "float16 compute needs a CUDA device; use bfloat16 on the CPU")
     batch_tokens = c.integer(data, "batch_tokens", 4096, 1)
     max_sentence_tokens = c.integer(data, "max_sentence_tokens", 256, 2)
     window_overlap = c.integer(data, "window_overlap", 32, 0)
@@ -328,6 +336,8 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
         weights=_resolve(weights, base) if weights else None,
         shards=shards,
         dtype=dtype or "float16",
+        device=device or "auto",
+        compute_dtype=compute_dtype or "float32",
         batch_tokens=batch_tokens,
         max_sentence_tokens=max_sentence_tokens,
         window_overlap=window_overlap,

@@ -151,3 +151,19 @@ def test_cli_reports_a_bad_spec_on_one_line_with_exit_2(tmp_path: Path,
     good = write(tmp_path, "good.toml", 'source = "a/*"\noutput = "o"\n')
     assert cli.main(["jobs", "validate", str(good)]) == 0
     assert "ok (job good" in capsys.readouterr().out
+
+
+
+def test_device_and_compute_dtype_reach_the_embed_config(tmp_path: Path,
+                                                          tiny_model_dir: Path) -> None:
+    from jobs.runner import _embed_config
+
+    path = write(tmp_path, "job.toml", f'source = "c/*.txt"\noutput = "ds"\n'
+                 f'model = "{tiny_model_dir}"\ncompute_dtype = "bfloat16"\ndevice = "cpu"\n')
+    spec = load_spec(path)
+    config = _embed_config(spec, str(tmp_path / "c" / "a.txt"), "p1", progress=False)
+    assert (config.compute_dtype, config.device) == ("bfloat16", "cpu")
+    bad = write(tmp_path, "bad.toml", 'source = "c/*.txt"\noutput = "ds"\n'
+                'compute_dtype = "float16"\ndevice = "cpu"\n')
+    with pytest.raises(SpecError, match="compute_dtype: float16 compute needs a CUDA device"):
+        load_spec(bad)
