@@ -162,12 +162,18 @@ class DatasetLock:
     def _create_exclusive(self) -> bool:
         if _is_local(self.fs):
             os.makedirs(self.root, exist_ok=True)
+            # The record is complete before the lock exists: link() publishes a written
+            # file atomically and fails if the lock is there. (O_EXCL creates an empty file
+            # first, which a competing run could read before the record was in it.)
+            draft = f"{self.path}.{self.token}.tmp"
+            with open(draft, "wb") as handle:
+                handle.write(self._record())
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                os.link(draft, self.path)
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(self._record())
+            finally:
+                os.unlink(draft)
             return True
         # Object stores have no O_EXCL here: write, then read back to see who won.
         if self.fs.exists(self.path):
