@@ -266,7 +266,7 @@ def mark_crashed_runs(fs: Any, root: str, now: float) -> list[str]:
 def job_lock(fs: Any, root: str) -> Iterator[None]:
     """Hold the job's lock; ElmoUserError when another live run holds it.
 
-    Reuses the pipeline's lock (O_EXCL create locally, heartbeat, stale detection by pid
+    Reuses the pipeline's lock (an atomic create locally, heartbeat, stale detection by pid
     on this host or by heartbeat age elsewhere), on a file of its own: the pipeline takes
     the dataset's ``_lock`` per embedding call, the job holds this one for a whole run.
     """
