@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = BiLMConfig(n_layers=2, lstm_dim=32, projection_dim=8, char_embedding_dim=4,
                         filters=((1, 4), (2, 8), (3, 8)), n_highway=1)
     return save_model_dir(BiLM(config), tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Two torch threads on a shared 2-core machine run many times slower than one."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from test_train_helpers import write_tiny_options, write_toy_corpus
 
 from elmo_model.weights import read_options
@@ -18,12 +16,7 @@ from pipeline.cli import main
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _files(model_dir: Path) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
@@ -20,12 +19,7 @@ from pipeline.cli import main
 SENTENCES = [["The", "bank", "of", "the", "river", "."], ["I", "cannot", "bear", "it", "!"]]
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _random_model(seed: int = 0) -> BiLM:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,13 +33,7 @@ from elmo_model.vocab import Vocabulary, tokenize
 QUIET = {"progress": False, "log": lambda _message: None}
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Two torch threads on a shared 2-core machine run many times slower than one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_tiny_model_learns(tmp_path: Path) -> None:
