@@ -39,6 +39,12 @@ def select_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
+def fresh_token_vectors(model: BiLM, tokens: list[str], device: torch.device) -> torch.Tensor:
+    """The char CNN's float32 vectors for ``tokens``, ``[len(tokens), P]``, no cache."""
+    ids = np.stack([token_char_ids(t, model.config.max_chars) for t in tokens])
+    return model.token_embedding(torch.from_numpy(ids).to(device)).float()
+
+
 class TokenCache:
     """LRU of context-free token vectors (char CNN + highway + projection) by token string.
 
@@ -62,10 +68,7 @@ class TokenCache:
         self.misses += len(missing)
         fresh: dict[str, torch.Tensor] = {}
         if missing:
-            ids = torch.from_numpy(np.stack([token_char_ids(t, model.config.max_chars)
-                                             for t in missing])).to(device)
-            vectors = model.token_embedding(ids).float()
-            fresh = dict(zip(missing, vectors, strict=True))
+            fresh = dict(zip(missing, fresh_token_vectors(model, missing, device), strict=True))
         rows = []
         for token in unique:
             vector = fresh.get(token)
@@ -138,8 +141,7 @@ class ElmoEmbedder:
     def _token_vectors(self, tokens: list[str]) -> torch.Tensor:
         if self.cache is not None:
             return self.cache.lookup(self.model, tokens, self.device)
-        ids = np.stack([token_char_ids(t, self.config.max_chars) for t in tokens])
-        return self.model.token_embedding(torch.from_numpy(ids).to(self.device)).float()
+        return fresh_token_vectors(self.model, tokens, self.device)
 
     def _initial_state(self, batch_size: int) -> LstmState | None:
         if self.mode == "stateful":

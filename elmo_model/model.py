@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
+
 
 @dataclass(frozen=True)
 class BiLMConfig:
@@ -382,8 +384,6 @@ class BiLM(nn.Module):
         Adds ``<S>``/``</S>`` around each sentence, runs the biLM and strips them again.
         Returns layers ``[L + 1, B, T, 2P]`` (zeros where masked) and the mask ``[B, T]``.
         """
-        from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
-
         batch, width, _ = char_ids.shape
         mask = char_ids[..., 0] > 0  # [B, T]
         lengths = mask.sum(dim=1)
