@@ -169,14 +169,21 @@ def _document(doc_id: str, source: SourceFile, line: int | None, text: str | Non
     return Document(doc_id, source.uri, line, text, None, metadata)
 
 
-def _read_text(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Document | DocError]:
+def _read_checked(fs: Any, source: SourceFile, kind: str) -> bytes | DocError:
+    """The file's bytes, or the error for a binary or empty file."""
     with fs.open(source.path, "rb") as handle:
         data = handle.read()
     if looks_binary(data[:_BINARY_SAMPLE]):
-        yield DocError(source.relative, source.uri, None, "binary file (not text)")
-        return
+        return DocError(source.relative, source.uri, None, f"binary file (not {kind})")
     if not data.strip():
-        yield DocError(source.relative, source.uri, None, "empty file")
+        return DocError(source.relative, source.uri, None, "empty file")
+    return data
+
+
+def _read_text(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Document | DocError]:
+    data = _read_checked(fs, source, "text")
+    if isinstance(data, DocError):
+        yield data
         return
     if opts.doc_per == "file":
         try:
@@ -204,13 +211,9 @@ def _read_text(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Docum
 
 
 def _read_jsonl(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Document | DocError]:
-    with fs.open(source.path, "rb") as handle:
-        data = handle.read()
-    if looks_binary(data[:_BINARY_SAMPLE]):
-        yield DocError(source.relative, source.uri, None, "binary file (not JSON Lines)")
-        return
-    if not data.strip():
-        yield DocError(source.relative, source.uri, None, "empty file")
+    data = _read_checked(fs, source, "JSON Lines")
+    if isinstance(data, DocError):
+        yield data
         return
     for number, raw in enumerate(data.split(b"\n"), start=1):
         if not raw.strip():
