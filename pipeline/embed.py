@@ -517,6 +517,22 @@ def _run_ray(units: list[Unit], cfg: EmbedConfig) -> Iterator[tuple[int, Any]]:
 # --------------------------------------------------------------------------- writing
 
 
+def token_file_compression(schema: Any) -> dict[str, str]:
+    """Per-column Parquet codecs for a tokens file (keys are leaf paths, as pyarrow wants).
+
+    zstd everywhere except the contextual layers (``layer_1`` .. ``layer_L``), which get
+    snappy: zstd shrinks those activations by only ~9% (464 vs 512 bytes per token for a
+    256-d float16 layer of the default model) yet decodes ~5x slower (1.0 vs 5.5 GB/s
+    per core here), and decoding them is what mixing on read waits for. Layer 0 is
+    context-free, repeated for every occurrence of a word: zstd shrinks it ~5x.
+    """
+    codecs = {}
+    for name in schema.names:
+        leaf = f"{name}.list.element" if name.startswith("layer_") else name
+        codecs[leaf] = "snappy" if name.startswith("layer_") and name != "layer_0" else "zstd"
+    return codecs
+
+
 class _ShardWriter:
     def __init__(self, fs: Any, root: str, part: str, run_id: str, work: ShardWork,
                  descriptor: Any, info: dict | None = None) -> None:
@@ -533,7 +549,7 @@ class _ShardWriter:
         self.rows_per_group = max(1024, ROW_GROUP_BYTES // max(1, layer_bytes))
         self.handle = self.commit_.open("tokens")
         self.writer = pq.ParquetWriter(
-            self.handle, self.schema, compression="zstd",
+            self.handle, self.schema, compression=token_file_compression(self.schema),
             # Dictionary-encoding float16 lists is 2-4x slower to write and 6-10x to read.
             use_dictionary=["doc_id", "token"],
             write_statistics=["doc_id", "sent_idx", "tok_idx", "char_start", "char_end"],

@@ -25,8 +25,9 @@ float32's; float16 compute is CUDA only. It is recorded in the descriptor's "ext
 in each shard's manifest entry, and a rerun with another compute dtype is not refused.
 
 Output: hive-partitioned Parquet under --out (tokens/, sentences/, documents/, errors/,
-shard=K/), zstd, float16 layers by default; see docs/dataset_format.md. Re-running the
-same command after a crash finishes only the shards that were not committed.
+shard=K/), float16 layers by default (zstd; snappy for layers 1..L, which zstd hardly
+shrinks but slows to read; see docs/dataset_format.md). Re-running the same command
+after a crash finishes only the shards that were not committed.
 Exit status: 0 when anything was stored, 1 when nothing could be processed, 2 on misuse.
 """
 

@@ -11,10 +11,11 @@ cheap.
 Vector index (``--index``): ``flat`` (none: exact brute-force search), ``hnsw``
 (IVF_HNSW_SQ, cosine) or ``auto`` (hnsw from ``HNSW_MIN_ROWS`` rows on, else flat).
 IVF_PQ was rejected: recall@10 0.08-0.5 at defaults here, and 9x slower to build on
-float16. A prefiltered query whose filter leaves at most ``EXACT_FILTER_ROWS`` rows runs
-exact over just those rows (recall 1.0 at a few ms); above that, LanceDB's exact scan of
-the filtered rows grows to ~100 ms (10k rows of 1024-d), so the prefiltered graph search
-is used (recall@10 0.99 measured).
+float16. A prefiltered query whose filter leaves at most ``EXACT_FILTER_VALUES`` floats
+(2,000 rows of 256-d, 500 of 1024-d) runs exact over just those rows (recall 1.0 at a
+few ms); above that, LanceDB's exact scan of the filtered rows grows to ~40 ms (2,000
+rows of 1024-d) and beyond, so the prefiltered graph search is used (recall@10 0.98-0.99
+measured).
 
 ``<out>/_elmo_index.json`` records the dataset, its model fingerprint, the mix (weights
 in full, so the index remembers what it holds even if the dataset's mix is later
@@ -42,10 +43,17 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 INDEX_META = "_elmo_index.json"
+# token_lower -> rows, so that routing a filtered query (exact or graph) costs no query.
+WORD_COUNTS = "_word_counts.parquet"
 INDEX_FORMAT = "elmo-store/sense-index"
 TABLE = "tokens"
 HNSW_MIN_ROWS = 50_000
-EXACT_FILTER_ROWS = 2_000
+# A prefilter leaving at most this many floats (rows x dim) is answered by an exact scan
+# of those rows: 2,000 rows at 256-d, 500 at 1024-d. At 1M x 1024 an exact scan of 500-2,000
+# rows took 42 ms (p50) against 14 ms for the prefiltered graph, which still found 0.98.
+EXACT_FILTER_VALUES = 512_000
+# From this many rows on, fewer partitions are probed (see SearchParams.for_rows).
+LARGE_INDEX_ROWS = 300_000
 INDEX_KINDS = ("auto", "hnsw", "flat")
 RESULT_COLUMNS = ["token", "doc_id", "sent_idx", "tok_idx", "sentence", "start", "end"]
 
@@ -55,11 +63,22 @@ class SearchParams:
     """Query-time knobs of the HNSW index (measured in bench/lookup.py)."""
 
     nprobes: int = 20
-    # ef 150 vs 100: recall@10 0.959 -> 0.971 at 100k x 1024, +1 ms at 1M x 256.
+    # ef 150 vs 100: recall@10 0.959 -> 0.971 at 100k x 1024, 0.947 -> 0.955 at 1M x 256.
     ef: int = 150
     # Re-rank 5k candidates with the full vectors: SQ's error alone cost 3-4 points of
-    # recall@10 (0.93 -> 0.96 at 100k, 0.94 -> 0.99 at 1M) for ~1-3 ms.
+    # recall@10 (0.93 -> 0.96 at 100k, 0.94 -> 0.99 at 1M) for ~2 ms.
     refine_factor: int | None = 5
+
+    @classmethod
+    def for_rows(cls, rows: int) -> SearchParams:
+        """The defaults for an index of ``rows`` vectors.
+
+        A query costs ~5 ms plus ~0.4 ms per probed partition here, whatever the
+        partition size, while the share of partitions a query must probe for recall@10
+        >= 0.95 falls as they multiply (0.3 sqrt(n) of them): 20 of ~100 at 100k rows
+        (0.970, p50 13 ms at 1024-d), 10 of 300 at 1M (0.972 / 15 ms at 1024-d, 0.955 /
+        14 ms at 256-d; 20 probes there cost 18-27 ms for +0.01)."""
+        return cls(nprobes=10) if rows >= LARGE_INDEX_ROWS else cls()
 
 
 @dataclass
@@ -76,8 +95,10 @@ class IndexMeta:
     m: int = 20
     ef_construction: int = 300
     search: SearchParams = field(default_factory=SearchParams)
+    search_auto: bool = True  # search follows the index size (False: set by the user)
     indexed: list[str] = field(default_factory=list)  # part/shard=k/run_id keys
     rows: int = 0
+    counted_rows: int = 0  # rows when WORD_COUNTS was written (0: not written)
     format: str = INDEX_FORMAT
 
     def to_json(self) -> str:
@@ -282,7 +303,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                          kind=kind)
     meta.kind = kind
     if search is not None:
-        meta.search = search
+        meta.search, meta.search_auto = search, False
     summary = BuildSummary(out=out)
     files = ds.shard_files("tokens")
     sentence_files = dict(ds.shard_files("sentences"))
@@ -345,10 +366,31 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
             meta.num_partitions = None
         _create_vector_index(table, meta)
     meta.built = "hnsw" if _has_vector_index(table) else "flat"
+    if meta.search_auto:
+        meta.search = SearchParams.for_rows(meta.rows)
+    if summary.added_rows or summary.removed_files or meta.counted_rows != meta.rows:
+        _write_word_counts(table, out, storage_options)
+        meta.counted_rows = meta.rows
     summary.seconds_index = time.perf_counter() - t0
     summary.rows, summary.built = meta.rows, meta.built
     _write_meta(out, meta, storage_options)
     return summary
+
+
+def _write_word_counts(table: Any, out: str, storage_options: dict | None) -> None:
+    import io
+
+    import pyarrow.parquet as pq
+
+    from pipeline.store import write_bytes_atomic
+
+    words = table.search().select(["token_lower"]).limit(max(1, table.count_rows())).to_arrow()
+    counts = words.group_by("token_lower").aggregate([("token_lower", "count")])
+    counts = counts.rename_columns(["token_lower", "rows"])
+    body = io.BytesIO()
+    pq.write_table(counts, body, compression="zstd")
+    fs, root = _fs(out, storage_options)
+    write_bytes_atomic(fs, f"{root}/{WORD_COUNTS}", body.getvalue())
 
 
 # --------------------------------------------------------------------------- searching
@@ -365,8 +407,28 @@ class SenseIndex:
             raise ElmoUserError(f"{uri} is not an elmo sense index (no {INDEX_META}); "
                                 "build one with `elmo index build`")
         self.uri, self.meta = uri, meta
+        self.storage_options = storage_options
         self.table = lancedb.connect(uri, storage_options=_lance_options(storage_options)
                                      ).open_table(TABLE)
+        self._word_counts: dict[str, int] | None = None
+
+    def word_rows(self, words: Sequence[str]) -> int:
+        """Rows whose lowercase token is one of ``words`` (from the counts file the build
+        writes; a query on the table for an index built before it existed)."""
+        if self._word_counts is None and self.meta.counted_rows == self.meta.rows > 0:
+            import pyarrow.parquet as pq
+
+            fs, root = _fs(self.uri, self.storage_options)
+            try:
+                with fs.open(f"{root}/{WORD_COUNTS}", "rb") as handle:
+                    counts = pq.read_table(handle)
+                self._word_counts = dict(zip(counts.column("token_lower").to_pylist(),
+                                             counts.column("rows").to_pylist(), strict=True))
+            except FileNotFoundError:
+                self._word_counts = None
+        if self._word_counts is None:
+            return self.table.count_rows(token_filter(words))
+        return sum(self._word_counts.get(w, 0) for w in {w.lower() for w in words})
 
     @property
     def mix(self) -> Mix:
@@ -386,7 +448,8 @@ class SenseIndex:
                                 f"{self.meta.dim}")
         query = self.table.search(vector).distance_type("cosine")
         where = token_filter(words) if words else None
-        small = where is not None and self.table.count_rows(where) <= EXACT_FILTER_ROWS
+        small = where is not None and self.word_rows(words) * self.meta.dim \
+            <= EXACT_FILTER_VALUES
         if exact or self.meta.built != "hnsw" or small:
             query = query.bypass_vector_index()
         else:

@@ -89,11 +89,12 @@ def register(subparsers: Any) -> None:
                    help="vector index: hnsw (IVF_HNSW_SQ), flat (exact) or auto (hnsw from "
                         "50k rows)")
     b.add_argument("--rebuild", action="store_true", help="drop what --out holds and rebuild")
-    b.add_argument("--nprobes", type=int, default=20,
-                   help="search: IVF partitions probed (default 20)")
-    b.add_argument("--ef", type=int, default=150,
+    b.add_argument("--nprobes", type=int, default=None,
+                   help="search: IVF partitions probed (default: 20, or 10 from 300k rows; "
+                        "giving any search option pins all three)")
+    b.add_argument("--ef", type=int, default=None,
                    help="search: HNSW candidate list size (default 150)")
-    b.add_argument("--refine-factor", type=int, default=5,
+    b.add_argument("--refine-factor", type=int, default=None,
                    help="search: re-rank k*F candidates with full vectors (default 5)")
     b.set_defaults(handler=run_index_build)
     i = _add(verbs, "info", "show what an index holds", INDEX_EPILOG)
@@ -241,11 +242,18 @@ def run_sql(args: argparse.Namespace) -> int:
 
 
 def run_index_build(args: argparse.Namespace) -> int:
+    from elmo_model.errors import ElmoUserError
     from pipeline.index import SearchParams, build_index
 
+    search = None
+    given = {"nprobes": args.nprobes, "ef": args.ef, "refine_factor": args.refine_factor}
+    if any(value is not None for value in given.values()):
+        for name, value in given.items():
+            if value is not None and value < 1:
+                raise ElmoUserError(f"--{name.replace('_', '-')} must be at least 1")
+        search = SearchParams(**{k: v for k, v in given.items() if v is not None})
     summary = build_index(args.dataset, args.mix, args.out, kind=args.index,
-                          rebuild=args.rebuild,
-                          search=SearchParams(args.nprobes, args.ef, args.refine_factor),
+                          rebuild=args.rebuild, search=search,
                           progress=lambda line: print(f"  {line}", file=sys.stderr))
     print(summary.line(), file=sys.stderr)
     return 0

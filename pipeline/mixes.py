@@ -13,8 +13,11 @@ with weight 0 are never read from disk. With ``layer_norm`` every token's layer 
 normalised to zero mean and unit variance over its own values before mixing: on read,
 there is no batch to normalise over that would not change with how the rows are cut.
 
-Mixing reads Arrow buffers zero-copy: a fixed-size-list column's values buffer becomes a
-``[n, dim]`` numpy view, widened to float32 only inside the fused weighted sum.
+Reading for a mix never goes through Python lists: ``iter_mixed`` reads row groups on a
+thread pool, takes the float16 layer values straight out of the Parquet data pages
+(``pipeline.parquet_layers``; pyarrow for layouts it does not handle, whose fixed-size-list
+values buffer becomes a zero-copy ``[n, dim]`` view) and widens them to float32 only inside
+the fused weighted sum.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from elmo_model.errors import ElmoUserError
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     from schemas import DatasetDescriptor
 
@@ -234,35 +238,72 @@ def _token_layer_norm(layer: np.ndarray) -> np.ndarray:
     return (x - mean) / np.sqrt(var + _LN_EPS)
 
 
+# Below this many floats numpy is as fast as torch and keeps small callers (the SQL UDF,
+# one query vector) from importing torch.
+_TORCH_MIN_VALUES = 1 << 18
+
+
 def mix_arrays(layers: Sequence[np.ndarray | None], mix: Mix) -> np.ndarray:
     """``gamma * sum_j w_j * layers[j]`` as float32; ``layers[j]`` may be None if w_j == 0.
 
     Same formula as ``elmo_model.layer_mix`` (tests assert equality), fused in place: one
-    float32 output and one scratch buffer instead of three temporaries per layer, which
-    is what keeps the float16 -> float32 widening off the critical path.
+    float32 output and one scratch buffer instead of three temporaries per layer. Large
+    batches go through torch, whose float16 -> float32 widening is ~8x numpy's here
+    (4.7 vs 0.6 G values/s on one core); both run the same float32 operations in the same
+    order (widen, scale, add), so the result is bitwise the same either way.
     """
     used = mix.used_layers
     first = layers[used[0]]
     if first is None:
         raise ValueError("a used layer was not provided")
-    n, dim = first.shape
-    out = np.empty((n, dim), np.float32)
-    scratch: np.ndarray | None = None
-    for i, k in enumerate(used):
-        layer = layers[k]
-        if layer is None:
+    for k in used:
+        if layers[k] is None:
             raise ValueError(f"layer {k} has weight {mix.weights[k]} but was not provided")
-        if mix.layer_norm:
-            layer = _token_layer_norm(layer)
-        weight = np.float32(mix.weights[k] * mix.gamma)
+    if mix.layer_norm:
+        layers = [None if layer is None else _token_layer_norm(layer) for layer in layers]
+    weights = [float(np.float32(mix.weights[k] * mix.gamma)) for k in used]
+    chosen = [layers[k] for k in used]
+    if first.size >= _TORCH_MIN_VALUES:
+        return _mix_torch(chosen, weights)  # type: ignore[arg-type]
+    out = np.empty(first.shape, np.float32)
+    scratch: np.ndarray | None = None
+    for i, (layer, weight) in enumerate(zip(chosen, weights, strict=True)):
         if i == 0:
-            np.multiply(layer, weight, out=out, dtype=np.float32)
+            np.multiply(layer, np.float32(weight), out=out, dtype=np.float32)
         else:
             if scratch is None:
                 scratch = np.empty_like(out)
-            np.multiply(layer, weight, out=scratch, dtype=np.float32)
+            np.multiply(layer, np.float32(weight), out=scratch, dtype=np.float32)
             out += scratch
     return out
+
+
+def _mix_torch(layers: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    import warnings
+
+    import torch
+
+    def tensor(layer: np.ndarray) -> torch.Tensor:
+        with warnings.catch_warnings():
+            # Arrow-backed views are read-only; torch warns, but nothing here writes them.
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(np.ascontiguousarray(layer))
+
+    # Buffers come from numpy: it asks for transparent huge pages, which made first touch
+    # of a 45 MB output 3x cheaper than torch.empty here (page faults, not arithmetic,
+    # were the cost of widening a row group).
+    out = torch.from_numpy(np.empty(layers[0].shape, np.float32))
+    out.copy_(tensor(layers[0]))
+    if weights[0] != 1.0:
+        out.mul_(weights[0])
+    scratch = torch.from_numpy(np.empty(layers[0].shape, np.float32)) if len(layers) > 1 \
+        else None
+    for layer, weight in zip(layers[1:], weights[1:], strict=True):
+        assert scratch is not None
+        scratch.copy_(tensor(layer))
+        scratch.mul_(weight)
+        out.add_(scratch)
+    return out.numpy()
 
 
 def mix_batch(batch: pa.RecordBatch | pa.Table, mix: Mix) -> np.ndarray:
@@ -346,22 +387,147 @@ def _check_layers(ds: Dataset, schema: pa.Schema, mix: Mix, path: str) -> None:
 def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_idx", "tok_idx",
                                                                   "token"),
                files: Sequence[str] | None = None, batch_rows: int = 1 << 16,
+               workers: int | None = None,
                ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
     """Stream ``(metadata batch, mixed [n, dim] float32)`` over the committed token files.
 
-    pyarrow's scanner decodes row groups on its own threads (the GIL is released), so
-    reading the next batch overlaps with mixing this one.
+    Row groups are read and mixed on ``workers`` threads (default: one per core, at most
+    4) and yielded in file and row order; at most ``2 * workers`` are in flight. The
+    layer columns go through ``pipeline.parquet_layers`` (pyarrow where a file's layout is
+    not the one it decodes), the metadata columns through pyarrow; both release the GIL.
     """
-    import pyarrow.dataset as pads
+    import os
+    import threading
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
 
     paths = list(ds.files("tokens") if files is None else files)
+    if batch_rows < 1:
+        raise ValueError("batch_rows must be >= 1")
     if not paths:
         return
-    layer_cols = [f"layer_{k}" for k in mix.used_layers]
-    source = pads.dataset(paths, format="parquet", filesystem=ds.arrow_filesystem())
-    _check_layers(ds, source.schema, mix, paths[0])
-    for batch in source.to_batches(columns=[*columns, *layer_cols], batch_size=batch_rows,
-                                   use_threads=True):
-        if batch.num_rows == 0:
-            continue
-        yield batch.select(list(columns)), mix_batch(batch, mix)
+    workers = workers or max(1, min(4, os.cpu_count() or 1))
+    fs = ds.arrow_filesystem()
+    buffers = threading.local()  # per worker thread, freed with the pool
+    units = ((path, metadata, group) for path, metadata in _footers(ds, fs, mix, paths)
+             for group in range(metadata.num_row_groups))
+    with ThreadPoolExecutor(workers, thread_name_prefix="elmo-mix") as pool:
+        pending: deque[Any] = deque()
+        for unit in units:
+            pending.append(pool.submit(_mix_row_group, fs, *unit, mix, list(columns),
+                                       buffers))
+            if len(pending) >= 2 * workers:
+                yield from _split(*pending.popleft().result(), batch_rows)
+        while pending:
+            yield from _split(*pending.popleft().result(), batch_rows)
+
+
+def _footers(ds: Dataset, fs: Any, mix: Mix, paths: Sequence[str]
+             ) -> Iterator[tuple[str, pq.FileMetaData]]:
+    """Each file's footer, read once (a file is opened again per row group, on a thread)."""
+    import pyarrow.parquet as pq
+
+    for path in paths:
+        with fs.open_input_file(path) as source:
+            metadata = pq.read_metadata(source)
+        _check_layers(ds, metadata.schema.to_arrow_schema(), mix, path)
+        yield path, metadata
+
+
+def _reused(buffers: Any, slot: str, size: int, dtype: type) -> np.ndarray:
+    """A flat array of ``size`` items, kept by this thread for its next row group.
+
+    Fresh multi-MB arrays cost more in page faults (and, with transparent huge pages,
+    compaction) than decoding fills them: reuse is what keeps a worker busy decoding."""
+    held = getattr(buffers, slot, None)
+    if held is None or len(held) < size:
+        held = np.empty(size, dtype)
+        setattr(buffers, slot, held)
+    return held[:size]
+
+
+def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData, group: int, mix: Mix,
+                   columns: list[str], buffers: Any) -> tuple[pa.Table, np.ndarray]:
+    import pyarrow.parquet as pq
+
+    from pipeline.parquet_layers import UnsupportedLayoutError, vector_columns
+
+    layer_names = [f"layer_{k}" for k in mix.used_layers]
+    with fs.open_input_file(path) as source:
+        parquet = pq.ParquetFile(source, metadata=metadata)
+        direct = vector_columns(metadata, parquet.schema_arrow, layer_names)
+        vectors = None
+        if len(direct) == len(layer_names) and not mix.layer_norm:
+            try:
+                vectors = _mix_pages(source, metadata, group, mix,
+                                     [direct[name] for name in layer_names], buffers)
+            except UnsupportedLayoutError:
+                vectors = None
+        if vectors is None:
+            table = parquet.read_row_group(group, columns=layer_names)
+            layers: list[np.ndarray | None] = [None] * mix.n_layers
+            for k, name in zip(mix.used_layers, layer_names, strict=True):
+                layers[k] = fsl_to_numpy(table.column(name))
+            vectors = mix_arrays(layers, mix)
+        meta = parquet.read_row_group(group, columns=columns)
+    if meta.num_rows != len(vectors):
+        raise ElmoUserError(f"{path}: row group {group} has {meta.num_rows} rows but "
+                            f"{len(vectors)} vectors")
+    return meta, vectors
+
+
+def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
+               columns: Sequence[Any], buffers: Any) -> np.ndarray:
+    """``mix_arrays`` fused with the page reader: each decompressed page is widened,
+    scaled and added into its span of the output while it is still in cache.
+
+    The same float32 operations per value as ``mix_arrays`` (widen, scale, add, layer by
+    layer), so the result is bitwise the same; what is saved is a float16 copy of every
+    layer and full-size scratch passes through memory (at 1024-d the unfused version
+    spent more time moving row-group-sized arrays than decoding)."""
+    import warnings
+
+    import torch
+
+    from pipeline.parquet_layers import iter_vector_pages
+
+    row_group = metadata.row_group(group)
+    rows, dim = row_group.num_rows, columns[0].dim
+    out = np.empty((rows, dim), np.float32)
+    flat = torch.from_numpy(out).view(-1)
+    weights = [float(np.float32(mix.weights[k] * mix.gamma)) for k in mix.used_layers]
+    for i, (column, weight) in enumerate(zip(columns, weights, strict=True)):
+        if column.dim != dim:
+            raise ElmoUserError(f"layer columns differ in size ({column.dim} vs {dim})")
+        start = 0
+        for values in iter_vector_pages(source, row_group.column(column.leaf), rows, column):
+            end = start + len(values)
+            with warnings.catch_warnings():
+                # Decompressed pages are read-only buffers; nothing here writes them.
+                warnings.simplefilter("ignore", UserWarning)
+                page = torch.from_numpy(values)
+            target = flat[start:end]
+            if i == 0:
+                target.copy_(page)
+                if weight != 1.0:
+                    target.mul_(weight)
+            else:
+                scratch = torch.from_numpy(_reused(buffers, "page", len(values), np.float32))
+                scratch.copy_(page)
+                scratch.mul_(weight)
+                target.add_(scratch)
+            start = end
+    return out
+
+
+def _split(meta: pa.Table, vectors: np.ndarray, batch_rows: int
+           ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    import pyarrow as pa
+
+    if meta.num_columns == 0:  # no metadata asked for: batches that only carry a row count
+        meta = pa.table({"_": pa.nulls(len(vectors))}).drop_columns(["_"])
+    start = 0
+    for batch in meta.combine_chunks().to_batches(max_chunksize=batch_rows):
+        if batch.num_rows:
+            yield batch, vectors[start:start + batch.num_rows]
+            start += batch.num_rows

@@ -106,7 +106,7 @@ class DatasetDescriptor:
     format: str = DATASET_FORMAT
     shard_hash: str = "sha256(doc_id UTF-8), first 8 bytes as big-endian uint64, mod n_shards"
     partition_column: str = PARTITION_COLUMN
-    compression: str = "zstd"
+    compression: str = "zstd; layer_1..layer_L snappy"
     extra: dict[str, Any] = field(default_factory=dict)  # room for later issues (mixes, jobs)
 
     @property

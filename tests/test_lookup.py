@@ -193,7 +193,7 @@ def _brute_force(vectors: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
 
 def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
-    from pipeline.index import SenseIndex, build_index
+    from pipeline.index import SenseIndex, build_index, token_filter
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -245,17 +245,22 @@ def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
     refresh_index(str(ds_copy), mix="top", index_uri=str(out), remove_doc_ids=[keys[0][0]])
     n_first = sum(k[0] == keys[0][0] for k in keys)
     assert SenseIndex(str(out)).table.count_rows() == len(vectors) - n_first
+    # The word counts that route filtered queries follow every change.
+    ix = SenseIndex(str(out))
+    for words in (["bank"], ["BANK", "river"], ["the"], ["no-such-word"]):
+        assert ix.word_rows(words) == ix.table.count_rows(token_filter(words))
 
 
 def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
-    from pipeline.index import SenseIndex, build_index
+    from pipeline.index import SearchParams, SenseIndex, build_index
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
     build_index(str(ds_copy), "average", str(tmp_path / "ix"), kind="hnsw")
     ix = SenseIndex(str(tmp_path / "ix"))
     assert ix.meta.built == "hnsw" and ix.meta.search.refine_factor == 5
+    assert ix.meta.search_auto and ix.meta.search == SearchParams.for_rows(ix.meta.rows)
     vectors = mixed_sorted(ds_copy, "average")
     for q in (0, 50, 100):
         assert ix.search(vectors[q], k=1)["_distance"][0].as_py() < 1e-5
@@ -272,6 +277,19 @@ def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
     query = layer_mix(layers, [0.0, 0.0, 0.0])[3]
     hit = ix.search(query, k=1).to_pylist()[0]
     assert hit["doc_id"] == "more.txt:1" and hit["_distance"] < 1e-5
+    # Search parameters given once stay pinned across later incremental builds.
+    build_index(str(ds_copy), "average", str(tmp_path / "ix"), search=SearchParams(7, 60, None))
+    build_index(str(ds_copy), "average", str(tmp_path / "ix"))
+    meta = SenseIndex(str(tmp_path / "ix")).meta
+    assert not meta.search_auto and meta.search == SearchParams(7, 60, None)
+
+
+def test_search_params_follow_index_size() -> None:
+    from pipeline.index import LARGE_INDEX_ROWS, SearchParams
+
+    small, large = SearchParams.for_rows(100_000), SearchParams.for_rows(LARGE_INDEX_ROWS)
+    assert (small.nprobes, small.ef, small.refine_factor) == (20, 150, 5)
+    assert (large.nprobes, large.ef, large.refine_factor) == (10, 150, 5)
 
 
 # --------------------------------------------------------------------------- senses
@@ -449,7 +467,7 @@ def _dataset_without_layers(dataset: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("case", ["unknown-mix-sql", "unknown-mix-index", "no-layers",
                                   "no-layers-sql",
                                   "word-not-in-sentence", "malformed-sql", "no-dataset",
-                                  "no-index", "bad-labels"])
+                                  "no-index", "bad-labels", "bad-nprobes"])
 def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
                                      capsys: pytest.CaptureFixture,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -478,6 +496,8 @@ def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
                      "not an elmo sense index"),
         "bad-labels": (["mix", "fit", ds, "--labels", str(tmp_path / "missing.csv"),
                         "--name", "x"], "labels file not found"),
+        "bad-nprobes": (["index", "build", ds, "--out", str(ix), "--nprobes", "0"],
+                        "--nprobes must be at least 1"),
     }[case]
     assert run_cli(monkeypatch, argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from test_pipeline import config, write_corpus
 
 from pipeline.embed import embed_corpus
+from pipeline.mixes import iter_mixed, open_dataset
 
 moto_server = pytest.importorskip("moto.server")
 s3fs = pytest.importorskip("s3fs")
@@ -62,6 +65,21 @@ def test_s3_round_trip(s3_endpoint: str, tiny_model_dir: Path, tmp_path: Path,
         "SELECT count(*), count(DISTINCT doc_id) FROM read_parquet(?, hive_partitioning=true)",
         [f"{out}/tokens/*/*.parquet"]).fetchone()
     assert (n, docs) == (summary.tokens, 9)
+
+    # Mix on read through fsspec: the direct Parquet reader over pyarrow's PyFileSystem.
+    ds = open_dataset(out, options)
+    keys, vectors = [], []
+    for meta, v in iter_mixed(ds, ds.mix("layer:1"), columns=("doc_id", "sent_idx", "tok_idx")):
+        keys.append(meta)
+        vectors.append(v)
+    got = dict(zip(zip(*(pa.Table.from_batches(keys).column(c).to_pylist()
+                         for c in ("doc_id", "sent_idx", "tok_idx")), strict=True),
+                   np.concatenate(vectors), strict=True))
+    assert len(got) == table.num_rows
+    stored = table.column("layer_1").to_pylist()
+    for i, key in enumerate(zip(*(table.column(c).to_pylist()
+                                  for c in ("doc_id", "sent_idx", "tok_idx")), strict=True)):
+        assert np.array_equal(got[key], np.asarray(stored[i], np.float32))
 
     # A rerun finds every shard committed and does no work.
     again = embed_corpus(config(tiny_model_dir, ["s3://corpus-bucket/in/*"], out, n_shards=2,

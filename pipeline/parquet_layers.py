@@ -1,0 +1,325 @@
+"""Direct decoding of vector columns from Parquet: the read half of mix on read.
+
+pyarrow reads a ``fixed_size_list<halffloat>[dim]`` column the general way: it decodes a
+repetition and a definition level for every float and rebuilds list offsets and validity
+from them. At 256-1024 floats per token that bookkeeping, not decompression, is the
+bound: about 270k tokens/s for one 1024-d layer even uncompressed (BENCHMARKS.md).
+
+The layer columns the pipeline writes are the case the format lets us read directly:
+PLAIN-encoded float16 (``FIXED_LEN_BYTE_ARRAY(2)``) or float32 values, no dictionary, no
+null lists or values. Then the value section of each data page is a run of the row-major
+``[rows, dim]`` matrix, and reading a column chunk means: walk its pages (the page headers
+are Thrift compact-protocol structs, parsed here for the few fields needed), decompress
+each page with pyarrow's codec, skip the level sections, copy the values out.
+
+Every assumption is checked, from the column chunk's metadata (physical and logical type,
+encodings, dictionary, codec) and on each page (as many values as levels, i.e. nothing
+null; in total ``rows * dim``). ``read_vector_chunk`` returns None for a chunk that fails
+a check (``iter_vector_pages`` raises ``UnsupportedLayoutError``), and the caller reads it
+with pyarrow: files from other writers stay readable, only slower. Tests compare the two
+readers bitwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+# Parquet enums (parquet.thrift).
+_DATA_PAGE, _INDEX_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 1, 2, 3
+_PLAIN, _RLE = 0, 3
+# Parquet codec name (as pyarrow reports it) -> pyarrow codec. "LZ4" is left out on
+# purpose: old writers used it for Hadoop-framed LZ4, which pyarrow's codec cannot read.
+_CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "ZSTD": "zstd",
+           "LZ4_RAW": "lz4_raw"}
+
+# Which PageHeader fields to decode (field id -> nested spec, or True for a scalar).
+_DATA_PAGE_FIELDS = {1: True, 2: True, 3: True, 4: True}
+_DATA_PAGE_V2_FIELDS = {1: True, 2: True, 3: True, 4: True, 5: True, 6: True, 7: True}
+_PAGE_HEADER_FIELDS: dict[int, Any] = {1: True, 2: True, 3: True,
+                                       5: _DATA_PAGE_FIELDS, 8: _DATA_PAGE_V2_FIELDS}
+
+
+class UnsupportedLayoutError(Exception):
+    """A chunk or page outside what the direct path handles: read it with pyarrow."""
+
+
+# --------------------------------------------------------------------------- Thrift
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise UnsupportedLayoutError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _zigzag(n: int) -> int:
+    return (n >> 1) ^ -(n & 1)
+
+
+def _skip(buf: bytes, pos: int, kind: int) -> int:
+    """Skip one value of compact-protocol type ``kind``."""
+    if kind in (1, 2):  # bool: the value is in the field header
+        return pos
+    if kind == 3:  # byte
+        return pos + 1
+    if kind in (4, 5, 6):  # i16, i32, i64: zigzag varints
+        return _varint(buf, pos)[1]
+    if kind == 7:  # double
+        return pos + 8
+    if kind == 8:  # binary / string
+        size, pos = _varint(buf, pos)
+        return pos + size
+    if kind in (9, 10):  # list, set
+        header = buf[pos]
+        pos += 1
+        size, element = header >> 4, header & 0x0F
+        if size == 15:
+            size, pos = _varint(buf, pos)
+        for _ in range(size):
+            pos = pos + 1 if element in (1, 2) else _skip(buf, pos, element)
+        return pos
+    if kind == 11:  # map
+        size, pos = _varint(buf, pos)
+        if size:
+            types = buf[pos]
+            pos += 1
+            for _ in range(size):
+                pos = _skip(buf, _skip(buf, pos, types >> 4), types & 0x0F)
+        return pos
+    if kind == 12:  # struct
+        return _struct(buf, pos, {})[1]
+    raise UnsupportedLayoutError(f"unknown Thrift type {kind}")
+
+
+def _struct(buf: bytes, pos: int, fields: dict[int, Any]) -> tuple[dict[int, Any], int]:
+    """Decode the integer, bool and struct fields named in ``fields``; skip the rest."""
+    out: dict[int, Any] = {}
+    field_id = 0
+    while True:
+        if pos >= len(buf):
+            raise UnsupportedLayoutError("truncated page header")
+        header = buf[pos]
+        pos += 1
+        if header == 0:  # stop
+            return out, pos
+        kind, delta = header & 0x0F, header >> 4
+        if delta:
+            field_id += delta
+        else:
+            raw, pos = _varint(buf, pos)
+            field_id = _zigzag(raw)
+        spec = fields.get(field_id)
+        if spec is None:
+            pos = _skip(buf, pos, kind)
+        elif kind in (1, 2):
+            out[field_id] = kind == 1
+        elif kind in (4, 5, 6):
+            raw, pos = _varint(buf, pos)
+            out[field_id] = _zigzag(raw)
+        elif kind == 12 and isinstance(spec, dict):
+            out[field_id], pos = _struct(buf, pos, spec)
+        else:
+            raise UnsupportedLayoutError(f"page header field {field_id} has Thrift type {kind}")
+
+
+# --------------------------------------------------------------------------- chunks
+
+
+@dataclass(frozen=True)
+class VectorColumn:
+    """Where one vector column's values are in a file, and how to decode them."""
+
+    name: str
+    leaf: int  # index among the file's leaf columns
+    dim: int
+    dtype: np.dtype
+    max_repetition_level: int
+    max_definition_level: int
+
+
+def vector_columns(metadata: pq.FileMetaData, schema: pa.Schema,
+                   names: list[str]) -> dict[str, VectorColumn]:
+    """The columns of ``names`` that are fixed-size lists of float16/float32 in this file
+    (others are absent from the result and must be read by pyarrow)."""
+    import pyarrow as pa
+
+    leaves: dict[str, int] = {}
+    for i in range(metadata.num_columns):
+        leaves.setdefault(metadata.schema.column(i).path.split(".")[0], i)
+    out = {}
+    for name in names:
+        if name not in schema.names or name not in leaves:
+            continue
+        kind = schema.field(name).type
+        if not pa.types.is_fixed_size_list(kind):
+            continue
+        value_type = kind.value_type
+        if value_type == pa.float16():
+            dtype = np.dtype("<f2")
+        elif value_type == pa.float32():
+            dtype = np.dtype("<f4")
+        else:
+            continue
+        leaf = metadata.schema.column(leaves[name])
+        if leaf.path != f"{name}.list.element" and leaf.path != f"{name}.list.item":
+            continue  # not the plain 3-level list layout
+        out[name] = VectorColumn(name, leaves[name], kind.list_size, dtype,
+                                 leaf.max_repetition_level, leaf.max_definition_level)
+    return out
+
+
+def _codec(name: str) -> Any:
+    import pyarrow as pa
+
+    if name == "UNCOMPRESSED":
+        return None
+    if name not in _CODECS or not pa.Codec.is_available(_CODECS[name]):
+        raise UnsupportedLayoutError(f"codec {name}")
+    return pa.Codec(_CODECS[name])
+
+
+def _check_chunk(chunk: pq.ColumnChunkMetaData, column: VectorColumn) -> None:
+    expected_physical = "FIXED_LEN_BYTE_ARRAY" if column.dtype.itemsize == 2 else "FLOAT"
+    if chunk.physical_type != expected_physical:
+        raise UnsupportedLayoutError(f"physical type {chunk.physical_type}")
+    if chunk.has_dictionary_page or chunk.dictionary_page_offset:
+        raise UnsupportedLayoutError("dictionary page")
+    if not set(chunk.encodings) <= {"PLAIN", "RLE"}:
+        raise UnsupportedLayoutError(f"encodings {chunk.encodings}")
+
+
+def _skip_v1_levels(page: memoryview, pos: int, max_level: int, encoding: int) -> int:
+    """Skip one RLE level section of a v1 data page (a 4-byte length, then the runs)."""
+    if max_level == 0:
+        return pos
+    if encoding != _RLE:
+        raise UnsupportedLayoutError(f"level encoding {encoding}")
+    size = int.from_bytes(page[pos:pos + 4], "little")
+    return pos + 4 + size
+
+
+def iter_vector_pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int,
+                      column: VectorColumn) -> Iterator[np.ndarray]:
+    """The values of one row group's column chunk, page by page, in order.
+
+    Each item is a flat array of ``column.dtype`` (a view of the decompressed page, so
+    consume it before asking for the next); together they are the row-major
+    ``[rows, dim]`` matrix, cut wherever the writer cut pages (not always on a row
+    boundary). Raises ``UnsupportedLayoutError`` - possibly after some pages, so a
+    consumer must be able to start over with pyarrow - for anything outside the layout
+    described in the module docstring, a codec error or a malformed header included.
+    """
+    try:
+        yield from _pages(source, chunk, rows, column)
+    except (OSError, ValueError, IndexError) as error:
+        raise UnsupportedLayoutError(str(error)) from error
+
+
+def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: VectorColumn
+           ) -> Iterator[np.ndarray]:
+    _check_chunk(chunk, column)
+    codec = _codec(chunk.compression)
+    itemsize = column.dtype.itemsize
+    total = rows * column.dim
+    if chunk.num_values != total:
+        raise UnsupportedLayoutError("value count differs from rows * dim")
+    data = source.read_at(chunk.total_compressed_size, chunk.data_page_offset)
+    if len(data) != chunk.total_compressed_size:
+        raise UnsupportedLayoutError("short read")
+    view = memoryview(data)
+    dtype = column.dtype
+    filled = pos = 0
+    while pos < len(data):
+        header, pos = _struct(data, pos, _PAGE_HEADER_FIELDS)
+        kind = header.get(1)
+        compressed_size, size = header.get(3, -1), header.get(2, -1)
+        if compressed_size < 0 or size < 0 or pos + compressed_size > len(data):
+            raise UnsupportedLayoutError("bad page sizes")
+        body = view[pos:pos + compressed_size]
+        pos += compressed_size
+        if kind == _INDEX_PAGE:
+            continue
+        if kind == _DATA_PAGE:
+            page = header.get(5, {})
+            if page.get(2) != _PLAIN:
+                raise UnsupportedLayoutError("value encoding")
+            levels = page.get(1, -1)
+            raw = body if codec is None else memoryview(
+                codec.decompress(body, decompressed_size=size, asbytes=False))
+            start = _skip_v1_levels(raw, 0, column.max_repetition_level, page.get(4, -1))
+            start = _skip_v1_levels(raw, start, column.max_definition_level, page.get(3, -1))
+            values = raw[start:]
+        elif kind == _DATA_PAGE_V2:
+            page = header.get(8, {})
+            if page.get(4) != _PLAIN or page.get(2, -1) != 0:
+                raise UnsupportedLayoutError("value encoding or nulls")
+            levels = page.get(1, -1)
+            skip = page.get(5, -1) + page.get(6, -1)
+            if skip < 0 or skip > compressed_size:
+                raise UnsupportedLayoutError("bad level sizes")
+            values = body[skip:]
+            if codec is not None and page.get(7, True):
+                values = memoryview(codec.decompress(values, decompressed_size=size - skip,
+                                                     asbytes=False))
+        else:  # a dictionary page, or something newer
+            raise UnsupportedLayoutError(f"page type {kind}")
+        count = len(values) // itemsize
+        # As many values as levels: no null list and no null value on this page.
+        if len(values) % itemsize or count != levels or filled + count > total:
+            raise UnsupportedLayoutError("nulls or a ragged page")
+        if count:
+            array = np.frombuffer(values, dtype)
+            yield array if dtype.isnative else array.astype(dtype.newbyteorder("="))
+        filled += count
+    if filled != total:
+        raise UnsupportedLayoutError("value count differs from rows * dim")
+
+
+def read_vector_chunk(source: Any, chunk: pq.ColumnChunkMetaData, rows: int,
+                      column: VectorColumn, buffer: np.ndarray | None = None
+                      ) -> np.ndarray | None:
+    """One row group's ``[rows, dim]`` values of a vector column, or None to fall back.
+
+    ``source`` is a pyarrow ``RandomAccessFile`` (``read_at`` is thread-safe there). With
+    ``buffer`` (uint8, at least ``rows * dim * itemsize`` bytes) the values are written
+    there and the result is a view of it: a reader that reuses one buffer per thread
+    skips the page faults of a fresh multi-MB array per row group.
+    """
+    size = rows * column.dim * column.dtype.itemsize
+    if buffer is not None and (buffer.dtype != np.uint8 or buffer.ndim != 1
+                               or len(buffer) < size):
+        raise TypeError(f"buffer must be a flat uint8 array of at least {size} bytes")
+    out = (np.empty(size, np.uint8) if buffer is None else buffer[:size]).view(
+        column.dtype.newbyteorder("="))
+    filled = 0
+    try:
+        for values in iter_vector_pages(source, chunk, rows, column):
+            out[filled:filled + len(values)] = values
+            filled += len(values)
+    except UnsupportedLayoutError:
+        return None  # pyarrow will read it, or report what is wrong with it
+    return out.reshape(rows, column.dim)
+
+
+def read_vector_column(source: Any, metadata: pq.FileMetaData, row_group: int,
+                       column: VectorColumn, buffer: np.ndarray | None = None
+                       ) -> np.ndarray | None:
+    """``read_vector_chunk`` for one row group of a file, from its footer metadata."""
+    group = metadata.row_group(row_group)
+    return read_vector_chunk(source, group.column(column.leaf), group.num_rows, column,
+                             buffer)
