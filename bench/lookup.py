@@ -14,12 +14,13 @@ with 1-4 "sense" offsets, plus per-occurrence context noise; layer 0 is the bare
 centre (context free), layer 1 and 2 add sense and noise. Random float16 compresses
 about as badly as real activations (6 KB per 3x1024 token either way).
 
-Reported: numpy mix tokens/s (``top`` reads 1 layer, ``average`` 3), the same through
-the DuckDB ``elmo_mix`` UDF and the precomputed ``materialize_mix`` table; latency of
-typical SQL queries; ``elmo index build`` time (mix + read + add + IVF_HNSW_SQ); recall@10
-and p50/p95 latency vs exact numpy search, without and with a ``token = ...`` prefilter
-(both the product path, which goes exact up to 2,000 matching rows, and the forced ANN
-path). Best of ``--repeat`` runs for throughput (other processes share the 2 cores).
+Reported: mix-on-read tokens/s (``top`` reads 1 layer, ``average`` 3) with the direct
+Parquet reader on 1 and 2 threads, with and without metadata columns, and with pyarrow
+decoding the layers instead, interleaved run by run (medians); the same mixes through the
+DuckDB ``elmo_mix`` UDF and the precomputed ``materialize_mix`` table; latency of typical
+SQL queries; ``elmo index build`` time (mix + read + add + IVF_HNSW_SQ); recall@10 and
+p50/p95 latency vs exact numpy search, without and with a ``token = ...`` prefilter (both
+the product path, which goes exact for small filters, and the forced ANN path).
 """
 
 from __future__ import annotations

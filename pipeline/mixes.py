@@ -500,7 +500,9 @@ def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
         if column.dim != dim:
             raise ElmoUserError(f"layer columns differ in size ({column.dim} vs {dim})")
         start = 0
-        for values in iter_vector_pages(source, row_group.column(column.leaf), rows, column):
+        chunk = row_group.column(column.leaf)
+        read_buffer = _reused(buffers, "chunk", chunk.total_compressed_size, np.uint8)
+        for values in iter_vector_pages(source, chunk, rows, column, read_buffer):
             end = start + len(values)
             with warnings.catch_warnings():
                 # Decompressed pages are read-only buffers; nothing here writes them.

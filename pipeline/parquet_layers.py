@@ -214,7 +214,8 @@ def _skip_v1_levels(page: memoryview, pos: int, max_level: int, encoding: int) -
 
 
 def iter_vector_pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int,
-                      column: VectorColumn) -> Iterator[np.ndarray]:
+                      column: VectorColumn, read_buffer: np.ndarray | None = None
+                      ) -> Iterator[np.ndarray]:
     """The values of one row group's column chunk, page by page, in order.
 
     Each item is a flat array of ``column.dtype`` (a view of the decompressed page, so
@@ -223,22 +224,41 @@ def iter_vector_pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int,
     boundary). Raises ``UnsupportedLayoutError`` - possibly after some pages, so a
     consumer must be able to start over with pyarrow - for anything outside the layout
     described in the module docstring, a codec error or a malformed header included.
+    ``read_buffer`` (flat uint8) receives the chunk's bytes when it is large enough: a
+    reader that reuses one per thread saves the page faults of a fresh chunk-sized
+    ``bytes`` per call (14 vs 3-4 ms for 20 MB here).
     """
     try:
-        yield from _pages(source, chunk, rows, column)
+        yield from _pages(source, chunk, rows, column, read_buffer)
     except (OSError, ValueError, IndexError) as error:
         raise UnsupportedLayoutError(str(error)) from error
 
 
-def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: VectorColumn
-           ) -> Iterator[np.ndarray]:
+def _read_range(source: Any, offset: int, size: int, buffer: np.ndarray | None) -> Any:
+    """``size`` bytes at ``offset``: into ``buffer`` when it is big enough, else fresh."""
+    if buffer is not None and buffer.dtype == np.uint8 and len(buffer) >= size:
+        target = memoryview(buffer)[:size]
+        source.seek(offset)
+        filled = 0
+        while filled < size:
+            got = source.readinto(target[filled:])
+            if not got:
+                break
+            filled += got
+        return target[:filled]
+    return source.read_at(size, offset)
+
+
+def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: VectorColumn,
+           read_buffer: np.ndarray | None) -> Iterator[np.ndarray]:
     _check_chunk(chunk, column)
     codec = _codec(chunk.compression)
     itemsize = column.dtype.itemsize
     total = rows * column.dim
     if chunk.num_values != total:
         raise UnsupportedLayoutError("value count differs from rows * dim")
-    data = source.read_at(chunk.total_compressed_size, chunk.data_page_offset)
+    data = _read_range(source, chunk.data_page_offset, chunk.total_compressed_size,
+                       read_buffer)
     if len(data) != chunk.total_compressed_size:
         raise UnsupportedLayoutError("short read")
     view = memoryview(data)
@@ -291,8 +311,8 @@ def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: Vector
 
 
 def read_vector_chunk(source: Any, chunk: pq.ColumnChunkMetaData, rows: int,
-                      column: VectorColumn, buffer: np.ndarray | None = None
-                      ) -> np.ndarray | None:
+                      column: VectorColumn, buffer: np.ndarray | None = None,
+                      read_buffer: np.ndarray | None = None) -> np.ndarray | None:
     """One row group's ``[rows, dim]`` values of a vector column, or None to fall back.
 
     ``source`` is a pyarrow ``RandomAccessFile`` (``read_at`` is thread-safe there). With
@@ -308,7 +328,7 @@ def read_vector_chunk(source: Any, chunk: pq.ColumnChunkMetaData, rows: int,
         column.dtype.newbyteorder("="))
     filled = 0
     try:
-        for values in iter_vector_pages(source, chunk, rows, column):
+        for values in iter_vector_pages(source, chunk, rows, column, read_buffer):
             out[filled:filled + len(values)] = values
             filled += len(values)
     except UnsupportedLayoutError:
