@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from pipeline.parquet_layers import VectorColumn
     from schemas import DatasetDescriptor
 
 MIXES_FILE = "_mixes.json"
@@ -280,31 +281,42 @@ def mix_arrays(layers: Sequence[np.ndarray | None], mix: Mix) -> np.ndarray:
 
 
 def _mix_torch(layers: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
-    import warnings
-
     import torch
-
-    def tensor(layer: np.ndarray) -> torch.Tensor:
-        with warnings.catch_warnings():
-            # Arrow-backed views are read-only; torch warns, but nothing here writes them.
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(np.ascontiguousarray(layer))
 
     # Buffers come from numpy: it asks for transparent huge pages, which made first touch
     # of a 45 MB output 3x cheaper than torch.empty here (page faults, not arithmetic,
     # were the cost of widening a row group).
     out = torch.from_numpy(np.empty(layers[0].shape, np.float32))
-    out.copy_(tensor(layers[0]))
-    if weights[0] != 1.0:
-        out.mul_(weights[0])
     scratch = torch.from_numpy(np.empty(layers[0].shape, np.float32)) if len(layers) > 1 \
         else None
-    for layer, weight in zip(layers[1:], weights[1:], strict=True):
-        assert scratch is not None
-        scratch.copy_(tensor(layer))
-        scratch.mul_(weight)
-        out.add_(scratch)
+    for i, (layer, weight) in enumerate(zip(layers, weights, strict=True)):
+        _accumulate(out, _tensor(np.ascontiguousarray(layer)), weight, i == 0, scratch)
     return out.numpy()
+
+
+def _tensor(array: np.ndarray) -> Any:
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        # Arrow buffers and decompressed pages are read-only; torch warns, but nothing
+        # here writes to them.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+def _accumulate(target: Any, source: Any, weight: float, first: bool, scratch: Any) -> None:
+    """``target = w * source`` (first layer) or ``target += w * source``, widened to
+    float32: the operation order of ``mix_arrays``'s numpy loop, hence bitwise equal."""
+    if first:
+        target.copy_(source)
+        if weight != 1.0:  # x * 1.0 == x exactly: skipping it changes no bit
+            target.mul_(weight)
+    else:
+        scratch.copy_(source)
+        scratch.mul_(weight)
+        target.add_(scratch)
 
 
 def mix_batch(batch: pa.RecordBatch | pa.Table, mix: Mix) -> np.ndarray:
@@ -478,7 +490,7 @@ def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData, group: int, mi
 
 
 def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
-               columns: Sequence[Any], buffers: Any) -> np.ndarray:
+               columns: Sequence[VectorColumn], buffers: Any) -> np.ndarray:
     """``mix_arrays`` fused with the page reader: each decompressed page is widened,
     scaled and added into its span of the output while it is still in cache.
 
@@ -486,8 +498,6 @@ def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
     layer), so the result is bitwise the same; what is saved is a float16 copy of every
     layer and full-size scratch passes through memory (at 1024-d the unfused version
     spent more time moving row-group-sized arrays than decoding)."""
-    import warnings
-
     import torch
 
     from pipeline.parquet_layers import iter_vector_pages
@@ -505,20 +515,9 @@ def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
         read_buffer = _reused(buffers, "chunk", chunk.total_compressed_size, np.uint8)
         for values in iter_vector_pages(source, chunk, rows, column, read_buffer):
             end = start + len(values)
-            with warnings.catch_warnings():
-                # Decompressed pages are read-only buffers; nothing here writes them.
-                warnings.simplefilter("ignore", UserWarning)
-                page = torch.from_numpy(values)
-            target = flat[start:end]
-            if i == 0:
-                target.copy_(page)
-                if weight != 1.0:
-                    target.mul_(weight)
-            else:
-                scratch = torch.from_numpy(_reused(buffers, "page", len(values), np.float32))
-                scratch.copy_(page)
-                scratch.mul_(weight)
-                target.add_(scratch)
+            scratch = None if i == 0 else torch.from_numpy(
+                _reused(buffers, "page", len(values), np.float32))
+            _accumulate(flat[start:end], _tensor(values), weight, i == 0, scratch)
             start = end
     return out
 
