@@ -24,6 +24,9 @@ again brings the index to the dataset's committed view incrementally: rows of sh
 no longer committed (a deleted part, a re-embedded shard) are deleted, shard files
 committed since are added (LanceDB ``delete`` / ``add``), then ``optimize`` folds the new
 rows into the existing vector and scalar indexes. Only a changed mix needs ``--rebuild``.
+Each build also rewrites ``<out>/_word_counts.parquet`` (rows per lowercase token), which
+routes filtered queries without a count query; the search parameters follow the index
+size (``SearchParams.for_rows``) unless given.
 """
 
 from __future__ import annotations
@@ -411,21 +414,25 @@ class SenseIndex:
         self.table = lancedb.connect(uri, storage_options=_lance_options(storage_options)
                                      ).open_table(TABLE)
         self._word_counts: dict[str, int] | None = None
+        self._word_counts_read = False
 
     def word_rows(self, words: Sequence[str]) -> int:
         """Rows whose lowercase token is one of ``words`` (from the counts file the build
         writes; a query on the table for an index built before it existed)."""
-        if self._word_counts is None and self.meta.counted_rows == self.meta.rows > 0:
-            import pyarrow.parquet as pq
+        if not self._word_counts_read:
+            self._word_counts_read = True
+            if self.meta.counted_rows == self.meta.rows > 0:
+                import pyarrow.parquet as pq
 
-            fs, root = _fs(self.uri, self.storage_options)
-            try:
-                with fs.open(f"{root}/{WORD_COUNTS}", "rb") as handle:
-                    counts = pq.read_table(handle)
-                self._word_counts = dict(zip(counts.column("token_lower").to_pylist(),
-                                             counts.column("rows").to_pylist(), strict=True))
-            except FileNotFoundError:
-                self._word_counts = None
+                fs, root = _fs(self.uri, self.storage_options)
+                try:
+                    with fs.open(f"{root}/{WORD_COUNTS}", "rb") as handle:
+                        counts = pq.read_table(handle)
+                    self._word_counts = dict(zip(counts.column("token_lower").to_pylist(),
+                                                 counts.column("rows").to_pylist(),
+                                                 strict=True))
+                except FileNotFoundError:
+                    self._word_counts = None
         if self._word_counts is None:
             return self.table.count_rows(token_filter(words))
         return sum(self._word_counts.get(w, 0) for w in {w.lower() for w in words})
