@@ -18,15 +18,17 @@ Functions:
 - ``elmo_vector(doc_id, sent_idx, tok_idx, mix)``: the mixed vector of one stored token
   (a scalar subquery macro), to compare every token against one occurrence.
 
-For repeated queries over one mix, ``materialize_mix(con, "top")`` precomputes table
-``mix_top`` (doc_id, sent_idx, tok_idx, token, vector FLOAT[dim]) from the numpy reader,
-which is faster than decoding the layer lists inside DuckDB.
+For repeated queries over one mix, ``materialize_mix(con, ds, "top")`` (``elmo sql --mix
+top``) precomputes table ``mix_top`` (doc_id, sent_idx, tok_idx, token, vector
+FLOAT[dim]) with elmo's own Parquet reader, which is far faster than decoding the layer
+lists inside DuckDB (BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
@@ -191,8 +193,12 @@ def materialize_mix(con: duckdb.DuckDBPyConnection, dataset: str | Dataset, mix:
     return name
 
 
-def run_query(dataset: str, query: str, params: dict[str, Any] | None = None) -> pa.Table:
-    """One query's result as an Arrow table (malformed SQL -> ``ElmoUserError``)."""
+def run_query(dataset: str, query: str, params: dict[str, Any] | None = None,
+              mixes: Sequence[str] = ()) -> pa.Table:
+    """One query's result as an Arrow table (malformed SQL -> ``ElmoUserError``).
+
+    Each of ``mixes`` is first precomputed into table ``mix_<name>`` (``materialize_mix``),
+    so that the query can compare vectors with DuckDB's ``array_*`` functions."""
     import duckdb
 
     try:
@@ -200,6 +206,10 @@ def run_query(dataset: str, query: str, params: dict[str, Any] | None = None) ->
     except duckdb.Error as error:  # e.g. unreadable Parquet behind a view
         raise ElmoUserError(f"{dataset}: {_one_line(error)}") from None
     try:
+        if mixes:
+            ds = open_dataset(dataset)
+            for spec in mixes:
+                materialize_mix(con, ds, spec)
         return con.sql(query, params=params or None).to_arrow_table()
     except duckdb.Error as error:
         message = _one_line(error)

@@ -440,6 +440,30 @@ def test_cli_sql_formats(dataset: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert pq.read_table(out_file).num_rows == 2
 
 
+def test_cli_sql_precomputed_mix(dataset: Path, capsys: pytest.CaptureFixture,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """--mix top: table mix_top holds the top mix of every token; array functions on it."""
+    q = ("SELECT t.doc_id, t.sent_idx, t.tok_idx, array_cosine_similarity(t.vector, "
+         "(SELECT vector FROM mix_top ORDER BY doc_id, sent_idx, tok_idx LIMIT 1)) AS sim "
+         "FROM mix_top t WHERE lower(t.token) = $w ORDER BY sim DESC, doc_id LIMIT 20")
+    assert run_cli(monkeypatch, ["sql", str(dataset), "--mix", "top", "--mix", "layer:1", q,
+                                 "--param", "w=bank", "--format", "json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == len(MONEY) + len(RIVER)
+    vectors = mixed_sorted(dataset, "top")
+    table, _ = stored_layers(dataset)
+    keys = list(zip(table["doc_id"].to_pylist(), table["sent_idx"].to_pylist(),
+                    table["tok_idx"].to_pylist(), strict=True))
+    first = vectors[0] / np.linalg.norm(vectors[0])
+    for row in rows:
+        v = vectors[keys.index((row["doc_id"], row["sent_idx"], row["tok_idx"]))]
+        assert row["sim"] == pytest.approx(float(v @ first / np.linalg.norm(v)), abs=1e-5)
+    assert run_cli(monkeypatch, ["sql", str(dataset), "--mix", "layer:1",
+                                 "SELECT count(*) AS n FROM mix_layer_1", "--format",
+                                 "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == len(vectors)
+
+
 def test_cli_index_and_senses(dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
                               monkeypatch: pytest.MonkeyPatch) -> None:
     ix = str(tmp_path / "ix")
@@ -467,7 +491,8 @@ def _dataset_without_layers(dataset: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("case", ["unknown-mix-sql", "unknown-mix-index", "no-layers",
                                   "no-layers-sql",
                                   "word-not-in-sentence", "malformed-sql", "no-dataset",
-                                  "no-index", "bad-labels", "bad-nprobes"])
+                                  "no-index", "bad-labels", "bad-nprobes",
+                                  "unknown-mix-sql-table"])
 def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
                                      capsys: pytest.CaptureFixture,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -498,6 +523,8 @@ def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
                         "--name", "x"], "labels file not found"),
         "bad-nprobes": (["index", "build", ds, "--out", str(ix), "--nprobes", "0"],
                         "--nprobes must be at least 1"),
+        "unknown-mix-sql-table": (["sql", ds, "--mix", "nope", "SELECT 1"],
+                                  "unknown mix 'nope'"),
     }[case]
     assert run_cli(monkeypatch, argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
