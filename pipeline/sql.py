@@ -166,7 +166,12 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
 
 def materialize_mix(con: duckdb.DuckDBPyConnection, dataset: str | Dataset, mix: str | Mix,
                     table: str | None = None) -> str:
-    """Precompute one mix into a DuckDB table; returns the table's name."""
+    """Precompute one mix into relation ``mix_<name>`` (or ``table``); returns its name.
+
+    The mixed vectors stay an Arrow table in this process, registered on the connection:
+    DuckDB scans Arrow in place, so there is no ingest (a ``CREATE TABLE`` copy of 100k x
+    1024 took 1-3 s, the registered table 0.5 s end to end) and queries ran faster too
+    (a word's occurrences ranked by cosine: 5.5 vs 9.1 ms). It lives as long as ``con``."""
     import pyarrow as pa
 
     ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
@@ -179,17 +184,11 @@ def materialize_mix(con: duckdb.DuckDBPyConnection, dataset: str | Dataset, mix:
                         ("tok_idx", pa.int32()), ("token", pa.string()),
                         ("vector", pa.list_(pa.float32(), dim))])
 
-    def batches() -> Any:
-        for meta, vectors in iter_mixed(ds, resolved):
-            vec = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim)
-            yield pa.RecordBatch.from_arrays([*meta.columns, vec], schema=schema)
-
-    reader = pa.RecordBatchReader.from_batches(schema, batches())
-    con.register("_elmo_mix_source", reader)
-    try:
-        con.execute(f'CREATE OR REPLACE TABLE "{name}" AS SELECT * FROM _elmo_mix_source')
-    finally:
-        con.unregister("_elmo_mix_source")
+    batches = []
+    for meta, vectors in iter_mixed(ds, resolved):
+        vec = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim)
+        batches.append(pa.RecordBatch.from_arrays([*meta.columns, vec], schema=schema))
+    con.register(name, pa.Table.from_batches(batches, schema=schema))
     return name
 
 
