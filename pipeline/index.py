@@ -383,13 +383,23 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
 def _write_word_counts(table: Any, out: str, storage_options: dict | None) -> None:
     import io
 
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from pipeline.store import write_bytes_atomic
 
-    words = table.search().select(["token_lower"]).limit(max(1, table.count_rows())).to_arrow()
-    counts = words.group_by("token_lower").aggregate([("token_lower", "count")])
-    counts = counts.rename_columns(["token_lower", "rows"])
+    # Batch by batch, so memory follows the vocabulary, not the corpus.
+    total: dict[str, int] = {}
+    reader = table.search().select(["token_lower"]).limit(max(1, table.count_rows())) \
+        .to_batches(batch_size=1 << 20)
+    for batch in reader:
+        counted = pc.value_counts(batch.column("token_lower"))
+        for word, n in zip(counted.field("values").to_pylist(),
+                           counted.field("counts").to_pylist(), strict=True):
+            total[word] = total.get(word, 0) + n
+    counts = pa.table({"token_lower": pa.array(list(total), pa.string()),
+                       "rows": pa.array(list(total.values()), pa.int64())})
     body = io.BytesIO()
     pq.write_table(counts, body, compression="zstd")
     fs, root = _fs(out, storage_options)
