@@ -144,17 +144,20 @@ def _all_mixed(ds_path: Path, mix: str, **kwargs) -> tuple[pa.Table, np.ndarray]
     return pa.Table.from_batches(metas), np.concatenate(vectors)
 
 
-@pytest.fixture(scope="module")
-def pipeline_dataset(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _embed_test_corpus(model_dir: Path, root: Path, **options: object) -> Path:
     from test_pipeline import config, write_corpus
 
     from pipeline.embed import embed_corpus
 
-    root = tmp_path_factory.mktemp("direct")
     corpus = write_corpus(root / "corpus")
     out = root / "ds"
-    embed_corpus(config(tiny_model_dir, [str(corpus / "*")], str(out), n_shards=3))
+    embed_corpus(config(model_dir, [str(corpus / "*")], str(out), n_shards=3, **options))
     return out
+
+
+@pytest.fixture(scope="module")
+def pipeline_dataset(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _embed_test_corpus(tiny_model_dir, tmp_path_factory.mktemp("direct"))
 
 
 def test_pipeline_files_take_the_direct_path(pipeline_dataset: Path) -> None:
@@ -211,3 +214,18 @@ def test_iter_mixed_falls_back_to_pyarrow_for_other_layouts(pipeline_dataset: Pa
     assert np.array_equal(got, want)
     _, no_columns = _all_mixed(copy, "layer:0", columns=())
     assert len(no_columns) == len(want)
+
+
+def test_float32_storage_mixes_the_same_way(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``--dtype float32`` datasets go through the direct reader too (physical FLOAT)."""
+    ds_path = _embed_test_corpus(tiny_model_dir, tmp_path, dtype="float32")
+    for path in sorted(ds_path.glob("tokens/*/*.parquet")):
+        got = _direct(path, "layer_2")
+        assert all(part is not None and part.dtype == np.float32 for part in got)
+    meta, vectors = _all_mixed(ds_path, "average", workers=2, batch_rows=5)
+    ds = open_dataset(str(ds_path))
+    table = pa.concat_tables([pq.read_table(f) for f in ds.files("tokens")])
+    layers = [_pyarrow_column(table, f"layer_{k}") for k in range(3)]
+    assert layers[0].dtype == np.float32
+    assert np.array_equal(vectors, mix_arrays(layers, ds.mix("average")))
+    assert meta.num_rows == table.num_rows
