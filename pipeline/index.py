@@ -372,7 +372,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     if meta.search_auto:
         meta.search = SearchParams.for_rows(meta.rows)
     if summary.added_rows or summary.removed_files or meta.counted_rows != meta.rows:
-        _write_word_counts(table, out, storage_options)
+        _write_word_counts(table, meta.rows, out, storage_options)
         meta.counted_rows = meta.rows
     summary.seconds_index = time.perf_counter() - t0
     summary.rows, summary.built = meta.rows, meta.built
@@ -380,7 +380,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     return summary
 
 
-def _write_word_counts(table: Any, out: str, storage_options: dict | None) -> None:
+def _write_word_counts(table: Any, rows: int, out: str, storage_options: dict | None) -> None:
     import io
 
     import pyarrow as pa
@@ -391,7 +391,7 @@ def _write_word_counts(table: Any, out: str, storage_options: dict | None) -> No
 
     # Batch by batch, so memory follows the vocabulary, not the corpus.
     total: dict[str, int] = {}
-    reader = table.search().select(["token_lower"]).limit(max(1, table.count_rows())) \
+    reader = table.search().select(["token_lower"]).limit(max(1, rows)) \
         .to_batches(batch_size=1 << 20)
     for batch in reader:
         counted = pc.value_counts(batch.column("token_lower"))

@@ -319,14 +319,6 @@ def _accumulate(target: Any, source: Any, weight: float, first: bool, scratch: A
         target.add_(scratch)
 
 
-def mix_batch(batch: pa.RecordBatch | pa.Table, mix: Mix) -> np.ndarray:
-    """Mix the ``layer_k`` columns of one Arrow batch (only the used ones must be present)."""
-    layers: list[np.ndarray | None] = [None] * mix.n_layers
-    for k in mix.used_layers:
-        layers[k] = fsl_to_numpy(batch.column(f"layer_{k}"))
-    return mix_arrays(layers, mix)
-
-
 # --------------------------------------------------------------------------- dataset reading
 
 
@@ -422,7 +414,8 @@ def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_
     workers = workers or max(1, min(4, os.cpu_count() or 1))
     fs = ds.arrow_filesystem()
     buffers = threading.local()  # per worker thread, freed with the pool
-    units = ((path, metadata, group) for path, metadata in _footers(ds, fs, mix, paths)
+    units = ((path, metadata, direct, group)
+             for path, metadata, direct in _footers(ds, fs, mix, paths)
              for group in range(metadata.num_row_groups))
     with ThreadPoolExecutor(workers, thread_name_prefix="elmo-mix") as pool:
         pending: deque[Any] = deque()
@@ -436,15 +429,20 @@ def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_
 
 
 def _footers(ds: Dataset, fs: Any, mix: Mix, paths: Sequence[str]
-             ) -> Iterator[tuple[str, pq.FileMetaData]]:
-    """Each file's footer, read once (a file is opened again per row group, on a thread)."""
+             ) -> Iterator[tuple[str, pq.FileMetaData, dict[str, VectorColumn]]]:
+    """Each file's footer and its directly readable layer columns, found once per file (a
+    file is opened again per row group, on a thread)."""
     import pyarrow.parquet as pq
 
+    from pipeline.parquet_layers import vector_columns
+
+    layer_names = [f"layer_{k}" for k in mix.used_layers]
     for path in paths:
         with fs.open_input_file(path) as source:
             metadata = pq.read_metadata(source)
-        _check_layers(ds, metadata.schema.to_arrow_schema(), mix, path)
-        yield path, metadata
+        schema = metadata.schema.to_arrow_schema()
+        _check_layers(ds, schema, mix, path)
+        yield path, metadata, vector_columns(metadata, schema, layer_names)
 
 
 def _reused(buffers: Any, slot: str, size: int, dtype: type) -> np.ndarray:
@@ -459,16 +457,16 @@ def _reused(buffers: Any, slot: str, size: int, dtype: type) -> np.ndarray:
     return held[:size]
 
 
-def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData, group: int, mix: Mix,
-                   columns: list[str], buffers: Any) -> tuple[pa.Table, np.ndarray]:
+def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
+                   direct: dict[str, VectorColumn], group: int, mix: Mix, columns: list[str],
+                   buffers: Any) -> tuple[pa.Table, np.ndarray]:
     import pyarrow.parquet as pq
 
-    from pipeline.parquet_layers import UnsupportedLayoutError, vector_columns
+    from pipeline.parquet_layers import UnsupportedLayoutError
 
     layer_names = [f"layer_{k}" for k in mix.used_layers]
     with fs.open_input_file(path) as source:
         parquet = pq.ParquetFile(source, metadata=metadata)
-        direct = vector_columns(metadata, parquet.schema_arrow, layer_names)
         vectors = None
         if len(direct) == len(layer_names) and not mix.layer_norm:
             try:

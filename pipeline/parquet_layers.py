@@ -14,7 +14,7 @@ each page with pyarrow's codec, skip the level sections, copy the values out.
 
 Every assumption is checked, from the column chunk's metadata (physical and logical type,
 encodings, dictionary, codec) and on each page (as many values as levels, i.e. nothing
-null; in total ``rows * dim``). ``read_vector_chunk`` returns None for a chunk that fails
+null; in total ``rows * dim``). ``read_vector_column`` returns None for a chunk that fails
 a check (``iter_vector_pages`` raises ``UnsupportedLayoutError``), and the caller reads it
 with pyarrow: files from other writers stay readable, only slower. Tests compare the two
 readers bitwise.
@@ -226,7 +226,8 @@ def iter_vector_pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int,
     described in the module docstring, a codec error or a malformed header included.
     ``read_buffer`` (flat uint8) receives the chunk's bytes when it is large enough: a
     reader that reuses one per thread saves the page faults of a fresh chunk-sized
-    ``bytes`` per call (14 vs 3-4 ms for 20 MB here).
+    ``bytes`` per call (14 vs 3-4 ms for 20 MB here). Reading into it seeks ``source``,
+    so each thread needs its own file handle; without it, ``read_at`` is used.
     """
     try:
         yield from _pages(source, chunk, rows, column, read_buffer)
@@ -310,36 +311,18 @@ def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: Vector
         raise UnsupportedLayoutError("value count differs from rows * dim")
 
 
-def read_vector_chunk(source: Any, chunk: pq.ColumnChunkMetaData, rows: int,
-                      column: VectorColumn, buffer: np.ndarray | None = None,
-                      read_buffer: np.ndarray | None = None) -> np.ndarray | None:
-    """One row group's ``[rows, dim]`` values of a vector column, or None to fall back.
-
-    ``source`` is a pyarrow ``RandomAccessFile`` (``read_at`` is thread-safe there). With
-    ``buffer`` (uint8, at least ``rows * dim * itemsize`` bytes) the values are written
-    there and the result is a view of it: a reader that reuses one buffer per thread
-    skips the page faults of a fresh multi-MB array per row group.
-    """
-    size = rows * column.dim * column.dtype.itemsize
-    if buffer is not None and (buffer.dtype != np.uint8 or buffer.ndim != 1
-                               or len(buffer) < size):
-        raise TypeError(f"buffer must be a flat uint8 array of at least {size} bytes")
-    out = (np.empty(size, np.uint8) if buffer is None else buffer[:size]).view(
-        column.dtype.newbyteorder("="))
+def read_vector_column(source: Any, metadata: pq.FileMetaData, row_group: int,
+                       column: VectorColumn) -> np.ndarray | None:
+    """One row group's ``[rows, dim]`` values of a vector column, or None to fall back to
+    pyarrow (which reads it, or reports what is wrong with it)."""
+    group = metadata.row_group(row_group)
+    rows = group.num_rows
+    out = np.empty(rows * column.dim, column.dtype.newbyteorder("="))
     filled = 0
     try:
-        for values in iter_vector_pages(source, chunk, rows, column, read_buffer):
+        for values in iter_vector_pages(source, group.column(column.leaf), rows, column):
             out[filled:filled + len(values)] = values
             filled += len(values)
     except UnsupportedLayoutError:
-        return None  # pyarrow will read it, or report what is wrong with it
+        return None
     return out.reshape(rows, column.dim)
-
-
-def read_vector_column(source: Any, metadata: pq.FileMetaData, row_group: int,
-                       column: VectorColumn, buffer: np.ndarray | None = None
-                       ) -> np.ndarray | None:
-    """``read_vector_chunk`` for one row group of a file, from its footer metadata."""
-    group = metadata.row_group(row_group)
-    return read_vector_chunk(source, group.column(column.leaf), group.num_rows, column,
-                             buffer)
