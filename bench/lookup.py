@@ -43,8 +43,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.embed import token_file_compression
-from pipeline.index import SenseIndex, build_index, token_filter
-from pipeline.mixes import iter_mixed, open_dataset
+from pipeline.lookup.index import SenseIndex, build_index, token_filter
+from pipeline.lookup.mixes import iter_mixed, open_dataset
 from schemas import DatasetDescriptor, token_schema
 
 
@@ -131,8 +131,8 @@ def best_rate(fn, n: int, repeat: int) -> tuple[float, float]:
 
 def _force_pyarrow_reader() -> contextlib.AbstractContextManager:
     """Mix on read with pyarrow decoding every layer column (the reader before
-    ``pipeline.parquet_layers``): the direct reader declines every column."""
-    import pipeline.parquet_layers as direct
+    ``pipeline.lookup.parquet_layers``): the direct reader declines every column."""
+    import pipeline.lookup.parquet_layers as direct
 
     @contextlib.contextmanager
     def patched() -> Iterator[None]:
@@ -180,7 +180,7 @@ def bench_mix(ds_uri: str, n: int, repeat: int) -> dict[str, float]:
 
 def bench_sql(ds_uri: str, n: int, repeat: int, top_vectors: np.ndarray,
               words: np.ndarray) -> dict[str, float]:
-    from pipeline.sql import connect, materialize_mix
+    from pipeline.lookup.sql import connect, materialize_mix
 
     out = {}
     con = connect(ds_uri)

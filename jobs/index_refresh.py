@@ -1,7 +1,7 @@
 """Refresh the LanceDB index of each mix in a job spec after a run, incrementally.
 
 After a run, each mix's index is brought to the dataset's live view with the lookup
-layer's incremental ``pipeline.index.refresh_index`` (delete the rows of removed
+layer's incremental ``pipeline.lookup.index.refresh_index`` (delete the rows of removed
 documents, add the new parts' token files, ``optimize``), never a full rebuild.
 
 Crash safety: ``_jobs/index/<mix>.json`` records the parts the index reflects. The delta
@@ -66,7 +66,7 @@ def refresh_indexes(spec: JobSpec, fs: Any, root: str, live: set[str]) -> dict[s
     results: dict[str, str] = {}
     if not spec.mixes:
         return results
-    from pipeline.index import refresh_index
+    from pipeline.lookup.index import refresh_index
 
     for mix in spec.mixes:
         state = read_index_state(fs, root, mix)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 REGISTRARS = (
     "elmo_model.cli",
     "pipeline.embed_cli",
-    "pipeline.lookup_cli",
+    "pipeline.lookup.cli",
     "jobs.cli",
     "pipeline.demo",
 )

@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from elmo_model.errors import ElmoUserError
 
 TOKENIZER_NAME = "elmo-store-ptb"
 TOKENIZER_VERSION = "1"
@@ -197,3 +200,47 @@ def windows(n_tokens: int, max_tokens: int, overlap: int) -> list[Window]:
             own_end = n_tokens
         out.append(Window(start, end, own_start, own_end))
     return out
+
+
+# --------------------------------------------------------------------------- registry
+# Interface the pipeline, sense search and training use; the tokenizer work fills in the
+# other tokenizers (moses, the bundled model's) and the model declaration.
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """A named, versioned sentence splitter + word tokenizer with exact character offsets."""
+
+    name: str
+    version: str
+    split: Callable[[str], list[Sentence]]
+
+    def split_sentences(self, text: str) -> list[Sentence]:
+        return self.split(text)
+
+    def record(self) -> dict[str, str]:
+        """What a dataset records of its tokenizer (``_dataset.json``)."""
+        return {"name": self.name, "version": self.version}
+
+
+_TOKENIZERS: dict[str, Tokenizer] = {
+    TOKENIZER_NAME: Tokenizer(TOKENIZER_NAME, TOKENIZER_VERSION, split_sentences),
+}
+
+
+def tokenizer_names() -> tuple[str, ...]:
+    return tuple(sorted(_TOKENIZERS))
+
+
+def get_tokenizer(name: str) -> Tokenizer:
+    """The tokenizer called ``name``; an :class:`ElmoUserError` naming the known ones if none."""
+    try:
+        return _TOKENIZERS[name]
+    except KeyError:
+        raise ElmoUserError(f"unknown tokenizer {name!r}; known: "
+                            f"{', '.join(tokenizer_names())}") from None
+
+
+def model_tokenizer(options_path: str) -> str:
+    """The tokenizer name a model declares in its files (see the tokenizer docs)."""
+    return TOKENIZER_NAME

@@ -213,8 +213,8 @@ def clean_final(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 def reader_views(spec: JobSpec) -> dict[str, Any]:
     """What the other readers see: DuckDB's views and Dataset.shard_files (the index's)."""
-    from pipeline.mixes import open_dataset
-    from pipeline.sql import connect
+    from pipeline.lookup.mixes import open_dataset
+    from pipeline.lookup.sql import connect
 
     con = connect(spec.output)
     try:
@@ -300,9 +300,9 @@ def test_index_refresh_gets_deltas_and_is_retried_after_a_failure(
             raise RuntimeError("lance is down")
         calls.append({"dataset": dataset, **kwargs})
 
-    fake = types.ModuleType("pipeline.index")
+    fake = types.ModuleType("pipeline.lookup.index")
     fake.refresh_index = refresh_index  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pipeline.index", fake)
+    monkeypatch.setitem(sys.modules, "pipeline.lookup.index", fake)
     write_corpus(tmp_path, INITIAL)
     spec = load_spec(write_spec(tmp_path, tiny_model_dir, mixes='["top"]'))
     run_job(spec)

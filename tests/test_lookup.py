@@ -19,7 +19,7 @@ import pytest
 from elmo_model import layer_mix
 from elmo_model.errors import ElmoUserError
 from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
-from pipeline.mixes import Mix, iter_mixed, load_mixes, open_dataset, resolve_mix, save_mix
+from pipeline.lookup.mixes import Mix, iter_mixed, load_mixes, open_dataset, resolve_mix, save_mix
 
 MONEY = [
     "She deposited her salary at the bank on Monday morning.",
@@ -77,7 +77,7 @@ def dataset(fixture_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def stored_layers(dataset: Path) -> tuple[pa.Table, list[np.ndarray]]:
-    """Every token row and its layers, read independently of pipeline.mixes (sorted)."""
+    """Every token row and its layers, read independently of pipeline.lookup.mixes (sorted)."""
     table = pq.read_table(dataset / "tokens").sort_by([("doc_id", "ascending"),
                                                        ("sent_idx", "ascending"),
                                                        ("tok_idx", "ascending")])
@@ -145,7 +145,7 @@ def test_stored_mix_round_trip_and_unknown_mix(dataset: Path, tmp_path: Path) ->
 
 
 def test_sql_views_and_functions(dataset: Path) -> None:
-    from pipeline.sql import connect, materialize_mix
+    from pipeline.lookup.sql import connect, materialize_mix
 
     table, _ = stored_layers(dataset)
     con = connect(str(dataset))
@@ -193,7 +193,7 @@ def _brute_force(vectors: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
 
 def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
-    from pipeline.index import SenseIndex, build_index, token_filter
+    from pipeline.lookup.index import SenseIndex, build_index, token_filter
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -240,7 +240,7 @@ def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
     gone = build_index(str(ds_copy), "top", str(out))
     assert gone.removed_files == again.added_files
     assert SenseIndex(str(out)).table.count_rows() == len(vectors)
-    from pipeline.index import refresh_index
+    from pipeline.lookup.index import refresh_index
 
     refresh_index(str(ds_copy), mix="top", index_uri=str(out), remove_doc_ids=[keys[0][0]])
     n_first = sum(k[0] == keys[0][0] for k in keys)
@@ -253,7 +253,7 @@ def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
 
 def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
-    from pipeline.index import SearchParams, SenseIndex, build_index
+    from pipeline.lookup.index import SearchParams, SenseIndex, build_index
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -285,7 +285,7 @@ def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
 
 
 def test_search_params_follow_index_size() -> None:
-    from pipeline.index import LARGE_INDEX_ROWS, SearchParams
+    from pipeline.lookup.index import LARGE_INDEX_ROWS, SearchParams
 
     small, large = SearchParams.for_rows(100_000), SearchParams.for_rows(LARGE_INDEX_ROWS)
     assert (small.nprobes, small.ef, small.refine_factor) == (20, 150, 5)
@@ -296,8 +296,8 @@ def test_search_params_follow_index_size() -> None:
 
 
 def test_sense_search_finds_its_own_sentence_and_clusters(dataset: Path, tmp_path: Path) -> None:
-    from pipeline.index import build_index
-    from pipeline.senses import cluster_senses, search_senses
+    from pipeline.lookup.index import build_index
+    from pipeline.lookup.senses import cluster_senses, search_senses
 
     build_index(str(dataset), "top", str(tmp_path / "ix"))
     # A corpus sentence embedded at query time must find its own stored token first:
@@ -353,8 +353,8 @@ def test_sense_ranking_with_a_trained_model(tmp_path: Path) -> None:
     is used because both its senses are common in the default model's training text;
     the financial "bank" hardly occurs there.
     """
-    from pipeline.index import build_index
-    from pipeline.senses import search_senses
+    from pipeline.lookup.index import build_index
+    from pipeline.lookup.senses import search_senses
 
     model = _trained_model()
     if model is None:
@@ -375,7 +375,7 @@ def test_sense_ranking_with_a_trained_model(tmp_path: Path) -> None:
 def test_scatter_png_is_a_valid_png(tmp_path: Path) -> None:
     import zlib
 
-    from pipeline.senses import write_scatter_png
+    from pipeline.lookup.senses import write_scatter_png
 
     path = write_scatter_png(tmp_path / "s.png", np.random.default_rng(0).normal(size=(20, 2)),
                              np.arange(20) % 3, size=64)
@@ -417,7 +417,7 @@ def test_mix_fit_stores_a_named_mix(dataset: Path, tmp_path: Path, capsys: pytes
 def run_cli(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:
     from pipeline import cli
 
-    monkeypatch.setattr(cli, "REGISTRARS", ("pipeline.lookup_cli",))
+    monkeypatch.setattr(cli, "REGISTRARS", ("pipeline.lookup.cli",))
     return cli.main(argv)
 
 
@@ -499,7 +499,7 @@ def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
     ds = str(dataset)
     ix = tmp_path / "ix"
     if case == "word-not-in-sentence":
-        from pipeline.index import build_index
+        from pipeline.lookup.index import build_index
 
         build_index(ds, "top", str(ix))
     bare = str(_dataset_without_layers(dataset, tmp_path)) if case.startswith("no-layers") \

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.mixes as mixes
-from pipeline.mixes import Mix, iter_mixed, mix_arrays, open_dataset
-from pipeline.parquet_layers import read_vector_column, vector_columns
+import pipeline.lookup.mixes as mixes
+from pipeline.lookup.mixes import Mix, iter_mixed, mix_arrays, open_dataset
+from pipeline.lookup.parquet_layers import read_vector_column, vector_columns
 
 ROWS, DIM = 3000, 48
 

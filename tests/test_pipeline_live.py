@@ -66,8 +66,8 @@ def test_source_files_give_the_ids_and_vectors_of_a_glob_run(tiny_model_dir: Pat
 
 def test_empty_shards_write_no_files_but_are_committed(tiny_model_dir: Path,
                                                        tmp_path: Path) -> None:
-    from pipeline.mixes import open_dataset
-    from pipeline.sql import connect
+    from pipeline.lookup.mixes import open_dataset
+    from pipeline.lookup.sql import connect
 
     src = corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
@@ -100,8 +100,8 @@ def test_empty_shards_write_no_files_but_are_committed(tiny_model_dir: Path,
 
 def test_readers_follow_the_published_live_view(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A part that is committed but not published is invisible to every reader."""
-    from pipeline.mixes import open_dataset
-    from pipeline.sql import connect
+    from pipeline.lookup.mixes import open_dataset
+    from pipeline.lookup.sql import connect
 
     src = corpus(tmp_path / "corpus")
     out = tmp_path / "ds"

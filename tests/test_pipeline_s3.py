@@ -11,7 +11,7 @@ import pytest
 from test_pipeline import config, write_corpus
 
 from pipeline.embed import embed_corpus
-from pipeline.mixes import iter_mixed, open_dataset
+from pipeline.lookup.mixes import iter_mixed, open_dataset
 
 moto_server = pytest.importorskip("moto.server")
 s3fs = pytest.importorskip("s3fs")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
-from pipeline.index import RESULT_COLUMNS, SenseIndex
+from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -123,7 +123,7 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
                 embedder: Any = None) -> np.ndarray:
     """The query token's mixed vector, computed as the stored vectors were."""
     import elmo_model
-    from pipeline.mixes import mix_arrays, read_dataset_descriptor
+    from pipeline.lookup.mixes import mix_arrays, read_dataset_descriptor
 
     descriptor = read_dataset_descriptor(index.meta.dataset)
     if embedder is None:
@@ -229,7 +229,7 @@ def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str =
     if n < 2:
         raise ElmoUserError(f"{' / '.join(words)}: {n} occurrence(s) in the index; "
                             "need at least 2 to cluster")
-    from pipeline.mixes import fsl_to_numpy
+    from pipeline.lookup.mixes import fsl_to_numpy
 
     x = _unit(fsl_to_numpy(table.column("vector")).astype(np.float32))
     rng = np.random.default_rng(seed)

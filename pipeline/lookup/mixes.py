@@ -15,7 +15,7 @@ there is no batch to normalise over that would not change with how the rows are 
 
 Reading for a mix never goes through Python lists: ``iter_mixed`` reads row groups on a
 thread pool, takes the float16 layer values straight out of the Parquet data pages
-(``pipeline.parquet_layers``; pyarrow for layouts it does not handle, whose fixed-size-list
+(``pipeline.lookup.parquet_layers``; pyarrow for layouts it does not handle, whose fixed-size-list
 values buffer becomes a zero-copy ``[n, dim]`` view) and widens them to float32 only inside
 the fused weighted sum.
 """
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.parquet_layers import VectorColumn
+    from pipeline.lookup.parquet_layers import VectorColumn
     from schemas import DatasetDescriptor
 
 MIXES_FILE = "_mixes.json"
@@ -398,7 +398,7 @@ def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_
 
     Row groups are read and mixed on ``workers`` threads (default: one per core, at most
     4) and yielded in file and row order; at most ``2 * workers`` are in flight. The
-    layer columns go through ``pipeline.parquet_layers`` (pyarrow where a file's layout is
+    layer columns go through ``pipeline.lookup.parquet_layers`` (pyarrow where a file's layout is
     not the one it decodes), the metadata columns through pyarrow; both release the GIL.
     """
     import os
@@ -434,7 +434,7 @@ def _footers(ds: Dataset, fs: Any, mix: Mix, paths: Sequence[str]
     file is opened again per row group, on a thread)."""
     import pyarrow.parquet as pq
 
-    from pipeline.parquet_layers import vector_columns
+    from pipeline.lookup.parquet_layers import vector_columns
 
     layer_names = [f"layer_{k}" for k in mix.used_layers]
     for path in paths:
@@ -462,7 +462,7 @@ def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
                    buffers: Any) -> tuple[pa.Table, np.ndarray]:
     import pyarrow.parquet as pq
 
-    from pipeline.parquet_layers import UnsupportedLayoutError
+    from pipeline.lookup.parquet_layers import UnsupportedLayoutError
 
     layer_names = [f"layer_{k}" for k in mix.used_layers]
     with fs.open_input_file(path) as source:
@@ -498,7 +498,7 @@ def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
     spent more time moving row-group-sized arrays than decoding)."""
     import torch
 
-    from pipeline.parquet_layers import iter_vector_pages
+    from pipeline.lookup.parquet_layers import iter_vector_pages
 
     row_group = metadata.row_group(group)
     rows, dim = row_group.num_rows, columns[0].dim

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
-from pipeline.mixes import Mix, fsl_to_numpy, open_dataset, save_mix
+from pipeline.lookup.mixes import Mix, fsl_to_numpy, open_dataset, save_mix
 
 KEYS = ["doc_id", "sent_idx", "tok_idx"]
 
@@ -176,7 +176,7 @@ def fit_mix(dataset: str, labels_path: str, name: str, lam: float = 0.001, epoch
             seed: int = 0, save: bool = True) -> FitResult:
     import torch
 
-    from pipeline.mixes import check_name
+    from pipeline.lookup.mixes import check_name
 
     check_name(name)
     labels = read_labels(labels_path)

@@ -213,7 +213,7 @@ def format_table(table: Any, max_rows: int) -> list[str]:
 
 def run_sql(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
-    from pipeline.sql import run_query
+    from pipeline.lookup.sql import run_query
 
     if args.format == "parquet" and not args.out:
         raise ElmoUserError("--format parquet needs --out FILE")
@@ -252,7 +252,7 @@ def run_sql(args: argparse.Namespace) -> int:
 
 def run_index_build(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
-    from pipeline.index import SearchParams, build_index
+    from pipeline.lookup.index import SearchParams, build_index
 
     search = None
     given = {"nprobes": args.nprobes, "ef": args.ef, "refine_factor": args.refine_factor}
@@ -269,7 +269,7 @@ def run_index_build(args: argparse.Namespace) -> int:
 
 
 def run_index_info(args: argparse.Namespace) -> int:
-    from pipeline.index import SenseIndex
+    from pipeline.lookup.index import SenseIndex
 
     ix = SenseIndex(args.uri)
     m = ix.meta
@@ -288,7 +288,7 @@ def _highlight() -> tuple[str, str]:
 
 
 def run_senses_search(args: argparse.Namespace) -> int:
-    from pipeline.senses import search_senses
+    from pipeline.lookup.senses import search_senses
 
     hits = search_senses(_need_index(args), args.sentence, args.word, k=args.k,
                          same_word=args.same_word, occurrence=args.occurrence,
@@ -304,7 +304,7 @@ def run_senses_search(args: argparse.Namespace) -> int:
 
 def run_senses_cluster(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
-    from pipeline.senses import cluster_senses, write_scatter_png
+    from pipeline.lookup.senses import cluster_senses, write_scatter_png
 
     k: int | str = args.k
     if k != "auto":
@@ -332,7 +332,7 @@ def run_senses_cluster(args: argparse.Namespace) -> int:
 
 
 def run_mix_list(args: argparse.Namespace) -> int:
-    from pipeline.mixes import builtin_mix, open_dataset
+    from pipeline.lookup.mixes import builtin_mix, open_dataset
 
     ds = open_dataset(args.dataset)
     n = ds.descriptor.n_output_layers
@@ -347,7 +347,7 @@ def run_mix_list(args: argparse.Namespace) -> int:
 
 
 def run_mix_fit(args: argparse.Namespace) -> int:
-    from pipeline.probe import fit_mix
+    from pipeline.lookup.probe import fit_mix
 
     result = fit_mix(args.dataset, args.labels, args.name, lam=args.lam, epochs=args.epochs)
     print(f"fitted mix {args.name!r} on {result.n_train} tokens ({len(result.classes)} "

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.mixes import Dataset, Mix, iter_mixed, mix_arrays, open_dataset
+from pipeline.lookup.mixes import Dataset, Mix, iter_mixed, mix_arrays, open_dataset
 
 if TYPE_CHECKING:
     import duckdb

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.mixes import Dataset, Mix, iter_mixed, open_dataset
+from pipeline.lookup.mixes import Dataset, Mix, iter_mixed, open_dataset
 
 if TYPE_CHECKING:
     import numpy as np
