@@ -5,7 +5,9 @@
     backward stream ──char CNN──> backward LSTM stack ─┘   (forward predicts the next token,
                                                             backward the previous one)
 
-Data: every training line becomes ``<S> w1 .. wn </S>``; each epoch shuffles the lines,
+Data: every training line, cut into words by the model's tokenizer (``--tokenizer``;
+recorded in ``options.json`` as the model's declaration, see ``elmo_model.tokenizers``),
+becomes ``<S> w1 .. wn </S>``; each epoch shuffles the lines,
 concatenates them and cuts the result into ``batch_size`` long streams read in windows
 of ``unroll_steps`` tokens (truncated back-propagation). The LSTM state at the end of a
 window is carried, detached, into the next one, per stream. The backward LM gets its
@@ -43,7 +45,15 @@ from torch import nn
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import BiLM, BiLMConfig, LstmState, PackPlan
-from elmo_model.vocab import Vocabulary, tokenize
+from elmo_model.tokenizers import (
+    DECLARATION_KEY,
+    TRAIN_DEFAULT,
+    Tokenizer,
+    declared_tokenizer,
+    get_tokenizer,
+    model_tokenizer,
+)
+from elmo_model.vocab import Vocabulary
 from elmo_model.weights import (
     OPTIONS_FILE,
     SAFETENSORS_FILE,
@@ -199,13 +209,17 @@ def read_lines(pattern: str) -> Iterator[str]:
 
 
 def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
-                vocab: Vocabulary | None = None) -> tuple[Corpus, Vocabulary]:
-    """Tokenize the files, split off the held-out lines, and build (or reuse) the vocabulary."""
+                vocab: Vocabulary | None = None, tokenizer: Tokenizer | None = None
+                ) -> tuple[Corpus, Vocabulary]:
+    """Tokenize the files (one sequence per line, ``tokenizer`` default
+    :data:`~elmo_model.tokenizers.TRAIN_DEFAULT`), split off the held-out lines, and build
+    (or reuse) the vocabulary."""
+    tokenizer = tokenizer or get_tokenizer(TRAIN_DEFAULT)
     type_ids: dict[str, int] = {BOS_TOKEN: 0, EOS_TOKEN: 1}
     train_tokens: list[list[str]] = []
     train, heldout = [], []
     for line in read_lines(pattern):
-        tokens = tokenize(line)
+        tokens = [token.text for token in tokenizer.tokenize(line)]
         if not tokens:
             continue
         ids = [0] + [type_ids.setdefault(t, len(type_ids)) for t in tokens] + [1]
@@ -592,8 +606,14 @@ def train(
     log: Callable[[str], None] | None = None,
     command: str = "",
     overrides: dict[str, Any] | None = None,
+    tokenizer: str | None = None,
 ) -> TrainResult:
     """Train into ``out``, resuming from its checkpoint when there is one.
+
+    ``tokenizer`` names the tokenizer that cuts lines into words; by default the one the
+    ``init_from`` model declares, else the one an options file given as ``config_spec``
+    declares, else :data:`~elmo_model.tokenizers.TRAIN_DEFAULT` (``moses``). A resumed run
+    keeps its own. It is written into ``options.json``, so the model declares it.
 
     Stops after ``max_steps`` (total, counted across resumes) or ``max_minutes`` of this
     invocation, whichever comes first, and always writes a final checkpoint.
@@ -605,20 +625,36 @@ def train(
     resumed = read_checkpoint(out) if out.is_dir() else None
     init_softmax: dict[str, torch.Tensor] = {}
     vocab: Vocabulary | None = None
+    if tokenizer is not None:
+        get_tokenizer(tokenizer)  # fail fast on an unknown name, before any work
     if resumed is not None:
-        config, params = split_options(json.loads((out / OPTIONS_FILE).read_text()), str(out))
+        options = json.loads((out / OPTIONS_FILE).read_text())
+        config, params = split_options(options, str(out))
+        trained_with = declared_tokenizer(options, str(out / OPTIONS_FILE))
+        if tokenizer is not None and tokenizer != trained_with:
+            raise ElmoUserError(f"{out} was trained with tokenizer {trained_with}; a resumed run "
+                                f"keeps it: drop --tokenizer {tokenizer}, or train into a new "
+                                "--out")
+        line_tokenizer = get_tokenizer(trained_with)
         vocab = Vocabulary.load(out / VOCAB_FILE)
         model = BiLM(config)
         log(f"resuming {out} from step {resumed[1].step} (its options.json rules; --config, "
             "--init-from and --set apply to new runs only)")
     elif init_from:
         model, vocab, init_softmax = load_init_model(init_from)
+        line_tokenizer = get_tokenizer(tokenizer or model_tokenizer(init_from))
         _, params = resolve_config(config_spec)
         config = BiLMConfig(**{**model.config.__dict__,
-                               "extra": {**model.config.extra, "training": asdict(params)}})
+                               "extra": {**model.config.extra, "training": asdict(params),
+                                         DECLARATION_KEY: line_tokenizer.record()}})
         model = _with_config(model, config)
     else:
         config, params = resolve_config(config_spec)
+        if tokenizer is None and DECLARATION_KEY in config.extra:
+            tokenizer = declared_tokenizer(config.extra, config_spec)
+        line_tokenizer = get_tokenizer(tokenizer or TRAIN_DEFAULT)
+        declared = {**config.extra, DECLARATION_KEY: line_tokenizer.record()}
+        config = BiLMConfig(**{**config.__dict__, "extra": declared})
         torch.manual_seed(params.seed)  # the same seed, the same initial weights
         model = BiLM(config)
     if overrides and resumed is None:
@@ -628,8 +664,9 @@ def train(
         model = _with_config(model, config)
 
     started = time.perf_counter()
-    corpus, vocab = load_corpus(corpus_glob, params, config.max_chars, vocab)
-    log(f"corpus: {len(corpus.train):,} training lines ({corpus.n_train_tokens:,} tokens), "
+    corpus, vocab = load_corpus(corpus_glob, params, config.max_chars, vocab, line_tokenizer)
+    log(f"corpus ({line_tokenizer.name} tokens): {len(corpus.train):,} training lines "
+        f"({corpus.n_train_tokens:,} tokens), "
         f"{len(corpus.heldout):,} held out; vocabulary {len(vocab):,}; "
         f"loaded in {time.perf_counter() - started:.1f}s")
     torch.manual_seed(params.seed + 1)

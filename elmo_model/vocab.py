@@ -1,4 +1,4 @@
-"""Word vocabulary for the biLM's softmax, plus the plain-text tokenizer training uses.
+"""Word vocabulary for the biLM's softmax.
 
 The char CNN reads any token, so the vocabulary only decides what the language-model
 softmax can *predict*: the ``max_size`` most frequent words plus ``<S>``, ``</S>`` and
@@ -8,25 +8,23 @@ token per line, most frequent first, the three specials on top.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN
 from elmo_model.errors import ElmoUserError
+from elmo_model.tokenizers.words import tokenize_words
 
 UNK_TOKEN = "<UNK>"
 SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 
-# Words keep inner apostrophes and hyphens ("don't", "step-dame"); every other
-# non-space symbol is its own token, so punctuation never glues onto a word.
-_TOKEN_RE = re.compile(r"\w+(?:['’\-]\w+)*|[^\w\s]")
-
 
 def tokenize(line: str) -> list[str]:
-    """Split one line of plain text into word and punctuation tokens."""
-    return _TOKEN_RE.findall(line)
+    """The ``elmo-store-words`` tokens of one line, as strings (what the bundled default
+    model was trained on). The tokenizers live in :mod:`elmo_model.tokenizers`; use
+    ``get_tokenizer(name).tokenize`` in new code."""
+    return [token.text for token in tokenize_words(line)]
 
 
 class Vocabulary:
