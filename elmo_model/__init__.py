@@ -1,8 +1,9 @@
 """elmo_model: the ELMo biLM, its weight formats, and the embedding API.
 
     import elmo_model
-    embedder = elmo_model.load("options.json", "weights.hdf5")      # stateless by default
-    layers = embedder.embed([["The", "cat", "sat", "."]])             # [[L+1, 4, 2P] float32]
+    embedder = elmo_model.load("models/default")        # a model directory, stateless
+    layers = embedder.embed([["The", "cat", "sat", "."]])  # [[L+1, 4, 2P] float32]
+    # AllenNLP / bilm-tf files: elmo_model.load("options.json", "weights.hdf5")
 
 Names are imported on first use, so ``from elmo_model.errors import ElmoUserError`` (the
 CLI's start-up path) does not pay for importing torch.

@@ -69,7 +69,7 @@ def resolve_initial_state(weights: str | Path, initial_state: str = "auto",
 
 def load(
     options: str | Path,
-    weights: str | Path,
+    weights: str | Path | None = None,
     mode: StateMode = "stateless",
     device: str = "auto",
     dtype: str = "float32",
@@ -78,7 +78,9 @@ def load(
     max_batch_tokens: int = 4096,
     warm_state_path: str | Path | None = None,
 ) -> ElmoEmbedder:
-    """Load ``options.json`` + weights (bilm-tf ``.hdf5`` or ``.safetensors``) for embedding.
+    """Load a model for embedding: a model directory, as the CLI's ``--model DIR`` takes
+    (``load("models/default")``), or ``options.json`` + weights (bilm-tf ``.hdf5`` or
+    ``.safetensors``): ``load("options.json", "weights.hdf5")``.
 
     ``initial_state`` is the LSTM state every stateless sentence starts from:
     ``zeros``; ``warm`` (the state after a fixed warm-up text, read from
@@ -88,6 +90,17 @@ def load(
     warm start gave held-out perplexity 88.0 against 107.5 from zeros (MODEL_CARD.md).
     The chosen start is ``embedder.initial_state``.
     """
+    settings = {"mode": mode, "device": device, "dtype": dtype, "initial_state": initial_state,
+                "cache_size": cache_size, "max_batch_tokens": max_batch_tokens,
+                "warm_state_path": warm_state_path}
+    if weights is None:
+        if Path(options).is_file():
+            raise ElmoUserError(f"{options} is a file: pass its weights too, "
+                                "load(options, weights), or the model directory")
+        return load_model_dir(options, **settings)
+    if Path(options).is_dir():
+        raise ElmoUserError(f"{options} is a directory: load(directory) takes no weights "
+                            "argument; to pick weights, pass options.json and the weights file")
     initial_state, warm_path = resolve_initial_state(weights, initial_state, warm_state_path)
     model = build_model(options, weights)
     warm = None
@@ -106,9 +119,12 @@ def load_model_dir(model_dir: str | Path, **kwargs) -> ElmoEmbedder:
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise ElmoUserError(f"model directory not found: {model_dir}")
+        raise ElmoUserError(f"model directory not found: {model_dir} (a model directory holds "
+                            f"{OPTIONS_FILE} and weights.safetensors or weights.hdf5, like "
+                            "models/default)")
     options = model_dir / OPTIONS_FILE
     if not options.is_file():
         raise ElmoUserError(f"{model_dir}: no {OPTIONS_FILE} in the model directory")
-    kwargs.setdefault("warm_state_path", model_dir / WARM_STATE_FILE)
+    if kwargs.get("warm_state_path") is None:
+        kwargs["warm_state_path"] = model_dir / WARM_STATE_FILE
     return load(options, find_weights(model_dir), **kwargs)

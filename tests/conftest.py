@@ -1,42 +1,35 @@
-"""Shared test fixtures. ``../shared`` holds the ELMo conformance fixture and corpora."""
+"""Shared test fixtures. Everything a test reads lives in the repository (``tests/fixtures``,
+``data/sample``, ``models/default``): a clean clone anywhere runs the suite with nothing
+skipped. ``../shared`` is for benchmarks and training only; no test reads it."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-
-
-def require_shared(*parts: str) -> Path:
-    """Path under ``../shared``; skip when a user's clone lacks it, fail under CI."""
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        message = f"{path} is missing (the ../shared fixtures sit beside the checkout)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 @pytest.fixture(scope="session")
 def elmo_fixture_dir() -> Path:
-    """``../shared/fixtures/elmo``: small bilm-tf weights and the original outputs."""
-    return require_shared("fixtures", "elmo")
+    """``tests/fixtures/elmo``: small bilm-tf weights and the outputs the original produced
+    (AllenNLP test fixtures, Apache-2.0; see its README.md and NOTICE)."""
+    return FIXTURES / "elmo"
 
 
 @pytest.fixture(scope="session")
 def corpora_dir() -> Path:
-    return require_shared("corpora")
+    """``data/sample``: the bundled public-domain text, one paragraph per line (about 86k
+    words in five ``*.txt`` files), for tests that need real prose."""
+    return REPO / "data" / "sample"
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small random-weights model (options.json + weights.safetensors), no ../shared needed."""
+    """A small random-weights model (options.json + weights.safetensors)."""
     import torch
 
     from elmo_model import BiLM, BiLMConfig, save_model_dir

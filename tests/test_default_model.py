@@ -19,6 +19,8 @@ import torch
 import elmo_model
 
 MODEL_DIR = elmo_model.default_model_dir()
+SNIPPET_SOURCES = Path(__file__).resolve().parent / "fixtures" / "sense_snippet_sources.jsonl"
+CORPUS_FILES = ("austen.txt", "moby_dick.txt", "shakespeare.txt", "web_bible.txt")
 
 # word -> {sense: snippets}; each snippet holds the word once, lower case, tokenized
 # as the training corpus was (``elmo_model.vocab.tokenize``).
@@ -141,9 +143,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def embedder() -> elmo_model.ElmoEmbedder:
-    if not (MODEL_DIR / "options.json").is_file():
-        pytest.skip(f"{MODEL_DIR} holds no trained model yet (train it with `elmo train`, "
-                    "see models/default/MODEL_CARD.md)")
     return elmo_model.load_model_dir(MODEL_DIR, device="cpu")
 
 
@@ -178,16 +177,21 @@ def sense_rates(embedder: elmo_model.ElmoEmbedder, word: str) -> list[float]:
             for k in range(n_layers)]
 
 
-def test_snippets_come_from_the_training_text(corpora_dir: Path) -> None:
-    """Each snippet's words (minus the tokenizer's spacing) occur in the corpora."""
+def test_snippets_come_from_the_training_text() -> None:
+    """Each snippet's words (minus the tokenizer's spacing) occur in a line of the training
+    corpora; the lines, with their ``file:line`` in ``../shared/corpora`` (MODEL_CARD.md),
+    are kept in ``tests/fixtures`` so the check needs nothing outside the repository."""
     from elmo_model.vocab import tokenize
 
-    text = " ".join(" ".join(tokenize(line)) for path in sorted(corpora_dir.glob("*.txt"))
-                    for line in path.read_text(encoding="utf-8").splitlines())
-    for senses in SENSES.values():
-        for snippets in senses.values():
-            for snippet in snippets:
-                assert snippet in text, snippet
+    records = [json.loads(line) for line in SNIPPET_SOURCES.read_text(encoding="utf-8")
+               .splitlines()]
+    source_of = {r["snippet"]: r for r in records}
+    snippets = [s for senses in SENSES.values() for group in senses.values() for s in group]
+    assert sorted(source_of) == sorted(snippets)
+    for snippet in snippets:
+        record = source_of[snippet]
+        assert record["source"].split(":")[0] in CORPUS_FILES, record["source"]
+        assert snippet in " ".join(tokenize(record["line"])), record["source"]
 
 
 def test_top_layer_neighbours_share_sense_more_than_layer_0(
@@ -208,8 +212,6 @@ def test_top_layer_neighbours_share_sense_more_than_layer_0(
 
 
 def test_default_model_fits_its_budget() -> None:
-    if not (MODEL_DIR / "options.json").is_file():
-        pytest.skip(f"{MODEL_DIR} holds no trained model yet")
     size = sum(p.stat().st_size for p in MODEL_DIR.glob("weights.*"))
     assert size <= 25_000_000
     assert (MODEL_DIR / "MODEL_CARD.md").is_file()

@@ -117,3 +117,28 @@ def test_initial_state_auto_uses_a_shipped_warm_state(tiny_model_dir: Path, tmp_
     assert not np.allclose(auto.embed(sentence)[0][1], zeros.embed(sentence)[0][1])
     with pytest.raises(ElmoUserError, match="unknown initial_state"):
         elmo_model.load_model_dir(tmp_path / "m", initial_state="hot")
+
+
+def test_load_takes_a_model_directory_like_the_cli(tmp_path: Path,
+                                                   elmo_fixture_dir: Path) -> None:
+    options, weights = _copy_fixture(elmo_fixture_dir, tmp_path)
+    sentence = [["The", "bank", "raised", "rates", "."]]
+    from_dir = elmo_model.load(tmp_path, device="cpu", initial_state="zeros").embed(sentence)
+    from_files = elmo_model.load(options, weights, device="cpu",
+                                 initial_state="zeros").embed(sentence)
+    np.testing.assert_array_equal(from_dir[0], from_files[0])
+    assert elmo_model.load(str(tmp_path), device="cpu").fingerprint == \
+        elmo_model.load(options, weights, device="cpu").fingerprint
+
+
+def test_load_names_the_fix_for_a_wrong_path(tmp_path: Path, elmo_fixture_dir: Path) -> None:
+    options, weights = _copy_fixture(elmo_fixture_dir, tmp_path)
+    with pytest.raises(ElmoUserError, match=r"model directory not found: .*missing"):
+        elmo_model.load(tmp_path / "missing")
+    with pytest.raises(ElmoUserError, match="is a file: pass its weights too"):
+        elmo_model.load(options)
+    with pytest.raises(ElmoUserError, match="takes no weights argument"):
+        elmo_model.load(tmp_path, weights)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ElmoUserError, match=r"no options\.json in the model directory"):
+        elmo_model.load(tmp_path / "empty")
