@@ -84,6 +84,10 @@ def register(subparsers: Any) -> None:
                        help="torch threads (default 1: two under CPU contention are far slower)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a training key, e.g. --set lr=0.002 --set dropout=0")
+    train.add_argument("--tokenizer", metavar="NAME",
+                       help="cuts each line into words: moses | elmo-store-words | "
+                            "elmo-store-ptb (default: the --init-from model's declared one, "
+                            "else moses, as the original ELMo); written into options.json")
     train.add_argument("--no-progress", action="store_true")
     train.set_defaults(handler=_train)
 
@@ -150,6 +154,7 @@ def _train(args: argparse.Namespace) -> int:
         checkpoint_minutes=args.checkpoint_minutes, eval_lines=args.eval_lines,
         progress=not args.no_progress, command=command,
         overrides=_parse_overrides(args.set) or None,
+        tokenizer=args.tokenizer,
     )
     ppl = result.last_perplexity
     if ppl:

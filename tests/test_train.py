@@ -29,6 +29,7 @@ from elmo_model.train import (
     train,
 )
 from elmo_model.vocab import Vocabulary, tokenize
+from pipeline.tokenize import get_tokenizer, model_tokenizer
 
 QUIET = {"progress": False, "log": lambda _message: None}
 
@@ -243,14 +244,84 @@ def test_heldout_split_on_the_shared_corpus(corpora_dir: Path) -> None:
     assert held == [line for line in lines if is_heldout(line, 1.0)]  # fixed, not random
 
 
+# What each tokenizer makes of "didn't": the pieces a model trained with it must predict.
+CLITIC_PIECES = {"moses": {"didn", "'t"}, "elmo-store-ptb": {"did", "n't"},
+                 "elmo-store-words": {"didn't"}}
+
+
+def _clitic_corpus(directory: Path) -> str:
+    corpus = write_toy_corpus(directory)
+    subjects = ("the cat", "a dog", "my sister", "the bird", "the old man")
+    (directory / "clitics.txt").write_text(
+        "".join(f"{who} didn't sit on the mat .\n" for who in subjects) * 8)
+    return corpus
+
+
+def test_trained_model_declares_the_tokenizer_it_was_trained_with(tmp_path: Path) -> None:
+    corpus = _clitic_corpus(tmp_path / "text")
+    options = write_tiny_options(tmp_path, heldout_percent=0.0)  # every line in the vocabulary
+    every_piece = set().union(*CLITIC_PIECES.values())
+    for name, pieces in CLITIC_PIECES.items():
+        out = tmp_path / name
+        train(corpus, out, str(options), max_steps=1, tokenizer=name, **QUIET)
+        assert model_tokenizer(str(out)) == name
+        declared = json.loads((out / "options.json").read_text())["tokenizer"]
+        assert declared == get_tokenizer(name).record()
+        vocab = set(Vocabulary.load(out / "vocab.txt").words)
+        assert vocab & every_piece == pieces  # the corpus was cut by this tokenizer
+    # a new model without --tokenizer is cut as the original ELMo was
+    train(corpus, tmp_path / "default", str(options), max_steps=1, **QUIET)
+    assert model_tokenizer(str(tmp_path / "default")) == "moses"
+    # an options file's declaration is the default for models made from it
+    declaring = json.loads(options.read_text())
+    declaring["tokenizer"] = {"name": "elmo-store-ptb"}
+    (tmp_path / "declaring.json").write_text(json.dumps(declaring))
+    train(corpus, tmp_path / "from_file", str(tmp_path / "declaring.json"), max_steps=1, **QUIET)
+    assert json.loads((tmp_path / "from_file" / "options.json").read_text())["tokenizer"] == \
+        get_tokenizer("elmo-store-ptb").record()
+
+
+def test_resume_keeps_the_tokenizer_and_unknown_names_fail_first(tmp_path: Path) -> None:
+    from pipeline.cli import main
+
+    corpus = _clitic_corpus(tmp_path / "text")
+    options = write_tiny_options(tmp_path)
+    out = tmp_path / "run"
+    train(corpus, out, str(options), max_steps=1, tokenizer="elmo-store-ptb", **QUIET)
+    with pytest.raises(ElmoUserError, match="trained with tokenizer elmo-store-ptb"):
+        train(corpus, out, str(options), max_steps=2, tokenizer="moses", **QUIET)
+    resumed = train(corpus, out, str(options), max_steps=2, **QUIET)
+    assert resumed.state.step == 2 and model_tokenizer(str(out)) == "elmo-store-ptb"
+    code = main(["train", corpus, "--config", str(options), "--out", str(tmp_path / "new"),
+                 "--max-steps", "1", "--no-progress", "--tokenizer", "nltk"])
+    assert code == 2
+    assert not (tmp_path / "new").exists()  # refused before anything was written
+
+
+def test_init_from_bilm_tf_weights_trains_with_moses(tmp_path: Path,
+                                                     elmo_fixture_dir: Path) -> None:
+    import shutil
+
+    source = tmp_path / "bilm_tf"
+    source.mkdir()
+    shutil.copy(elmo_fixture_dir / "options.json", source / "options.json")
+    shutil.copy(elmo_fixture_dir / "lm_weights.hdf5", source / "weights.hdf5")
+    corpus = write_toy_corpus(tmp_path / "text", n_lines=120)
+    options = write_tiny_options(tmp_path, batch_size=4)
+    train(corpus, tmp_path / "tuned", str(options), init_from=str(source), max_steps=1, **QUIET)
+    assert model_tokenizer(str(tmp_path / "tuned")) == "moses"
+
+
 def test_package_then_fine_tune_from_ours_and_from_allennlp(tmp_path: Path) -> None:
     from elmo_model.train import package_model
     from pipeline.cli import main
 
     corpus = write_toy_corpus(tmp_path / "text")
     options = write_tiny_options(tmp_path)
-    train(corpus, tmp_path / "base", str(options), max_steps=10, **QUIET)
+    train(corpus, tmp_path / "base", str(options), max_steps=10, tokenizer="elmo-store-ptb",
+          **QUIET)
     packaged = package_model(tmp_path / "base", tmp_path / "shipped")
+    assert model_tokenizer(str(packaged)) == "elmo-store-ptb"
     names = {p.name for p in packaged.iterdir()}
     assert names == {"options.json", "weights.safetensors", "vocab.txt", "softmax.safetensors",
                      "warm_state.safetensors"}
@@ -263,9 +334,17 @@ def test_package_then_fine_tune_from_ours_and_from_allennlp(tmp_path: Path) -> N
     assert tuned.last_perplexity is not None
     assert (tmp_path / "from_ours" / "vocab.txt").read_text() == \
         (packaged / "vocab.txt").read_text()
+    assert model_tokenizer(str(tmp_path / "from_ours")) == "elmo-store-ptb"  # inherited
     # AllenNLP layout: no vocabulary there, so a new one and a fresh softmax
     assert main(["model", "export", str(packaged), "--out", str(tmp_path / "allennlp")]) == 0
     other = write_toy_corpus(tmp_path / "other", n_lines=100, seed=3)
     again = train(other, tmp_path / "from_allennlp", str(options),
                   init_from=str(tmp_path / "allennlp"), max_steps=2, **QUIET)
     assert again.state.step == 2 and again.last_perplexity is not None
+    # the export keeps the declaration (AllenNLP reads only lstm and char_cnn), so the
+    # fine-tuned model inherits it; --tokenizer overrides it
+    assert model_tokenizer(str(tmp_path / "allennlp")) == "elmo-store-ptb"
+    assert model_tokenizer(str(tmp_path / "from_allennlp")) == "elmo-store-ptb"
+    train(other, tmp_path / "override", str(options), init_from=str(tmp_path / "allennlp"),
+          max_steps=1, tokenizer="moses", **QUIET)
+    assert model_tokenizer(str(tmp_path / "override")) == "moses"
