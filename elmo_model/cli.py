@@ -22,7 +22,9 @@ one paragraph or sentence per line. Resumes automatically when --out already hol
 checkpoint; a kill loses at most the steps since the last checkpoint.
 
 examples:
-  elmo train '../shared/corpora/*.txt' --config small --out runs/small --max-minutes 60
+  elmo train 'examples/corpus/*.txt' --config examples/tiny_options.json --out runs/tiny-lm \
+      --max-steps 50                                    # a toy model in seconds
+  elmo train 'corpus/*.txt' --config small --out runs/small --max-minutes 60
   elmo train 'my_domain/*.txt' --init-from models/default --out runs/domain --max-steps 2000
   elmo train 'data/*.txt' --config my_options.json --out runs/custom --checkpoint-minutes 2
 """
@@ -31,8 +33,18 @@ INFO_HELP = """\
 Show a model's configuration, parameter count and inference FLOPs per token.
 
 examples:
-  elmo model info models/default/options.json models/default/weights.safetensors
-  elmo model info elmo_options.json elmo_weights.hdf5
+  elmo model info models/default
+  elmo model info elmo_options.json elmo_weights.hdf5      # AllenNLP / bilm-tf files
+"""
+
+MODEL_HELP = """\
+Inspect, export or package a biLM. A model is a directory holding options.json and
+weights.safetensors or weights.hdf5 (like models/default).
+
+examples:
+  elmo model info models/default
+  elmo model export models/default --format allennlp --out runs/default-allennlp
+  elmo model package runs/tiny-lm --out runs/tiny-model
 """
 
 EXPORT_HELP = """\
@@ -54,11 +66,12 @@ examples:
 
 EMBED_HELP = """\
 Embed pre-tokenized sentences (one per line, tokens separated by spaces) and print
-the layer shapes, or save every layer with --out.
+the layer shapes, or save every layer with --out. For a corpus, use `elmo embed`.
 
 examples:
-  elmo embed-sentences models/default/options.json models/default/weights.safetensors s.txt
-  elmo embed-sentences OPTIONS WEIGHTS s.txt --out layers.npz --mode stateful
+  elmo embed-sentences models/default examples/sentences.txt
+  elmo embed-sentences models/default examples/sentences.txt --out runs/layers.npz
+  elmo embed-sentences elmo_options.json elmo_weights.hdf5 s.txt --mode stateful
 """
 
 
@@ -69,14 +82,16 @@ def register(subparsers: Any) -> None:
                        help="text files, one paragraph per line (quote the glob)")
     train.add_argument("--config", default="small",
                        help="small | medium | standard | an options JSON file (default small)")
-    train.add_argument("--out", required=True, help="checkpoint / model directory")
+    train.add_argument("--out", required=True, metavar="DIR",
+                       help="checkpoint directory; resumed when it already holds one")
     train.add_argument("--init-from", metavar="MODEL_DIR",
                        help="fine-tune: start from this model (ours, or options.json + "
                             "weights.hdf5); its shape wins over --config")
     train.add_argument("--max-steps", type=int, help="stop at this total step count; also the "
                        "horizon of the learning-rate decay")
     train.add_argument("--max-minutes", type=float, help="stop after this many minutes")
-    train.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    train.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
+                       help="save a checkpoint (and evaluate) every M minutes (default 5)")
     train.add_argument("--eval-lines", type=int, default=300,
                        help="held-out lines evaluated at intermediate checkpoints (the final "
                             "one uses all)")
@@ -88,42 +103,84 @@ def register(subparsers: Any) -> None:
                        help="cuts each line into words: moses | elmo-store-words | "
                             "elmo-store-ptb (default: the --init-from model's declared one, "
                             "else moses, as the original ELMo); written into options.json")
-    train.add_argument("--no-progress", action="store_true")
+    train.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (for logs); checkpoints are still reported")
     train.set_defaults(handler=_train)
 
-    model = subparsers.add_parser("model", help="inspect or export a biLM",
-                                  description="Inspect or export a biLM.", formatter_class=_RAW)
+    model = subparsers.add_parser("model", help="inspect, export or package a biLM",
+                                  description=MODEL_HELP, formatter_class=_RAW)
     verbs = model.add_subparsers(dest="model_command", metavar="VERB")
     info = verbs.add_parser("info", help="config, parameters, FLOPs per token",
                             description=INFO_HELP, formatter_class=_RAW)
-    info.add_argument("options")
-    info.add_argument("weights")
+    _model_arguments(info)
     info.set_defaults(handler=_model_info)
     export = verbs.add_parser("export", help="write options.json + weights.hdf5 (bilm-tf)",
                               description=EXPORT_HELP, formatter_class=_RAW)
-    export.add_argument("model_dir", metavar="DIR")
-    export.add_argument("--format", choices=["allennlp"], default="allennlp")
-    export.add_argument("--out", required=True, metavar="DIR2")
+    export.add_argument("model_dir", metavar="MODEL_DIR",
+                        help="model directory (options.json + weights) or training checkpoint")
+    export.add_argument("--format", choices=["allennlp"], default="allennlp",
+                        help="allennlp (default, the only one): options.json + weights.hdf5 "
+                             "with bilm-tf's tensor names")
+    export.add_argument("--out", required=True, metavar="DIR",
+                        help="directory to write (created; must differ from MODEL_DIR)")
     export.set_defaults(handler=_model_export)
     package = verbs.add_parser("package", help="a shippable model dir from a checkpoint",
                                description=PACKAGE_HELP, formatter_class=_RAW)
-    package.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
-    package.add_argument("--out", required=True, metavar="DIR")
+    package.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
+                         help="an `elmo train --out` directory")
+    package.add_argument("--out", required=True, metavar="DIR",
+                         help="the model directory to write")
     package.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
                          default="float16", help="storage precision (default float16)")
     package.set_defaults(handler=_model_package)
     model.set_defaults(handler=lambda _args: model.print_help() or 2)
 
-    embed = subparsers.add_parser("embed-sentences", help="embed pre-tokenized sentences",
-                                  description=EMBED_HELP, formatter_class=_RAW)
-    embed.add_argument("options")
-    embed.add_argument("weights")
-    embed.add_argument("file", metavar="FILE", help="one pre-tokenized sentence per line")
+    embed = subparsers.add_parser(
+        "embed-sentences", help="embed pre-tokenized sentences", description=EMBED_HELP,
+        formatter_class=_RAW,
+        usage="elmo embed-sentences [-h] (MODEL_DIR | OPTIONS WEIGHTS) FILE [options]")
+    embed.add_argument("model_files", nargs="+", metavar="MODEL_DIR|OPTIONS WEIGHTS FILE",
+                       help="a model directory (like models/default), or options.json and "
+                            "its weights file (.hdf5 or .safetensors); then FILE, one "
+                            "pre-tokenized sentence per line")
     embed.add_argument("--out", metavar="F.npz", help="save all layers (one array per sentence)")
-    embed.add_argument("--mode", choices=["stateless", "stateful"], default="stateless")
-    embed.add_argument("--device", default="cpu")
-    embed.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    embed.add_argument("--mode", choices=["stateless", "stateful"], default="stateless",
+                       help="stateless (default): each sentence starts from the model's "
+                            "initial state; stateful: bilm-tf's behaviour, to compare with "
+                            "original outputs (the file is one batch, from zero state)")
+    embed.add_argument("--device", default="cpu",
+                       help="cpu (default), cuda, cuda:N or auto (CUDA when available)")
+    embed.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                       help="model arithmetic (default float32; float16 needs CUDA)")
     embed.set_defaults(handler=_embed_sentences)
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL_DIR|OPTIONS",
+                        help="a model directory (options.json + weights, like models/default), "
+                             "or an options.json followed by WEIGHTS")
+    parser.add_argument("weights", nargs="?", metavar="WEIGHTS",
+                        help="weights file (.hdf5 or .safetensors) when OPTIONS is a file")
+
+
+def _model_files(model: str, weights: str | None) -> tuple[Path, Path]:
+    """(options.json, weights) of a model directory, or of explicit files."""
+    from elmo_model.weights import OPTIONS_FILE, find_weights
+
+    path = Path(model)
+    if weights is not None:
+        if path.is_dir():
+            raise ElmoUserError(f"{path} is a directory: give the directory alone, or "
+                                "options.json and its weights file")
+        return path, Path(weights)
+    if path.is_dir():
+        if not (path / OPTIONS_FILE).is_file():
+            raise ElmoUserError(f"{path}: no {OPTIONS_FILE} in the model directory")
+        return path / OPTIONS_FILE, find_weights(path)
+    if path.is_file():
+        raise ElmoUserError(f"{path} is a file: give its weights file after it, or the model "
+                            "directory")
+    raise ElmoUserError(f"model directory not found: {path}")
 
 
 def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -166,12 +223,13 @@ def _train(args: argparse.Namespace) -> int:
 def _model_info(args: argparse.Namespace) -> int:
     from elmo_model import build_model
 
-    model = build_model(args.options, args.weights)
+    options, weights = _model_files(args.model, args.weights)
+    model = build_model(options, weights)
     config = model.config
     params = sum(p.numel() for p in model.parameters())
     char_params = sum(p.numel() for p in model.char_cnn.parameters())
-    print(f"options:        {args.options}")
-    print(f"weights:        {args.weights}")
+    print(f"options:        {options}")
+    print(f"weights:        {weights}")
     print(f"layers:         {config.n_layers} biLSTM layers, {config.lstm_dim} cells, "
           f"projection {config.projection_dim} (output {config.output_dim} per layer, "
           f"{config.n_output_layers} layers)")
@@ -207,9 +265,13 @@ def _embed_sentences(args: argparse.Namespace) -> int:
 
     from elmo_model import load
 
-    sentences = _read_sentences(args.file)
-    embedder = load(args.options, args.weights, mode=args.mode, device=args.device,
-                    dtype=args.dtype)
+    *model, file = args.model_files
+    if len(model) not in (1, 2):
+        raise ElmoUserError("give MODEL_DIR FILE or OPTIONS WEIGHTS FILE "
+                            f"(got {len(args.model_files)} paths)")
+    options, weights = _model_files(model[0], model[1] if len(model) == 2 else None)
+    sentences = _read_sentences(file)
+    embedder = load(options, weights, mode=args.mode, device=args.device, dtype=args.dtype)
     start = time.perf_counter()
     layers = embedder.embed(sentences)
     elapsed = time.perf_counter() - start

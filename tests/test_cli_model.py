@@ -91,3 +91,31 @@ def test_help_has_examples() -> None:
                             capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 0
     assert "examples:" in result.stdout and "--init-from" in result.stdout
+
+
+def test_model_verbs_take_a_model_directory(tiny_model_dir: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model", "info", str(tiny_model_dir)]) == 0
+    by_dir = capsys.readouterr().out
+    assert main(["model", "info", *_files(tiny_model_dir)]) == 0
+    assert capsys.readouterr().out == by_dir
+    text = tmp_path / "sentences.txt"
+    text.write_text("The bank of the river .\n")
+    assert main(["embed-sentences", str(tiny_model_dir), str(text)]) == 0
+    assert "layers [3, 6, 16]" in capsys.readouterr().out
+
+
+def test_wrong_model_paths_name_the_fix(tiny_model_dir: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    options, weights = _files(tiny_model_dir)
+    assert main(["model", "info", str(tmp_path / "nowhere")]) == 2
+    assert "model directory not found" in _one_line_error(capsys)
+    assert main(["model", "info", options]) == 2
+    assert "give its weights file after it" in _one_line_error(capsys)
+    assert main(["model", "info", str(tiny_model_dir), weights]) == 2
+    assert "give the directory alone" in _one_line_error(capsys)
+    assert main(["embed-sentences", str(tiny_model_dir)]) == 2
+    assert "MODEL_DIR FILE or OPTIONS WEIGHTS FILE" in _one_line_error(capsys)
+    (tmp_path / "empty_model").mkdir()
+    assert main(["model", "info", str(tmp_path / "empty_model")]) == 2
+    assert "no options.json" in _one_line_error(capsys)
