@@ -24,7 +24,9 @@ def main() -> None:
     import torch
 
     from elmo_model import BiLM, BiLMConfig, ElmoEmbedder
-    from elmo_model.vocab import tokenize
+    from elmo_model.tokenizers import get_tokenizer
+
+    words = get_tokenizer("elmo-store-words")  # what the default model was trained on
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -37,7 +39,7 @@ def main() -> None:
         got = 0
         with open(path, encoding="utf-8") as handle:
             for line in handle:
-                tokens = tokenize(line)
+                tokens = [token.text for token in words.tokenize(line)]
                 if tokens and got < per_file:
                     sentences.append(tokens)
                     got += len(tokens)

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 NAME = "moses"
 RULES_VERSION = "1"
 _LINE_RE = re.compile(r"[^\r\n]+")
-_SPACE_RE = re.compile(r"\s*")
 _CHUNK_RE = re.compile(r"\S+")
 
 
@@ -61,13 +60,11 @@ def _align(text: str, scan: str, pieces: list[str], start: int, end: int) -> lis
     pos = start
     rewritten = False  # a piece since the last aligned token was not found verbatim
     for piece in pieces:
-        at = _SPACE_RE.match(scan, pos, end).end()  # type: ignore[union-attr]
-        if not scan.startswith(piece, at, end):
-            # after a rewritten piece the next one may sit further on; look for it
-            at = scan.find(piece, pos, end) if rewritten else -1
-            if at < 0:
-                rewritten = True
-                continue
+        at = scan.find(piece, pos, end)
+        # verbatim: only whitespace before it; after a rewritten piece it may sit further on
+        if at < 0 or not (at == pos or rewritten or scan[pos:at].isspace()):
+            rewritten = True
+            continue
         if rewritten:
             tokens.extend(_source_chunks(text, scan, pos, at))
             rewritten = False
