@@ -4,6 +4,8 @@ bundled model's tokenizer, and the tokenizer a model declares."""
 from __future__ import annotations
 
 import json
+import pickle
+import random
 import unicodedata
 from pathlib import Path
 
@@ -34,20 +36,35 @@ def _all_tokens(name: str, text: str) -> list[Token]:
     return [t for sentence in get_tokenizer(name).split_sentences(text) for t in sentence.tokens]
 
 
-@pytest.mark.parametrize("name", tokenizer_names())
-def test_offsets_slice_the_source_and_cover_every_visible_character(name: str) -> None:
-    tokens = _all_tokens(name, TRICKY)
-    assert tokens == get_tokenizer(name).tokenize(TRICKY)  # sentences only group, never cut
+def _assert_exact_cover(name: str, text: str) -> None:
+    """Every token is its source slice, in order, and together they hold every visible
+    character: nothing lost, nothing invented."""
+    tokens = _all_tokens(name, text)
+    assert tokens == get_tokenizer(name).tokenize(text)  # sentences only group, never cut
     covered: set[int] = set()
     last_end = 0
     for token in tokens:
-        assert token.text == TRICKY[token.start:token.end]
+        assert token.text == text[token.start:token.end]
         assert token.start >= last_end and token.end > token.start
         assert not any(_is_gap(ch) for ch in token.text), token
         covered.update(range(token.start, token.end))
         last_end = token.end
-    visible = {i for i, ch in enumerate(TRICKY) if not _is_gap(ch)}
-    assert covered == visible  # nothing lost, nothing invented
+    assert covered == {i for i, ch in enumerate(text) if not _is_gap(ch)}, (name, text)
+
+
+@pytest.mark.parametrize("name", tokenizer_names())
+def test_offsets_slice_the_source_and_cover_every_visible_character(name: str) -> None:
+    _assert_exact_cover(name, TRICKY)
+
+
+@pytest.mark.parametrize("name", tokenizer_names())
+def test_offsets_hold_on_random_character_soup(name: str) -> None:
+    # pieces chosen to provoke Moses' rewrites (DOTMULTI), clitics and abbreviations
+    pieces = [*"aZ09 .,;:!?'\"’“”-—()<>&@$%_/|\n\t\r\x00\x1f\x85\u200b\ufeff\xa0\u2028😀é\u0301ﬁ",
+              "DOTMULTI", "DOTDOTMULTI", "n't", "'s", "http://a.b/c", "...", "U.S.", "Mr."]
+    rng = random.Random(1)
+    for _ in range(400):
+        _assert_exact_cover(name, "".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))))
 
 
 # Outputs of sacremoses 0.2.0, MosesTokenizer(lang="en").tokenize(text, escape=False),
@@ -99,6 +116,14 @@ def test_moses_rewrites_keep_the_source_text() -> None:
     tokens = get_tokenizer("moses").tokenize(text)
     assert [(t.text, t.start, t.end) for t in tokens] == [
         ("x", 0, 1), ("DOTMULTI", 2, 10), ("test", 11, 15), (".", 16, 17)]
+
+
+def test_moses_rewrite_with_an_ambiguous_resync_loses_nothing() -> None:
+    # "...1" is not in the source; the next piece "." is found one character early, so
+    # the rest of the line is kept as source chunks
+    text = "X&.^.DOTDOTMULTI1\u2028DOTMULTI"
+    assert "...1" in MosesTokenizer(lang="en").tokenize(text, escape=False)
+    _assert_exact_cover("moses", text)
 
 
 def test_moses_controls_separate_words_instead_of_gluing_them() -> None:
@@ -201,6 +226,15 @@ def test_records_tell_every_tokenizer_apart() -> None:
     assert len({json.dumps(r, sort_keys=True) for r in records}) == len(records)
     assert get_tokenizer("elmo-store-ptb").record() == {"name": "elmo-store-ptb", "version": "1"}
     assert "sacremoses" in get_tokenizer("moses").version  # a new release is a new version
+
+
+@pytest.mark.parametrize("name", tokenizer_names())
+def test_tokenizers_travel_to_workers(name: str) -> None:
+    """Ray ships the tokenizer to its actors by pickling it."""
+    tokenizer = get_tokenizer(name)
+    copy = pickle.loads(pickle.dumps(tokenizer))
+    assert copy.record() == tokenizer.record()
+    assert copy.split_sentences(TRICKY) == tokenizer.split_sentences(TRICKY)
 
 
 def test_unknown_tokenizer_names_the_known_ones() -> None:

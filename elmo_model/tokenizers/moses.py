@@ -11,8 +11,9 @@ offsets; each line is tokenized on its own and the tokens are found again in the
 left to right. Moses very rarely rewrites characters (sacremoses turns a literal
 ``DOTMULTI`` into ``.``); a token that is not found verbatim is replaced by the source
 text between its aligned neighbours, cut at whitespace, so a token's text is always the
-source slice ``doc[start:end]``. Control and zero-width characters are spaces to Moses
-(by itself it would delete them and glue the words around them together).
+source slice ``doc[start:end]`` and no visible character of the source is lost. Control
+and zero-width characters are spaces to Moses (by itself it would delete them and glue
+the words around them together).
 
 Moses has no sentence splitter: sentences follow the shared rules of
 :func:`elmo_model.tokenizers.text.group_sentences`. The version is this module's rules
@@ -60,6 +61,8 @@ def _align(text: str, scan: str, pieces: list[str], start: int, end: int) -> lis
     pos = start
     rewritten = False  # a piece since the last aligned token was not found verbatim
     for piece in pieces:
+        if not piece:
+            continue
         at = scan.find(piece, pos, end)
         # verbatim: only whitespace before it; after a rewritten piece it may sit further on
         if at < 0 or not (at == pos or rewritten or scan[pos:at].isspace()):
@@ -70,8 +73,8 @@ def _align(text: str, scan: str, pieces: list[str], start: int, end: int) -> lis
             rewritten = False
         tokens.append(Token(text[at:at + len(piece)], at, at + len(piece)))
         pos = at + len(piece)
-    if rewritten:
-        tokens.extend(_source_chunks(text, scan, pos, end))
+    # Whatever a rewrite left unmatched at the end of the line is still text: keep it.
+    tokens.extend(_source_chunks(text, scan, pos, end))
     return tokens
 
 
