@@ -122,17 +122,18 @@ def _embed_config(spec: JobSpec, source: Any, part: str, progress: bool) -> Any:
     )
 
 
-def drop_part(fs: Any, root: str, part: str, n_shards: int) -> None:
-    """Remove one part: its manifest first (it stops being committed), then its files."""
-    from pipeline.store import MANIFEST_DIR, table_file
-    from schemas import TABLES
+def drop_part(fs: Any, root: str, part: str) -> None:
+    """Remove one part: its manifest first (it stops being committed), then its files,
+    in every shard folder (a crashed run may have moved files it never recorded)."""
+    from pipeline.store import MANIFEST_DIR
+    from schemas import PARTITION_COLUMN, TABLES
 
     with contextlib.suppress(FileNotFoundError):
         fs.rm(f"{root}/{MANIFEST_DIR}/{part}", recursive=True)
     for table in TABLES:
-        for shard in range(n_shards):
+        for path in fs.glob(f"{root}/{table}/{PARTITION_COLUMN}=*/{part}.parquet"):
             with contextlib.suppress(FileNotFoundError):
-                fs.rm(table_file(root, table, shard, part))
+                fs.rm(path)
 
 
 def _part_counts(fs: Any, root: str, part: str) -> dict[str, int]:
@@ -162,7 +163,7 @@ def _embed_file(spec: JobSpec, fs: Any, root: str, source: Any, part: str,
         from pipeline.store import DatasetLock
 
         with DatasetLock(fs, root):
-            drop_part(fs, root, part, spec.shards)
+            drop_part(fs, root, part)
         return embed_corpus(cfg)
 
 
@@ -295,7 +296,7 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
     # An index that still reflects an old part needs its documents to delete its rows.
     keep = (state.live_parts | {part for _, part in wanted.values()}
             | referenced_parts(fs, root, spec.mixes))
-    _collect_garbage(fs, root, spec.shards, keep)
+    _collect_garbage(fs, root, keep)
 
     if not plan.has_work(spec.delete_missing):
         record.status = "no-changes"
@@ -308,7 +309,7 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
         # A refresh that failed or was killed last time is completed now, and then the
         # parts it no longer reflects can go.
         failed = _refresh(spec, fs, root, state, record, lines, echo)
-        _collect_garbage(fs, root, spec.shards,
+        _collect_garbage(fs, root,
                          state.live_parts | referenced_parts(fs, root, spec.mixes))
         return failed
 
@@ -349,15 +350,15 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
                     "kept (set delete_missing = true to remove them)", echo)
     # Replaced and deleted parts go now unless an index still holds their rows (it needs
     # their documents to delete them); an index built from scratch then sees live parts only.
-    _collect_garbage(fs, root, spec.shards,
+    _collect_garbage(fs, root,
                      state.live_parts | referenced_parts(fs, root, spec.mixes))
     failed = _refresh(spec, fs, root, state, record, lines, echo)
-    _collect_garbage(fs, root, spec.shards,
+    _collect_garbage(fs, root,
                      state.live_parts | referenced_parts(fs, root, spec.mixes))
     return failed
 
 
-def _collect_garbage(fs: Any, root: str, n_shards: int, keep: set[str]) -> None:
+def _collect_garbage(fs: Any, root: str, keep: set[str]) -> None:
     """Drop the job's parts outside ``keep`` (old versions, a crashed run's leftovers)."""
     from pipeline.store import DatasetLock, iter_parts, read_live
 
@@ -368,7 +369,7 @@ def _collect_garbage(fs: Any, root: str, n_shards: int, keep: set[str]) -> None:
         # The dataset lock too: an `elmo embed` into this output must not see half a part.
         with DatasetLock(fs, root):
             for part in garbage:
-                drop_part(fs, root, part, n_shards)
+                drop_part(fs, root, part)
 
 
 def _refresh(spec: JobSpec, fs: Any, root: str, state: JobState, record: RunRecord,

@@ -169,23 +169,130 @@ def _document(doc_id: str, source: SourceFile, line: int | None, text: str | Non
     return Document(doc_id, source.uri, line, text, None, metadata)
 
 
-def _read_checked(fs: Any, source: SourceFile, kind: str) -> bytes | DocError:
-    """The file's bytes, or the error for a binary or empty file."""
+class LineCounter:
+    """Newlines before a byte offset of a file, remembered between the items of one worker.
+
+    Derived document ids carry the line number (``a.txt:17``), so an item that starts in
+    the middle of a large file must know how many lines precede it. The driver never reads
+    text, so the worker counts: from the nearest offset it has seen (the end of its
+    previous item of that file, usually) to its own start. An executor that runs items in
+    order (local) never re-reads a byte; with N Ray actors each reads a large file's bytes
+    about N times in all, cheap next to embedding them.
+    """
+
+    def __init__(self, max_files: int = 64) -> None:
+        self.max_files = max_files
+        self._marks: dict[tuple[str, str], dict[int, int]] = {}
+
+    def remember(self, source: SourceFile, offset: int, newlines: int) -> None:
+        key = (source.uri, source.version)
+        marks = self._marks.pop(key, {})
+        marks[offset] = newlines
+        self._marks[key] = marks  # most recently used last
+        while len(self._marks) > self.max_files:
+            self._marks.pop(next(iter(self._marks)))
+        if len(marks) > 1024:  # keep the latest offsets of a huge file
+            for old in sorted(marks)[:-512]:
+                del marks[old]
+
+    def newlines_before(self, fs: Any, source: SourceFile, offset: int) -> int:
+        """Number of ``\\n`` bytes in ``[0, offset)`` of the file."""
+        if offset <= 0:
+            return 0
+        marks = self._marks.get((source.uri, source.version), {})
+        known = max((o for o in marks if o <= offset), default=0)
+        count = marks.get(known, 0)
+        with fs.open(source.path, "rb") as handle:
+            handle.seek(known)
+            left = offset - known
+            while left > 0:
+                chunk = handle.read(min(left, 8 << 20))
+                if not chunk:
+                    break
+                count += chunk.count(b"\n")
+                left -= len(chunk)
+        self.remember(source, offset, count)
+        return count
+
+
+def _read_range(fs: Any, source: SourceFile, start: int, end: int) -> tuple[int, bytes]:
+    """``(base, bytes from base)``: the byte before ``start`` (to tell whether a line
+    starts at ``start``), the range, and the rest of the line that crosses ``end``."""
+    base = max(0, start - 1)
     with fs.open(source.path, "rb") as handle:
-        data = handle.read()
-    if looks_binary(data[:_BINARY_SAMPLE]):
+        handle.seek(base)
+        data = handle.read(end - base)
+        if end < source.size:
+            tail = [data]
+            while True:
+                chunk = handle.read(1 << 16)
+                tail.append(chunk)
+                if not chunk or b"\n" in chunk:
+                    break
+            data = b"".join(tail)
+    return base, data
+
+
+def _owned_lines(fs: Any, source: SourceFile, start: int, end: int, counter: LineCounter,
+                 data: bytes, base: int) -> Iterator[tuple[int, bytes]]:
+    """``(line number, raw line)`` of the lines that *start* in ``[start, end)`` (a range
+    owns the lines that start in it, so consecutive ranges share none and miss none)."""
+    if start == 0:
+        pos = 0
+    else:
+        newline = data.find(b"\n")  # data[0] is the byte before start
+        if newline < 0:
+            return
+        pos = newline + 1
+    number = counter.newlines_before(fs, source, base) + data.count(b"\n", 0, pos) + 1
+    if end < source.size:  # the next item of this file starts counting here
+        counter.remember(source, end - 1, counter.newlines_before(fs, source, base)
+                         + data.count(b"\n", 0, max(0, end - 1 - base)))
+    limit = end - base
+    while pos < limit and pos <= len(data):
+        newline = data.find(b"\n", pos)
+        stop = len(data) if newline < 0 else newline
+        yield number, data[pos:stop]
+        number += 1
+        if newline < 0:
+            return
+        pos = newline + 1
+
+
+def _check_head(fs: Any, source: SourceFile, head: bytes, kind: str) -> DocError | None:
+    """The error for a binary or empty file (judged on its first bytes), or None."""
+    if looks_binary(head[:_BINARY_SAMPLE]):
         return DocError(source.relative, source.uri, None, f"binary file (not {kind})")
-    if not data.strip():
+    if source.size <= len(head) and not head.strip():
         return DocError(source.relative, source.uri, None, "empty file")
-    return data
+    return None
 
 
-def _read_text(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Document | DocError]:
-    data = _read_checked(fs, source, "text")
-    if isinstance(data, DocError):
-        yield data
-        return
-    if opts.doc_per == "file":
+def _line_source(fs: Any, source: SourceFile, start: int, end: int, kind: str,
+                 counter: LineCounter) -> Iterator[tuple[int, bytes]] | DocError | None:
+    """The owned lines of a range, a DocError for the whole file (reported by the item
+    that starts at byte 0), or None (a later range of a bad file: nothing to report)."""
+    base, data = _read_range(fs, source, start, end)
+    if start == 0:
+        head = data
+    else:
+        with fs.open(source.path, "rb") as handle:
+            head = handle.read(_BINARY_SAMPLE)
+    error = _check_head(fs, source, head, kind)
+    if error is not None:
+        return error if start == 0 else None
+    return _owned_lines(fs, source, start, end, counter, data, base)
+
+
+def _read_text(fs: Any, source: SourceFile, opts: ReadOptions, start: int, end: int,
+               counter: LineCounter) -> Iterator[Document | DocError]:
+    if opts.doc_per == "file":  # one document: always a whole-file item (pipeline/plan.py)
+        with fs.open(source.path, "rb") as handle:
+            data = handle.read()
+        error = _check_head(fs, source, data, "text")
+        if error is not None:
+            yield error
+            return
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as error:
@@ -195,7 +302,11 @@ def _read_text(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Docum
         yield _document(source.relative, source, None, text.removeprefix("\ufeff"), None, None,
                         opts.pretokenized)
         return
-    for number, raw in enumerate(data.split(b"\n"), start=1):
+    lines = _line_source(fs, source, start, end, "text", counter)
+    if lines is None or isinstance(lines, DocError):
+        yield from [lines] if lines else []
+        return
+    for number, raw in lines:
         raw = raw.removesuffix(b"\r")
         doc_id = f"{source.relative}:{number}"
         if number == 1:
@@ -210,12 +321,13 @@ def _read_text(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Docum
         yield _document(doc_id, source, number, text, None, None, opts.pretokenized)
 
 
-def _read_jsonl(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Document | DocError]:
-    data = _read_checked(fs, source, "JSON Lines")
-    if isinstance(data, DocError):
-        yield data
+def _read_jsonl(fs: Any, source: SourceFile, opts: ReadOptions, start: int, end: int,
+                counter: LineCounter) -> Iterator[Document | DocError]:
+    lines = _line_source(fs, source, start, end, "JSON Lines", counter)
+    if lines is None or isinstance(lines, DocError):
+        yield from [lines] if lines else []
         return
-    for number, raw in enumerate(data.split(b"\n"), start=1):
+    for number, raw in lines:
         if not raw.strip():
             continue
         fallback_id = f"{source.relative}:{number}"
@@ -242,24 +354,43 @@ def _read_jsonl(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Docu
                         extra or None, opts.pretokenized)
 
 
-def _read_parquet(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Document | DocError]:
+def row_group_offset(metadata: Any, index: int) -> int:
+    """Byte offset where row group ``index`` starts: the item whose range holds it owns it."""
+    column = metadata.row_group(index).column(0)
+    if column.has_dictionary_page and column.dictionary_page_offset:
+        return int(min(column.dictionary_page_offset, column.data_page_offset))
+    return int(column.data_page_offset)
+
+
+def _read_parquet(fs: Any, source: SourceFile, opts: ReadOptions, start: int, end: int,
+                  counter: LineCounter) -> Iterator[Document | DocError]:
     import pyarrow.parquet as pq
 
     try:
         handle = fs.open(source.path, "rb")
         parquet = pq.ParquetFile(handle)
     except Exception as error:  # a corrupt or non-Parquet file is bad input, not a crash
-        yield DocError(source.relative, source.uri, None, f"unreadable Parquet: {error}"[:300])
+        if start == 0:
+            yield DocError(source.relative, source.uri, None, f"unreadable Parquet: {error}"[:300])
         return
     with handle:
         names = parquet.schema_arrow.names
         wanted = opts.tokens_column if opts.pretokenized else opts.text_column
         if wanted not in names:
-            yield DocError(source.relative, source.uri, None, f"no column {wanted!r} in {names}")
+            if start == 0:
+                yield DocError(source.relative, source.uri, None,
+                               f"no column {wanted!r} in {names}")
             return
+        meta = parquet.metadata
+        owned = [g for g in range(meta.num_row_groups)
+                 if start <= row_group_offset(meta, g) < end
+                 or (start == 0 and row_group_offset(meta, g) < 0)]
+        if not owned:
+            return
+        # Row numbers count from the file's first row: ids do not depend on the item size.
+        number = sum(meta.row_group(g).num_rows for g in range(owned[0]))
         columns = [wanted] + ([opts.id_column] if opts.id_column in names else [])
-        number = 0
-        for batch in parquet.iter_batches(columns=columns, batch_size=4096):
+        for batch in parquet.iter_batches(columns=columns, batch_size=4096, row_groups=owned):
             values = batch.column(wanted).to_pylist()
             ids = batch.column(opts.id_column).to_pylist() if len(columns) > 1 else None
             for k, value in enumerate(values):
@@ -275,26 +406,39 @@ def _read_parquet(fs: Any, source: SourceFile, opts: ReadOptions) -> Iterator[Do
                     yield _document(doc_id, source, number, value, None, None, False)
 
 
-def read_documents(sources: list[SourceFile], opts: ReadOptions,
-                   storage_options: dict | None = None) -> Iterator[Document | DocError]:
-    """Documents (or errors) of every source, in source order then line order."""
+_READERS = {"text": _read_text, "jsonl": _read_jsonl, "parquet": _read_parquet}
+
+
+def read_range(source: SourceFile, start: int, end: int, opts: ReadOptions,
+               storage_options: dict | None = None, counter: LineCounter | None = None
+               ) -> Iterator[Document | DocError]:
+    """Documents (or errors) of the part of one file that bytes ``[start, end)`` own:
+    text and JSON Lines lines that start there, Parquet row groups that start there.
+    A document id appears once per range: a repeat becomes a ``duplicate doc_id`` error."""
     import fsspec
 
+    fs, _ = fsspec.core.url_to_fs(source.uri, **(storage_options or {}))
+    reader = _READERS[detect_format(source, opts.format)]
+    try:
+        items = list(reader(fs, source, opts, start, end, counter or LineCounter()))
+    except OSError as error:
+        items = [DocError(source.relative, source.uri, None, f"cannot read: {error}"[:300])]
+    seen: set[str] = set()
+    for item in items:
+        if isinstance(item, Document):
+            if item.doc_id in seen:
+                item = DocError(item.doc_id, item.source, item.line, "duplicate doc_id")
+            else:
+                seen.add(item.doc_id)
+        yield item
+
+
+def read_documents(sources: list[SourceFile], opts: ReadOptions,
+                   storage_options: dict | None = None) -> Iterator[Document | DocError]:
+    """Documents (or errors) of every source, whole files, in source order then line
+    order (benchmarks and tools; the pipeline reads work items with ``read_range``)."""
     if opts.doc_per not in ("line", "file"):
         raise ElmoUserError(f"--doc-per must be 'line' or 'file', not {opts.doc_per!r}")
-    readers = {"text": _read_text, "jsonl": _read_jsonl, "parquet": _read_parquet}
-    seen: set[str] = set()
+    counter = LineCounter()
     for source in sources:
-        fs, _ = fsspec.core.url_to_fs(source.uri, **(storage_options or {}))
-        reader = readers[detect_format(source, opts.format)]
-        try:
-            items = list(reader(fs, source, opts))
-        except OSError as error:
-            items = [DocError(source.relative, source.uri, None, f"cannot read: {error}"[:300])]
-        for item in items:
-            if isinstance(item, Document):
-                if item.doc_id in seen:
-                    item = DocError(item.doc_id, item.source, item.line, "duplicate doc_id")
-                else:
-                    seen.add(item.doc_id)
-            yield item
+        yield from read_range(source, 0, max(source.size, 1), opts, storage_options, counter)

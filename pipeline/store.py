@@ -2,15 +2,17 @@
 
 Exactly-once rests on three rules (see ``docs/dataset_format.md``):
 
-1. A shard's files are written under ``_staging/<run_id>/`` and moved to their final
-   names only when complete, so a final name never holds a partial file.
+1. A shard's (work item's) files are written under ``_staging/<run_id>/<attempt>/`` and
+   moved to their final names only when complete, so a final name never holds a
+   partial file.
 2. After the moves, ``_manifest/<part>/shard=<k>.json`` is written (temp name + move).
    A shard is committed if and only if that entry exists.
 3. A run recomputes every uncommitted shard from scratch, first deleting whatever a
    crashed run may have moved into place, so no row is ever stored twice.
 
-The driver is the only writer (Ray actors compute, they never write), which is what
-makes these rules enough, on local disks and on object stores alike.
+Workers write only under staging; the driver alone moves files into place and writes
+the manifest (pipeline/commit.py), which is what makes these rules enough, on local
+disks and on object stores alike.
 
 What readers read is the *live view* (:func:`live_shards`): the shards listed by
 ``_live.json`` when a writer that swaps parts (jobs) has published one, else every
@@ -90,8 +92,37 @@ def manifest_path(root: str, part: str, shard: int) -> str:
 # --------------------------------------------------------------------------- descriptor
 
 
-def ensure_descriptor(fs: Any, root: str, wanted: DatasetDescriptor) -> DatasetDescriptor:
-    """Create the descriptor, or check that the existing one agrees with ``wanted``."""
+def has_committed_data(fs: Any, root: str) -> bool:
+    """Whether any part of the dataset has a committed shard (readers could see data)."""
+    return any(committed_shards(fs, root, part) for part in iter_parts(fs, root))
+
+
+def check_output_dir(fs: Any, root: str) -> None:
+    """Refuse to write a dataset into a directory that holds something else."""
+    if read_json(fs, f"{root}/{DESCRIPTOR_FILE}") is not None:
+        return
+    try:
+        names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        if fs.exists(root) and not fs.isdir(root):
+            raise ElmoUserError(f"--out {root} is a file; give a directory for the dataset"
+                                ) from None
+        return
+    # Names starting with "_" are ours: a lock or a live view left before any commit.
+    foreign = sorted(n for n in names if not n.startswith("_"))
+    if foreign:
+        raise ElmoUserError(f"--out {root} is not empty and not an elmo-store dataset (it "
+                            f"holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
+                            "); give a new or empty directory")
+
+
+def ensure_descriptor(fs: Any, root: str, wanted: DatasetDescriptor) -> bool:
+    """Create the descriptor, or check that the existing one agrees with ``wanted``.
+    Returns True when this call wrote it (the caller may undo that on failure).
+
+    A descriptor with no committed data behind it (a run that failed or was killed
+    before its first commit) is replaced: nothing was made with its settings.
+    """
     path = f"{root}/{DESCRIPTOR_FILE}"
     existing = read_json(fs, path)
     if existing is None:
@@ -101,18 +132,27 @@ def ensure_descriptor(fs: Any, root: str, wanted: DatasetDescriptor) -> DatasetD
             raise ElmoUserError(f"{root} holds tables but no {DESCRIPTOR_FILE}; "
                                 "refusing to write into a directory that is not our dataset")
         write_bytes_atomic(fs, path, wanted.to_json().encode())
-        return wanted
+        return True
     try:
         current = DatasetDescriptor.from_json(json.dumps(existing))
     except (ValueError, TypeError) as error:
         raise ElmoUserError(f"{path}: not a readable elmo-store descriptor ({error})") from None
     problems = current.incompatibilities(wanted)
-    if problems:
+    if not problems:
+        return False
+    if not has_committed_data(fs, root):
+        write_bytes_atomic(fs, path, wanted.to_json().encode())
+        return True
+    if current.schema_version < wanted.schema_version:
         raise ElmoUserError(
-            f"refusing to write into {root}: it was made with different settings "
-            f"({'; '.join(problems)}); choose another --out or the same model/settings"
-        )
-    return current
+            f"{root} is an elmo-store dataset of schema version {current.schema_version} "
+            f"(documents placed in shards by a hash); this release writes version "
+            f"{wanted.schema_version} (shards are work items) and cannot add to it: write to a "
+            "new --out (old datasets stay readable), or re-embed the corpus there")
+    raise ElmoUserError(
+        f"refusing to write into {root}: it was made with different settings "
+        f"({'; '.join(problems)}); choose another --out or the same model/settings"
+    )
 
 
 def read_descriptor(uri: str, storage_options: dict | None = None) -> DatasetDescriptor:
@@ -267,13 +307,16 @@ class PlanMismatchError(ElmoUserError):
         self.part = part
 
 
-def check_plan(fs: Any, root: str, part: str, plan: dict) -> None:
-    """Record what a part is made from; a resumed run must be made from the same inputs."""
+def check_plan(fs: Any, root: str, part: str, plan: dict) -> bool:
+    """Record what a part is made from; a resumed run must be made from the same inputs.
+    Returns True when this call wrote the record."""
     path = f"{root}/{MANIFEST_DIR}/{part}/{PLAN_FILE}"
     existing = read_json(fs, path)
-    if existing is None:
+    if existing is None or (existing != plan and not committed_shards(fs, root, part)):
+        # (Nothing committed from a recorded plan: a run failed or was killed before its
+        # first commit, and the new plan replaces it.)
         write_bytes_atomic(fs, path, json.dumps(plan, indent=1, sort_keys=True).encode())
-        return
+        return True
     if existing != plan:
         changed = sorted(k for k in set(existing) | set(plan) if existing.get(k) != plan.get(k))
         raise PlanMismatchError(
@@ -281,57 +324,19 @@ def check_plan(fs: Any, root: str, part: str, plan: dict) -> None:
             f"(differs in: {', '.join(changed)}); write to a new --out (or a new --part)",
             part,
         )
+    return False
 
 
-@dataclass
-class ShardCommit:
-    """Write the four tables of one shard to staging, then commit them."""
-
-    fs: Any
-    root: str
-    part: str
-    run_id: str
-    shard: int
-
-    def staging_file(self, table: str) -> str:
-        folder = f"{self.root}/{STAGING_DIR}/{self.run_id}/{table}"
-        return f"{folder}/{PARTITION_COLUMN}={self.shard}/{self.part}.parquet"
-
-    def open(self, table: str) -> Any:
-        path = self.staging_file(table)
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        return self.fs.open(path, "wb")
-
-    def commit(self, counts: dict[str, int], info: dict | None = None) -> dict:
-        """Move the staged files of the tables with rows into place, then write the
-        manifest entry. A table with no rows in this shard gets no file (an empty Parquet
-        file per shard and table is pure overhead for every reader), and the entry's
-        ``files`` lists only the files that exist; the shard is committed all the same."""
-        files = {}
-        for table in TABLES:
-            final = table_file(self.root, table, self.shard, self.part)
-            if self.fs.exists(final):  # left by a run that died before its manifest entry
-                self.fs.rm(final)
-            staged = self.staging_file(table)
-            if counts.get(table, 0) == 0:
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm(staged)
-                continue
-            self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
-            self.fs.mv(staged, final)
-            files[table] = posixpath.relpath(final, self.root)
-        entry = {"shard": self.shard, "part": self.part, "run_id": self.run_id,
-                 "committed_at": time.time(), "counts": counts, "files": files,
-                 **({"info": info} if info else {})}
-        write_bytes_atomic(self.fs, manifest_path(self.root, self.part, self.shard),
-                           json.dumps(entry, indent=1, sort_keys=True).encode())
-        return entry
-
-
-def clear_staging(fs: Any, root: str) -> None:
-    """Remove staging left by dead runs (only called while holding the lock)."""
+def clear_staging(fs: Any, root: str, run_id: str | None = None) -> None:
+    """Remove staging left by dead runs and uncommitted attempts (only called while
+    holding the lock): all of it, or one run's."""
+    path = f"{root}/{STAGING_DIR}" + (f"/{run_id}" if run_id else "")
     with contextlib.suppress(FileNotFoundError):
-        fs.rm(f"{root}/{STAGING_DIR}", recursive=True)
+        fs.rm(path, recursive=True)
+    if run_id:  # the staging folder itself goes when no other run's is in it
+        with contextlib.suppress(FileNotFoundError, OSError):
+            if not fs.ls(f"{root}/{STAGING_DIR}", detail=False):
+                fs.rm(f"{root}/{STAGING_DIR}", recursive=True)
 
 
 def iter_parts(fs: Any, root: str) -> Iterator[str]:

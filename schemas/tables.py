@@ -14,7 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+# 2: shards are work items (byte ranges of the inputs, numbered per part), not
+#    sha256(doc_id) mod n_shards; the file layout and every table are unchanged.
+SCHEMA_VERSION = 2
 DATASET_FORMAT = "elmo-store/token-activations"
 DESCRIPTOR_FILE = "_dataset.json"
 PARTITION_COLUMN = "shard"
@@ -104,7 +106,8 @@ class DatasetDescriptor:
     model: dict[str, Any] = field(default_factory=dict)  # informative: config, source path
     schema_version: int = SCHEMA_VERSION
     format: str = DATASET_FORMAT
-    shard_hash: str = "sha256(doc_id UTF-8), first 8 bytes as big-endian uint64, mod n_shards"
+    shard_hash: str = ("shard k of a part = work item k of its plan.json: a byte range of one "
+                       "input file owning the lines / Parquet row groups that start in it")
     partition_column: str = PARTITION_COLUMN
     compression: str = "zstd; layer_1..layer_L snappy"
     extra: dict[str, Any] = field(default_factory=dict)  # room for later issues (mixes, jobs)
@@ -139,7 +142,7 @@ class DatasetDescriptor:
                 f"model fingerprint {self.model_fingerprint[:12]}… != "
                 f"{other.model_fingerprint[:12]}… (another model)"
             )
-        for name in ("n_output_layers", "dim", "dtype", "n_shards"):
+        for name in ("n_output_layers", "dim", "dtype", "n_shards"):  # n_shards: 0 since v2
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 problems.append(f"{name} {mine!r} != {theirs!r}")
@@ -149,5 +152,11 @@ class DatasetDescriptor:
         if mine_start != theirs_start:
             problems.append(f"initial state {mine_start!r} != {theirs_start!r}")
         if self.tokenizer != other.tokenizer:
-            problems.append(f"tokenizer {self.tokenizer} != {other.tokenizer}")
+            mine_name, theirs_name = self.tokenizer.get("name"), other.tokenizer.get("name")
+            if mine_name != theirs_name:
+                problems.append(f"tokenizer {theirs_name!r} != the dataset's {mine_name!r} "
+                                f"(pass --tokenizer {mine_name} to add to it)")
+            else:
+                problems.append(f"tokenizer settings {other.tokenizer} != the dataset's "
+                                f"{self.tokenizer}")
         return problems

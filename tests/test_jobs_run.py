@@ -55,6 +55,12 @@ def live(spec: JobSpec, table: str) -> pa.Table:
     return read_live_table(spec.output, table).sort_by([(k, "ascending") for k in KEYS[table]])
 
 
+def on_disk_is_live(out: Path) -> bool:
+    """A plain directory scan finds exactly the live files: no old version left behind."""
+    on_disk = {str(p) for p in (out / "tokens").rglob("*.parquet")}
+    return on_disk == {f.removeprefix("file://") for f in live_files(str(out))}
+
+
 def doc_ids(spec: JobSpec) -> set[str]:
     return set(live(spec, "documents").column("doc_id").to_pylist())
 
@@ -127,7 +133,7 @@ def test_add_modify_touch_delete(tiny_model_dir: Path, tmp_path: Path,
     assert others.filter(pa.compute.not_equal(others.column("doc_id"), "c.txt:1")).equals(
         old_others)
     # The old part is gone from disk too: a plain directory scan sees one version.
-    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 3  # one per part: one doc each
+    assert on_disk_is_live(tmp_path / "ds")
 
     # Delete a: kept while delete_missing is false, removed once it is true.
     (tmp_path / "corpus/a.txt").unlink()
@@ -139,7 +145,7 @@ def test_add_modify_touch_delete(tiny_model_dir: Path, tmp_path: Path,
     deleted = run_job(spec)
     assert deleted is not None and deleted.record.files["deleted"] == 1 and spy == []
     assert doc_ids(spec) == {"sub/b.txt:1", "c.txt:1"}
-    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 2
+    assert on_disk_is_live(tmp_path / "ds")
 
     history = list(iter_runs(*_fs(spec)))
     assert [r.status for r in history] == ["ok", "no-changes", "no-changes", "ok", "ok",
@@ -155,13 +161,13 @@ def _fs(spec: JobSpec) -> tuple[Any, str]:
 
 CRASHER = textwrap.dedent("""
     import os, signal, sys
-    import pipeline.embed, pipeline.store, jobs.runner
+    import pipeline.commit, pipeline.embed, jobs.runner
     from jobs.spec import load_spec
     from jobs.runner import run_job
 
     mode = sys.argv[2]
     calls = {"embed": 0, "commit": 0}
-    real_embed, real_commit = pipeline.embed.embed_corpus, pipeline.store.ShardCommit.commit
+    real_embed, real_commit = pipeline.embed.embed_corpus, pipeline.commit.commit_item
     real_refresh = jobs.runner._refresh
 
     def die():
@@ -169,16 +175,17 @@ CRASHER = textwrap.dedent("""
 
     def embed(cfg):
         calls["embed"] += 1
+        calls["commit"] = 0
         summary = real_embed(cfg)
         if mode == "after-part" and calls["embed"] == 2:
             die()
         return summary
 
-    def commit(self, counts, info=None):
-        entry = real_commit(self, counts, info)
+    def commit(*args, **kwargs):
+        entry = real_commit(*args, **kwargs)
         calls["commit"] += 1
-        if mode == "mid-part" and calls["embed"] == 2 and calls["commit"] >= 3:
-            die()  # the 2nd file's part has one of its two shards committed
+        if mode == "mid-part" and calls["embed"] == 2 and calls["commit"] == 1:
+            die()  # the 2nd file's part has one of its (at least two) items committed
         return entry
 
     def refresh(*args, **kwargs):
@@ -193,7 +200,7 @@ CRASHER = textwrap.dedent("""
 
     pipeline.embed.embed_corpus = embed
     jobs.runner.write_state = write_state
-    pipeline.store.ShardCommit.commit = commit
+    pipeline.commit.commit_item = commit
     jobs.runner._refresh = refresh
     run_job(load_spec(sys.argv[1]))
     print("finished without being killed")
@@ -318,7 +325,9 @@ def test_index_refresh_gets_deltas_and_is_retried_after_a_failure(
         "failed: RuntimeError: lance is down")
     # The index still holds b's old rows: the old part stays on disk (not live) until the
     # index has dropped them.
-    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 3  # one per part: one doc each
+    on_disk = {str(p) for p in (tmp_path / "ds/tokens").rglob("*.parquet")}
+    extra = on_disk - {f.removeprefix("file://") for f in live_files(spec.output)}
+    assert extra and len({Path(f).stem for f in extra}) == 1  # b's old part, nothing else
 
     fail["now"] = False
     retried = run_job(spec)
@@ -326,7 +335,7 @@ def test_index_refresh_gets_deltas_and_is_retried_after_a_failure(
     assert calls[1]["remove_doc_ids"] == ["sub/b.txt:1"]
     assert len(calls[1]["add_files"]) == 1 and all(f in live_files(spec.output)
                                                    for f in calls[1]["add_files"])
-    assert len(list((tmp_path / "ds/tokens").rglob("*.parquet"))) == 2
+    assert on_disk_is_live(tmp_path / "ds")
     assert run_job(spec).record.index["top"] == "up to date"  # type: ignore[union-attr]
 
 

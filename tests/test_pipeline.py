@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from elmo_model.errors import ElmoUserError
-from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus, shard_of
+from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
 from pipeline.sources import ReadOptions
-from pipeline.tokenize import split_sentences
+from pipeline.tokenize import get_tokenizer, model_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT_A = [
@@ -77,7 +77,14 @@ def test_round_trip_every_token_once_and_vectors_match_the_model(tiny_model_dir:
     out = tmp_path / "ds"
     summary = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, n_shards=3,
                                   dtype="float32", batch_tokens=16))
-    assert summary.documents == 9 and summary.errors == 0 and summary.shards_written == 3
+    assert summary.documents == 9 and summary.errors == 0
+    # At least --shards items (a.txt is cut in line-aligned byte ranges), one file each.
+    assert summary.items_written >= 3
+    entries = [json.loads(e.read_text()) for e in (out / "_manifest/main").glob("shard=*.json")]
+    assert len(entries) == summary.items_written
+    with_tokens = {f"tokens/shard={e['shard']}/main.parquet" for e in entries
+                   if e["counts"]["tokens"]}  # an item owning no rows has no files
+    assert {str(p.relative_to(out)) for p in out.glob("tokens/*/*")} == with_tokens
 
     tokens = read_table(out, "tokens").to_pandas()
     assert not tokens.duplicated(["doc_id", "sent_idx", "tok_idx"]).any()
@@ -87,6 +94,9 @@ def test_round_trip_every_token_once_and_vectors_match_the_model(tiny_model_dir:
     docs |= {"j1": "JSON lines work too. Yes.", "j2": "Another record.",
              "p1": "Parquet text.", "p2": "And more of it."}
     assert set(tokens.doc_id) == set(docs)
+    # The model's declared tokenizer (whatever name it declares).
+    split_sentences = get_tokenizer(model_tokenizer(str(tiny_model_dir / "options.json"))
+                                    ).split_sentences
     for doc_id, text in docs.items():
         sentences = split_sentences(text)
         expected = embedder.embed([s.words for s in sentences])
@@ -95,7 +105,7 @@ def test_round_trip_every_token_once_and_vectors_match_the_model(tiny_model_dir:
         assert list(rows.token) == [w for s in sentences for w in s.words]
         assert all(text[a:b] == t for a, b, t in zip(rows.char_start, rows.char_end, rows.token,
                                                      strict=True))
-        assert set(rows["shard"].astype(int)) == {shard_of(doc_id, 3)}
+        assert rows["shard"].nunique() == 1  # a document lives in one work item
         for layer in range(3):
             got = np.stack(rows[f"layer_{layer}"].to_numpy())
             want = np.concatenate([e[layer] for e in expected])
@@ -139,9 +149,15 @@ def test_duckdb_reads_the_hive_dataset(tiny_model_dir: Path, tmp_path: Path) -> 
         [f"{out}/tokens/*/*.parquet"],
     ).fetchall()
     assert sum(r[2] for r in rows) == summary.tokens
-    for shard, doc_id, _, dim, type_name in rows:
-        assert int(shard) == shard_of(doc_id, 4)
+    for _, _, _, dim, type_name in rows:
         assert dim == 16 and type_name == "FLOAT[]"  # float16 widened by DuckDB
+    # Every table of a document is in the same shard (its work item): per-shard joins.
+    mismatched = con.execute(
+        "SELECT count(*) FROM read_parquet(?, hive_partitioning=true) t "
+        "JOIN read_parquet(?, hive_partitioning=true) d USING (doc_id) WHERE t.shard <> d.shard",
+        [f"{out}/tokens/*/*.parquet", f"{out}/documents/*/*.parquet"],
+    ).fetchone()
+    assert mismatched == (0,)
     joined = con.execute(
         "SELECT count(*) FROM read_parquet(?, hive_partitioning=true) t "
         "JOIN read_parquet(?, hive_partitioning=true) s USING (doc_id, sent_idx)",
@@ -150,23 +166,17 @@ def test_duckdb_reads_the_hive_dataset(tiny_model_dir: Path, tmp_path: Path) -> 
     assert joined == (summary.tokens,)
 
 
-def test_shards_are_stable(tiny_model_dir: Path, tmp_path: Path) -> None:
-    # Golden values: a change here re-shards every existing dataset.
-    assert [shard_of(d, 8) for d in ("a.txt:1", "j1", "doc-42", "ü")] == \
-        [shard_of(d, 8) for d in ("a.txt:1", "j1", "doc-42", "ü")]
-    assert shard_of("a.txt:1", 1000) == int.from_bytes(
-        __import__("hashlib").sha256(b"a.txt:1").digest()[:8], "big") % 1000
+def test_items_do_not_depend_on_batching(tiny_model_dir: Path, tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus")
     first, second = tmp_path / "one", tmp_path / "two"
     embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], first, n_shards=4))
-    # Another batch size changes the batches, not which shard holds what.
+    # Another batch size changes the batches, not which item holds what.
     embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], second, n_shards=4, batch_tokens=7))
-    for table in ("documents", "sentences"):
-        a, b = dataset_files(first), dataset_files(second)
-        assert a.keys() == b.keys()
-        for key in a:
-            if key.startswith(table):
-                assert a[key].equals(b[key])
+    a, b = dataset_files(first), dataset_files(second)
+    assert a.keys() == b.keys()
+    for key in a:
+        if key.startswith(("documents", "sentences")):
+            assert a[key].equals(b[key])
 
 
 def test_hostile_corpus(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -266,8 +276,10 @@ def test_refuses_a_dataset_of_another_model(tiny_model_dir: Path, tmp_path: Path
         embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, n_shards=2))
     # Same command again: everything is committed already; no work, same totals.
     again = embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out, n_shards=2))
-    assert again.shards_written == 0 and again.shards_already_committed == 2
-    assert again.totals["documents"] == 5
+    assert again.items_written == 0 and again.items_resumed >= 2
+    assert again.documents_resumed == 5 and again.totals["documents"] == 5
+    assert again.lines()[0].startswith(f"resumed: {again.items_resumed} items committed by "
+                                       "an earlier run kept (5 documents, ")
 
 
 def test_lock_refuses_a_live_writer_and_takes_over_a_dead_one(tiny_model_dir: Path,
@@ -331,7 +343,7 @@ def test_kill_9_mid_run_then_rerun_equals_an_uninterrupted_run(tiny_model_dir: P
     rerun = subprocess.run([sys.executable, "-c", program, *args, "--out", str(crashed)],
                            env=env, capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr
-    assert f"skipped {committed} shards committed earlier" in rerun.stderr
+    assert f"resumed: {committed} items committed by an earlier run kept" in rerun.stderr
     a, b = dataset_files(clean), dataset_files(crashed)
     # 16 shards x tokens/sentences/documents; no errors, so no errors files.
     assert a.keys() == b.keys() and len(a) == 48

@@ -50,7 +50,9 @@ def test_s3_round_trip(s3_endpoint: str, tiny_model_dir: Path, tmp_path: Path,
     assert summary.documents == 9 and summary.errors == 0
     assert fs.exists("data-bucket/ds/_dataset.json")
     assert not fs.exists("data-bucket/ds/_lock")
-    assert len(fs.glob("data-bucket/ds/_manifest/main/shard=*.json")) == 2
+    # One manifest entry per work item; no staging left on the bucket.
+    assert len(fs.glob("data-bucket/ds/_manifest/main/shard=*.json")) == summary.items_written
+    assert summary.items_written >= 2 and not fs.exists("data-bucket/ds/_staging")
 
     # The same data, read back by pyarrow's own S3 client and by DuckDB through fsspec.
     arrow_fs = pafs.S3FileSystem(access_key="testing", secret_key="testing",
@@ -84,4 +86,4 @@ def test_s3_round_trip(s3_endpoint: str, tiny_model_dir: Path, tmp_path: Path,
     # A rerun finds every shard committed and does no work.
     again = embed_corpus(config(tiny_model_dir, ["s3://corpus-bucket/in/*"], out, n_shards=2,
                                 storage_options=options))
-    assert again.shards_written == 0 and again.totals["tokens"] == summary.tokens
+    assert again.items_written == 0 and again.totals["tokens"] == summary.tokens

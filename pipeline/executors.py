@@ -1,0 +1,349 @@
+"""Stage 3: where items run. Both executors take items from the plan lazily and yield
+``(item, CommitRecord)`` pairs as items finish, in any order; the driver commits them.
+
+- ``LocalExecutor``: the item worker in this process, one item after another (laptops).
+- ``RayExecutor``: a pool of Ray actors, each holding the model and running two items
+  at a time (the model under a lock, so one item's read/tokenize/write overlaps the
+  other's model time). At most ``IN_FLIGHT_PER_ACTOR`` items per actor are submitted:
+  the driver never holds more than that many items, whatever the corpus size. A dead
+  actor (killed process, removed node) is restarted by Ray, on another node if need be;
+  its items run again elsewhere, and since a worker only writes to a private staging
+  prefix, an attempt that never reported back is never committed.
+
+Before any work ``RayExecutor.start`` checks that the cluster can hold the requested
+actors at all (one line naming what is missing and what to pass instead) and that
+every actor can load the model, so a bad request fails in seconds, before the output
+is touched.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from elmo_model.errors import ElmoUserError
+from pipeline.config import EmbedConfig
+from pipeline.plan import WorkItem
+from pipeline.work_item import CommitRecord, ItemSettings, ItemWorker
+
+IN_FLIGHT_PER_ACTOR = 2
+MAX_ATTEMPTS = 4  # an item that kills its worker this often stops the run
+READY_GRACE_S = 300.0  # for an actor to start and load its model once placed
+POLL_S = 1.0
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(self, cfg: EmbedConfig, settings: ItemSettings) -> None:
+        self.worker = ItemWorker(settings)
+
+    def start(self) -> None:
+        self.worker.load()
+
+    def run(self, items: Iterator[WorkItem]) -> Iterator[tuple[WorkItem, CommitRecord]]:
+        for item in items:
+            yield item, self.worker.process(item)
+
+    def close(self) -> None:
+        self.worker = None  # type: ignore[assignment]
+
+
+class ItemActor:
+    """A Ray actor around one ``ItemWorker`` (created with ``max_concurrency=2``)."""
+
+    def __init__(self, settings: ItemSettings, threads: int) -> None:
+        import ray
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        self.worker = ItemWorker(settings)
+        self.worker.node_id = ray.get_runtime_context().get_node_id()
+
+    def ready(self) -> str | None:
+        """None once the model is loaded; else the reason it cannot be, in one line."""
+        try:
+            self.worker.load()
+        except ElmoUserError as error:
+            return str(error)
+        except Exception as error:  # e.g. a torch error on a broken device
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    def process(self, item: WorkItem) -> CommitRecord:
+        return self.worker.process(item)
+
+
+def _quiet_ray_env(local: bool) -> None:
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # a C++ line per actor otherwise
+    if local:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60: token auth by default
+
+
+def actors_that_fit(nodes: list[dict], cpus: float, gpus: float) -> int:
+    """How many actors needing ``cpus`` CPUs and ``gpus`` GPUs each the alive nodes hold."""
+    total = 0
+    for node in nodes:
+        if not node.get("Alive", True):
+            continue
+        have = node.get("Resources", {})
+        fit = math.inf
+        if cpus > 0:
+            fit = min(fit, math.floor(have.get("CPU", 0) / cpus + 1e-9))
+        if gpus > 0:
+            fit = min(fit, math.floor(have.get("GPU", 0) / gpus + 1e-9))
+        total += 0 if fit == math.inf else int(fit)
+    return total
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, cfg: EmbedConfig, settings: ItemSettings) -> None:
+        self.cfg, self.settings = cfg, settings
+        self.actors: list[Any] = []
+        self.started_ray = False
+        self.cpus = 1.0
+        self.gpus = 0.0
+
+    # ---------------------------------------------------------------- start
+
+    def _wants_gpus(self, cluster_gpus: float) -> float:
+        cfg = self.cfg
+        if cfg.device == "cpu":
+            return 0.0  # a GPU reserved by an actor that computes on the CPU is wasted
+        if cfg.gpus_per_actor is not None:
+            return cfg.gpus_per_actor
+        # --device cuda asks for one even when the cluster has none yet: an autoscaling
+        # cluster adds a GPU node for the pending actor (see --wait-for-resources).
+        return 1.0 if cfg.device == "cuda" or cluster_gpus >= 1 else 0.0
+
+    def _preflight_local(self) -> None:
+        """A Ray started here has this machine's GPUs: refuse a GPU request it cannot
+        serve before paying for Ray's start-up."""
+        cfg = self.cfg
+        wanted = cfg.gpus_per_actor if cfg.gpus_per_actor is not None else (
+            1.0 if cfg.device == "cuda" else 0.0)
+        if not wanted or cfg.device == "cpu":
+            return
+        import torch
+
+        have = torch.cuda.device_count()
+        if math.floor(have / wanted + 1e-9) < cfg.actors:
+            raise ElmoUserError(
+                f"--actors {cfg.actors} with --device cuda need {wanted * cfg.actors:g} GPUs; "
+                f"this machine has {have}: pass --device cpu (or auto), fewer --actors, or "
+                "--ray-address of a cluster with GPUs")
+
+    def start(self) -> None:
+        cfg = self.cfg
+        local = not cfg.ray_address
+        _quiet_ray_env(local)
+        import ray
+
+        if not ray.is_initialized():
+            if local:
+                self._preflight_local()
+            ray.init(address=cfg.ray_address, logging_level=logging.WARNING,
+                     log_to_driver=False, include_dashboard=False)
+            self.started_ray = True
+        resources = ray.cluster_resources()
+        self.gpus = self._wants_gpus(resources.get("GPU", 0))
+        if cfg.cpus_per_actor is not None:
+            self.cpus = cfg.cpus_per_actor
+        elif self.gpus:
+            self.cpus = 1.0
+        else:
+            self.cpus = max(1.0, float(int(resources.get("CPU", 1) // cfg.actors)))
+        self._wait_for_capacity()
+        remote_cls = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=-1,
+                                max_task_retries=0, max_concurrency=2)(ItemActor)
+        self.actors = [remote_cls.remote(self.settings, max(1, int(self.cpus)))
+                       for _ in range(cfg.actors)]
+        self._wait_ready()
+
+    def _need(self) -> str:
+        parts = [f"{self.cpus:g} CPU"]
+        if self.gpus:
+            parts.append(f"{self.gpus:g} GPU")
+        return " + ".join(parts)
+
+    def _wait_for_capacity(self) -> None:
+        import ray
+
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.wait_for_resources_s
+        asked = False
+        while True:
+            nodes = ray.nodes()
+            fits = actors_that_fit(nodes, self.cpus, self.gpus)
+            if fits >= cfg.actors:
+                return
+            if time.monotonic() >= deadline:
+                break
+            if not asked:  # an autoscaler adds nodes for explicit requests too
+                try:
+                    from ray.autoscaler.sdk import request_resources
+
+                    bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+                    request_resources(bundles=[bundle] * cfg.actors)
+                except Exception:  # no autoscaler here: just wait and look again
+                    pass
+                asked = True
+            time.sleep(POLL_S)
+        alive = [n for n in nodes if n.get("Alive", True)]
+        have_cpu = sum(n.get("Resources", {}).get("CPU", 0) for n in alive)
+        have_gpu = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
+        fixes = []
+        if fits:
+            fixes.append(f"--actors {fits}")
+        if self.gpus:
+            fixes.append("--device cpu")
+        elif self.cpus > 1 and cfg.cpus_per_actor:
+            fixes.append("a smaller --cpus-per-actor")
+        fixes.append("--wait-for-resources SECONDS if the cluster autoscales")
+        waited = (f" after waiting {cfg.wait_for_resources_s:g} s"
+                  if cfg.wait_for_resources_s else "")
+        raise ElmoUserError(
+            f"the Ray cluster cannot hold {cfg.actors} actors of {self._need()} each{waited}: "
+            f"it has {have_cpu:g} CPUs and {have_gpu:g} GPUs on {len(alive)} nodes "
+            f"(room for {fits}); pass {', or '.join(fixes)}")
+
+    def _wait_ready(self) -> None:
+        import ray
+
+        refs = [actor.ready.remote() for actor in self.actors]
+        timeout = self.cfg.wait_for_resources_s + READY_GRACE_S
+        done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if pending:
+            raise ElmoUserError(f"{len(pending)} of {len(refs)} Ray actors did not start "
+                                f"within {timeout:g} s (is the cluster busy?); try again, "
+                                "or pass a larger --wait-for-resources")
+        for ref in done:
+            try:
+                problem = ray.get(ref)
+            except ray.exceptions.RayError as error:
+                raise ElmoUserError(f"a Ray actor failed to start: "
+                                    f"{str(error).strip().splitlines()[-1][:300]}") from None
+            if problem:
+                raise ElmoUserError(problem)
+
+    # ---------------------------------------------------------------- run
+
+    def run(self, items: Iterator[WorkItem]) -> Iterator[tuple[WorkItem, CommitRecord]]:
+        import ray
+        from ray.exceptions import RayActorError, RayError, RayTaskError
+
+        todo = iter(items)
+        retry: collections.deque[WorkItem] = collections.deque()
+        attempts: collections.Counter[int] = collections.Counter()
+        in_flight: dict[Any, tuple[WorkItem, int]] = {}
+        load = [0] * len(self.actors)
+        probing: dict[Any, int] = {}  # ready() call -> actor index, after a failure
+        exhausted = False
+
+        def next_item() -> WorkItem | None:
+            nonlocal exhausted
+            if retry:
+                return retry.popleft()
+            if exhausted:
+                return None
+            item = next(todo, None)
+            exhausted = item is None
+            return item
+
+        def failed(item: WorkItem, reason: str) -> None:
+            attempts[item.index] += 1
+            if attempts[item.index] >= MAX_ATTEMPTS:
+                raise RuntimeError(f"item {item.index} ({item.where()}) failed "
+                                   f"{MAX_ATTEMPTS} times; last: {reason}")
+            retry.append(item)
+
+        while True:
+            down = set(probing.values())
+            for a in sorted(range(len(self.actors)), key=lambda k: load[k]):
+                while a not in down and load[a] < IN_FLIGHT_PER_ACTOR:
+                    item = next_item()
+                    if item is None:
+                        break
+                    in_flight[self.actors[a].process.remote(item)] = (item, a)
+                    load[a] += 1
+            if not in_flight and exhausted and not retry:
+                return
+            waiting = list(in_flight) + list(probing)
+            # Only when every actor is down can nothing move: then wait a bounded time.
+            limit = None if in_flight else self.cfg.wait_for_resources_s + READY_GRACE_S
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=limit)
+            if not ready:
+                raise ElmoUserError(f"no Ray actor came back within {limit:g} s after losing "
+                                    "workers (nodes gone?); run the same command again to "
+                                    "finish the remaining items")
+            ref = ready[0]
+            if ref in probing:
+                a = probing.pop(ref)
+                try:
+                    problem = ray.get(ref)
+                except RayError:
+                    time.sleep(POLL_S)  # still restarting: ask again
+                    probing[self.actors[a].ready.remote()] = a
+                    continue
+                if problem:
+                    raise ElmoUserError(problem)
+                continue
+            item, a = in_flight.pop(ref)
+            load[a] -= 1
+            try:
+                record = ray.get(ref)
+            except RayTaskError as error:
+                cause = getattr(error, "cause", None)
+                if isinstance(cause, ElmoUserError):
+                    raise ElmoUserError(str(cause)) from None
+                failed(item, str(cause or error).strip().splitlines()[-1][:300])
+                continue
+            except (RayActorError, RayError) as error:  # the actor or its node died
+                failed(item, type(error).__name__)
+                if a not in probing.values():
+                    probing[self.actors[a].ready.remote()] = a
+                continue
+            yield item, record
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # already gone with its node
+                ray.kill(actor)
+        self.actors = []
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False
+
+
+def choose_executor(cfg: EmbedConfig) -> str:
+    if cfg.executor != "auto":
+        return cfg.executor
+    if cfg.actors > 1 or cfg.ray_address or cfg.gpus_per_actor:
+        return "ray"
+    if cfg.device == "cpu":
+        return "local"  # Ray is only worth starting here to put the model on a GPU
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return "ray"
+    except ImportError:
+        pass
+    import torch
+
+    return "ray" if torch.cuda.is_available() else "local"
+
+
+def make_executor(cfg: EmbedConfig, settings: ItemSettings) -> LocalExecutor | RayExecutor:
+    return RayExecutor(cfg, settings) if choose_executor(cfg) == "ray" else LocalExecutor(
+        cfg, settings)

@@ -1,0 +1,481 @@
+"""Stage 2, on a worker: one work item -> its Parquet files in staging -> a commit record.
+
+    read (fsspec, pipeline/sources.py) -> tokenize -> windows -> units -> biLM
+        -> token rows -> Parquet under _staging/<run_id>/<attempt>/ -> CommitRecord
+
+The same code runs in-process (local executor) and in Ray actors. What goes back to the
+driver is a ``CommitRecord``: file names, row counts, sizes and checksums, never
+activations. An item's bytes depend only on its input and the settings: windows are cut
+into units in document order by a token count, the embedder batches inside a unit by a
+token budget over length-sorted sentences, and its token cache returns vectors bitwise
+equal to fresh ones (the char CNN runs in fixed-shape chunks), so a retried item, a
+resumed run or a run with another actor count writes the same bytes.
+
+``ItemWorker.process`` is safe to call from several threads at once: the model runs
+under a lock, so one item's reading, tokenizing and writing overlap another's model
+time (Ray actors run two items at a time; see pipeline/executors.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import os
+import posixpath
+import resource
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ModelSpec
+from pipeline.plan import WorkItem
+from pipeline.sources import DocError, Document, LineCounter, ReadOptions, read_range
+from pipeline.tokenize import Sentence, Token, get_tokenizer, windows
+
+ROW_GROUP_BYTES = 64 << 20  # ~64 MB row groups: large scans for DuckDB/LanceDB, bounded RAM
+SMALL_TABLES = ("sentences", "documents", "errors")
+
+
+@dataclass(frozen=True)
+class ItemSettings:
+    """Everything a worker needs to turn an item into files (small, picklable)."""
+
+    model: ModelSpec
+    tokenizer: str
+    out: str
+    part: str
+    run_id: str
+    dtype: str = "float16"
+    n_output_layers: int = 3
+    dim: int = 1024
+    batch_tokens: int = 4096
+    unit_tokens: int = 4 * 4096
+    compute_dtype: str = "float32"
+    device: str = "auto"
+    max_sentence_tokens: int = 256
+    window_overlap: int = 32
+    read: ReadOptions = field(default_factory=ReadOptions)
+    storage_options: dict | None = None
+    crash_marker: str | None = None
+
+
+@dataclass
+class CommitRecord:
+    """What a worker reports for one finished attempt at an item (see pipeline/commit.py)."""
+
+    item: int
+    attempt: str
+    files: dict[str, str]  # table -> staged path relative to the dataset root (rows only)
+    sizes: dict[str, int]  # table -> bytes
+    sha256: dict[str, str]  # table -> hex digest of the file's bytes
+    counts: dict[str, int]  # table -> rows
+    model_tokens: int  # tokens that went through the model (window overlaps included)
+    input_bytes: int
+    seconds: float
+    worker: dict[str, Any]  # host, pid, Ray node id
+    peak_rss: int  # the worker process's peak resident set, bytes
+
+
+# --------------------------------------------------------------------------- model
+
+
+# Set only inside ``reuse_models()``: in-process runs then share loaded models.
+_MODEL_CACHE: contextvars.ContextVar[dict[tuple, Any] | None] = contextvars.ContextVar(
+    "elmo_store_model_cache", default=None)
+
+
+@contextlib.contextmanager
+def reuse_models() -> Iterator[None]:
+    """Within this block, in-process (``local``) runs load each model once and reuse it.
+
+    For callers that run many small embeddings in a row (jobs: one per changed file).
+    Reuse is safe because an item's vectors do not depend on what the embedder computed
+    before (see the module docstring). Ray actors load their own copy.
+    """
+    token = _MODEL_CACHE.set({})
+    try:
+        yield
+    finally:
+        _MODEL_CACHE.reset(token)
+
+
+def load_embedder(spec: ModelSpec, batch_tokens: int, compute_dtype: str, device: str) -> Any:
+    """The biLM on ``device`` (auto/cpu/cuda) computing in ``compute_dtype``; elmo_model
+    refuses float16 off CUDA, cuda without a GPU and unreadable weights with a
+    user-facing message."""
+    import elmo_model
+
+    cache = _MODEL_CACHE.get()
+    key = (spec, batch_tokens, compute_dtype, device)
+    if cache is not None and key in cache:
+        return cache[key]
+    embedder = elmo_model.load(spec.options, spec.weights, mode="stateless", device=device,
+                               dtype=compute_dtype, max_batch_tokens=batch_tokens)
+    if cache is not None:
+        cache[key] = embedder
+    return embedder
+
+
+# --------------------------------------------------------------------------- tokenize
+
+
+@dataclass
+class ItemContent:
+    """An item's small tables and its model windows, in document order."""
+
+    documents: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+    sentences: list[dict] = field(default_factory=list)
+    windows: list[tuple] = field(default_factory=list)  # see _unit_table
+    tokens: int = 0
+
+
+def _pretokenized_sentences(doc: Document) -> list[Sentence]:
+    out, offset = [], 0
+    for words in doc.pretokenized or []:
+        tokens = []
+        for word in words:
+            tokens.append(Token(word, offset, offset + len(word)))
+            offset += len(word) + 1  # joined by one space; sentences by one newline
+        out.append(Sentence(tuple(tokens)))
+    return out
+
+
+def _json_or_none(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def tokenize_item(docs: Iterator[Document | DocError], settings: ItemSettings) -> ItemContent:
+    """Sentences, windows and table rows of an item's documents (errors for the bad ones)."""
+    tokenizer = get_tokenizer(settings.tokenizer)
+    content = ItemContent()
+    for doc in docs:
+        if isinstance(doc, DocError):
+            content.errors.append({"doc_id": doc.doc_id, "source": doc.source,
+                                   "line": doc.line, "reason": doc.reason})
+            continue
+        sentences = (_pretokenized_sentences(doc) if doc.pretokenized is not None
+                     else tokenizer.split_sentences(doc.text))
+        if not sentences:
+            content.errors.append({"doc_id": doc.doc_id, "source": doc.source,
+                                   "line": doc.line, "reason": "no tokens in document"})
+            continue
+        n_tokens = 0
+        for sent_idx, sentence in enumerate(sentences):
+            toks = sentence.tokens
+            spans = windows(len(toks), settings.max_sentence_tokens, settings.window_overlap)
+            content.sentences.append({
+                "doc_id": doc.doc_id, "sent_idx": sent_idx,
+                "text": doc.text[sentence.start:sentence.end],
+                "char_start": sentence.start, "char_end": sentence.end,
+                "n_tokens": len(toks), "n_windows": len(spans),
+            })
+            for w in spans:
+                piece = toks[w.start:w.end]
+                content.windows.append((doc.doc_id, sent_idx, w.start, w.own_start, w.own_end,
+                                        [t.text for t in piece], [t.start for t in piece],
+                                        [t.end for t in piece]))
+            n_tokens += len(toks)
+        content.tokens += n_tokens
+        content.documents.append({
+            "doc_id": doc.doc_id, "source": doc.source, "line": doc.line,
+            "n_sentences": len(sentences), "n_tokens": n_tokens,
+            "metadata": _json_or_none(doc.metadata),
+        })
+    return content
+
+
+def _unit_table(rows: list[tuple]) -> Any:
+    import pyarrow as pa
+
+    cols = list(zip(*rows, strict=True))
+    return pa.table({
+        "doc_id": pa.array(cols[0], pa.string()),
+        "sent_idx": pa.array(cols[1], pa.int32()),
+        "start": pa.array(cols[2], pa.int32()),
+        "own_start": pa.array(cols[3], pa.int32()),
+        "own_end": pa.array(cols[4], pa.int32()),
+        "tokens": pa.array(cols[5], pa.list_(pa.string())),
+        "char_start": pa.array(cols[6], pa.list_(pa.int32())),
+        "char_end": pa.array(cols[7], pa.list_(pa.int32())),
+    })
+
+
+def cut_units(window_rows: list[tuple], unit_tokens: int) -> Iterator[list[tuple]]:
+    """Consecutive windows of about ``unit_tokens`` tokens: one model call each."""
+    rows: list[tuple] = []
+    size = 0
+    for row in window_rows:
+        if rows and size + len(row[5]) > unit_tokens:
+            yield rows
+            rows, size = [], 0
+        rows.append(row)
+        size += len(row[5])
+    if rows:
+        yield rows
+
+
+# --------------------------------------------------------------------------- embed
+
+
+def embed_unit(embedder: Any, unit: Any, dtype: str) -> Any:
+    """Token rows (schema ``token_schema``) for one unit's windows (a pyarrow table)."""
+    layers = embedder.embed(unit.column("tokens").to_pylist())
+    return unit_rows(unit, layers, embedder.config.n_layers + 1, embedder.config.output_dim,
+                     dtype)
+
+
+def unit_rows(unit: Any, layers: list[Any], n_out: int, dim: int, dtype: str) -> Any:
+    """The stored rows of a unit given the model's ``layers`` (one array per window)."""
+    import numpy as np
+    import pyarrow as pa
+
+    starts = unit.column("start").to_numpy()
+    own_start = unit.column("own_start").to_numpy()
+    own_end = unit.column("own_end").to_numpy()
+    lo, hi = own_start - starts, own_end - starts
+    np_dtype = np.float16 if dtype == "float16" else np.float32
+    stacked = np.concatenate([arr[:, a:b] for arr, a, b in zip(layers, lo, hi, strict=True)],
+                             axis=1) if layers else np.zeros((n_out, 0, dim), np.float32)
+    counts = hi - lo
+    doc_ids = np.repeat(np.array(unit.column("doc_id").to_pylist(), dtype=object), counts)
+    sent_idx = np.repeat(unit.column("sent_idx").to_numpy(), counts)
+    tok_idx = np.concatenate([np.arange(a, b) for a, b in zip(own_start, own_end, strict=True)]
+                             ) if len(counts) else np.zeros(0, np.int64)
+
+    def pick(col: str) -> list:
+        return [v for vals, a, b in zip(unit.column(col).to_pylist(), lo, hi, strict=True)
+                for v in vals[a:b]]
+
+    value_type = pa.float16() if dtype == "float16" else pa.float32()
+    columns: dict[str, Any] = {
+        "doc_id": pa.array(doc_ids, pa.string()),
+        "sent_idx": pa.array(sent_idx, pa.int32()),
+        "tok_idx": pa.array(tok_idx, pa.int32()),
+        "token": pa.array(pick("tokens"), pa.string()),
+        "char_start": pa.array(pick("char_start"), pa.int32()),
+        "char_end": pa.array(pick("char_end"), pa.int32()),
+    }
+    for k in range(n_out):
+        values = pa.array(np.ascontiguousarray(stacked[k]).astype(np_dtype).reshape(-1),
+                          value_type)
+        columns[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(values, dim)
+    return pa.table(columns)
+
+
+# --------------------------------------------------------------------------- write
+
+
+def token_file_compression(schema: Any) -> dict[str, str]:
+    """Per-column Parquet codecs for a tokens file (keys are leaf paths, as pyarrow wants).
+
+    zstd everywhere except the contextual layers (``layer_1`` .. ``layer_L``), which get
+    snappy: zstd shrinks those activations by only ~9% (464 vs 512 bytes per token for a
+    256-d float16 layer of the default model) yet decodes ~5x slower (1.0 vs 5.5 GB/s
+    per core here), and decoding them is what mixing on read waits for. Layer 0 is
+    context-free, repeated for every occurrence of a word: zstd shrinks it ~5x.
+    """
+    codecs = {}
+    for name in schema.names:
+        leaf = f"{name}.list.element" if name.startswith("layer_") else name
+        codecs[leaf] = "snappy" if name.startswith("layer_") and name != "layer_0" else "zstd"
+    return codecs
+
+
+class _HashingFile:
+    """A write-only file that hashes and counts what goes through it."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.digest.update(view)
+        self.size += view.nbytes
+        self.handle.write(view)
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        if not self.closed:
+            self.handle.close()
+            self.closed = True
+
+
+class ItemFiles:
+    """The staged files of one attempt at one item: ``_staging/<run>/<attempt>/<table>/
+    shard=<item>/<part>.parquet`` (the final name, under a private prefix)."""
+
+    def __init__(self, fs: Any, root: str, settings: ItemSettings, item: int) -> None:
+        self.fs, self.root, self.item = fs, root, item
+        self.part = settings.part
+        self.attempt = uuid.uuid4().hex[:12]
+        self.prefix = f"_staging/{settings.run_id}/{self.attempt}"
+        self.files: dict[str, str] = {}
+        self.sizes: dict[str, int] = {}
+        self.sha256: dict[str, str] = {}
+
+    def open(self, table: str) -> _HashingFile:
+        from schemas import PARTITION_COLUMN
+
+        rel = f"{self.prefix}/{table}/{PARTITION_COLUMN}={self.item}/{self.part}.parquet"
+        path = f"{self.root}/{rel}"
+        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        self.files[table] = rel
+        return _HashingFile(self.fs.open(path, "wb"))
+
+    def closed(self, table: str, handle: _HashingFile) -> None:
+        handle.close()
+        self.sizes[table] = handle.size
+        self.sha256[table] = handle.digest.hexdigest()
+
+
+class TokenWriter:
+    """Token rows of one item into one Parquet file, in row groups of ~64 MB."""
+
+    def __init__(self, files: ItemFiles, settings: ItemSettings) -> None:
+        import pyarrow.parquet as pq
+
+        from schemas import token_schema
+
+        self.files = files
+        self.schema = token_schema(settings.n_output_layers, settings.dim, settings.dtype)
+        layer_bytes = settings.n_output_layers * settings.dim * (
+            2 if settings.dtype == "float16" else 4)
+        self.rows_per_group = max(1024, ROW_GROUP_BYTES // max(1, layer_bytes))
+        self.handle: _HashingFile | None = None
+        self.writer: Any = None
+        self._pq = pq
+        self.buffer: list[Any] = []
+        self.buffered = 0
+        self.rows = 0
+
+    def add(self, table: Any) -> None:
+        self.buffer.append(table)
+        self.buffered += table.num_rows
+        if self.buffered >= self.rows_per_group:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if not self.buffer:
+            return
+        if self.writer is None:
+            self.handle = self.files.open("tokens")
+            self.writer = self._pq.ParquetWriter(
+                self.handle, self.schema, compression=token_file_compression(self.schema),
+                # Dictionary-encoding float16 lists is 2-4x slower to write and 6-10x to read.
+                use_dictionary=["doc_id", "token"],
+                write_statistics=["doc_id", "sent_idx", "tok_idx", "char_start", "char_end"],
+            )
+        table = pa.concat_tables(self.buffer).cast(self.schema)
+        self.writer.write_table(table, row_group_size=self.rows_per_group)
+        self.rows += table.num_rows
+        self.buffer, self.buffered = [], 0
+
+    def finish(self) -> int:
+        self._flush()
+        if self.writer is not None:
+            self.writer.close()
+            self.files.closed("tokens", self.handle)  # type: ignore[arg-type]
+        return self.rows
+
+
+def write_small_tables(files: ItemFiles, content: ItemContent) -> None:
+    """``sentences``, ``documents``, ``errors``: a file only for a table with rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from schemas import TABLE_SCHEMAS
+
+    for name in SMALL_TABLES:
+        rows = getattr(content, name)
+        if not rows:
+            continue
+        table = pa.Table.from_pylist(rows, schema=TABLE_SCHEMAS[name])
+        handle = files.open(name)
+        pq.write_table(table, handle, compression="zstd")
+        files.closed(name, handle)
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class ItemWorker:
+    """Holds the model and turns items into staged files; one per process (or actor)."""
+
+    def __init__(self, settings: ItemSettings) -> None:
+        self.settings = settings
+        self.embedder: Any = None
+        self.model_lock = threading.Lock()
+        self.lines = LineCounter()
+        self.node_id: str | None = None
+
+    def load(self) -> None:
+        """Load the model now (a bad model fails here, before any item is read)."""
+        s = self.settings
+        get_tokenizer(s.tokenizer)
+        if self.embedder is None:
+            self.embedder = load_embedder(s.model, s.batch_tokens, s.compute_dtype, s.device)
+
+    def _crash_if_asked(self) -> None:
+        marker = self.settings.crash_marker
+        if marker and not os.path.exists(marker):
+            Path(marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), 9)  # die like an OOM-killed or preempted worker
+
+    def process(self, item: WorkItem) -> CommitRecord:
+        from pipeline.store import open_output
+
+        t0 = time.perf_counter()
+        self.load()
+        self._crash_if_asked()
+        s = self.settings
+        docs = read_range(item.source, item.start, item.end, s.read, s.storage_options,
+                          self.lines)
+        content = tokenize_item(docs, s)
+        fs, root = open_output(s.out, s.storage_options)
+        files = ItemFiles(fs, root, s, item.index)
+        tokens = TokenWriter(files, s)
+        model_tokens = 0
+        for rows in cut_units(content.windows, s.unit_tokens):
+            unit = _unit_table(rows)
+            with self.model_lock:  # one model call at a time; reading and writing overlap it
+                layers = self.embedder.embed(unit.column("tokens").to_pylist())
+            tokens.add(unit_rows(unit, layers, s.n_output_layers, s.dim, s.dtype))
+            model_tokens += sum(len(r[5]) for r in rows)
+        content.windows = []
+        counts = {"tokens": tokens.finish(), "sentences": len(content.sentences),
+                  "documents": len(content.documents), "errors": len(content.errors)}
+        write_small_tables(files, content)
+        return CommitRecord(
+            item=item.index, attempt=files.attempt, files=files.files, sizes=files.sizes,
+            sha256=files.sha256, counts=counts, model_tokens=model_tokens,
+            input_bytes=item.input_bytes, seconds=time.perf_counter() - t0,
+            worker={"host": socket.gethostname(), "pid": os.getpid(), "node": self.node_id},
+            peak_rss=peak_rss_bytes(),
+        )
