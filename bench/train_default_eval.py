@@ -4,8 +4,9 @@ and embedding throughput through ``ElmoEmbedder``.
     .venv/bin/python bench/train_default_eval.py models/default '../shared/corpora/*.txt'
 
 Perplexity uses the weights as shipped (e.g. float16, widened to float32) and the same
-fixed held-out lines as training. Throughput: stateless, token cache on (cold at the
-start of the timed pass), real tokens only, over held-out text; torch threads as given.
+fixed held-out lines as training, cut by the tokenizer the model declares. Throughput:
+stateless, token cache on (cold at the start of the timed pass), real tokens only, over
+held-out text; torch threads as given.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
     import torch
 
     import elmo_model
+    from elmo_model.tokenizers import get_tokenizer, model_tokenizer
     from elmo_model.train import (
         Softmax,
         TrainParams,
@@ -45,7 +47,9 @@ def main() -> None:
                                    model_dir / "weights.safetensors")
     _, params = split_options(json.loads((model_dir / "options.json").read_text()), "options")
     vocab = Vocabulary.load(model_dir / "vocab.txt")
-    corpus, _ = load_corpus(args.corpus, TrainParams(**{**params.__dict__}), vocab=vocab)
+    tokenizer = get_tokenizer(model_tokenizer(str(model_dir)))
+    corpus, _ = load_corpus(args.corpus, TrainParams(**{**params.__dict__}), vocab=vocab,
+                            tokenizer=tokenizer)
     if not args.skip_perplexity:
         softmax = Softmax(len(vocab), model.config.projection_dim)
         softmax.load_state_dict(read_softmax(model_dir))
