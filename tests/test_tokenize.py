@@ -1,4 +1,5 @@
-"""The PTB-like tokenizer, sentence splitter and long-sentence windows."""
+"""The PTB-like tokenizer (``elmo-store-ptb``), its sentence splitter and long-sentence
+windows. The other tokenizers: ``test_tokenizers.py``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ import itertools
 
 import pytest
 
-from pipeline.tokenize import split_sentences, tokenize_words, windows
+from pipeline.tokenize import (
+    TOKENIZER_NAME,
+    TOKENIZER_VERSION,
+    get_tokenizer,
+    split_sentences,
+    tokenize_words,
+    windows,
+)
 
 
 def words(text: str) -> list[str]:
@@ -54,6 +62,14 @@ def test_sentence_splitting() -> None:
     ]
     for sentence in split_sentences(text):
         assert sentence.start < sentence.end
+
+
+def test_module_functions_are_the_registered_ptb_tokenizer() -> None:
+    ptb = get_tokenizer("elmo-store-ptb")
+    assert ptb.record() == {"name": TOKENIZER_NAME, "version": TOKENIZER_VERSION}
+    text = "Mr. Brown can't stay. \"Why?\" he asked.\n\nNew paragraph"
+    assert ptb.split_sentences(text) == split_sentences(text)
+    assert ptb.tokenize(text) == tokenize_words(text)
 
 
 def test_long_token_kept_whole() -> None:
