@@ -14,6 +14,7 @@ from jobs.example_spec import EXAMPLE_SPEC  # a constant; importing it costs not
 
 EPILOG = """\
 examples:
+  elmo jobs run examples/job.toml               # the bundled example: embeds examples/corpus
   elmo jobs validate jobs/news.toml
   elmo jobs run jobs/news.toml                  # embed new/changed files only
   elmo jobs schedule jobs/news.toml jobs/web.yaml   # run due jobs by cron, forever
@@ -23,6 +24,10 @@ examples:
 
 A spec (TOML or YAML; see docs/jobs.md):
 """ + "\n".join("  " + line for line in EXAMPLE_SPEC.splitlines())
+
+
+SPEC_HELP = "job spec file (TOML or YAML; see `elmo jobs --help`)"
+SPECS_HELP = "job spec files (TOML or YAML; see `elmo jobs --help`)"
 
 
 def register(subparsers: Any) -> None:
@@ -35,20 +40,28 @@ def register(subparsers: Any) -> None:
     verbs = jobs.add_subparsers(dest="jobs_command", metavar="VERB")
     jobs.set_defaults(handler=lambda args: (jobs.print_help(), 2)[1])
 
-    p = verbs.add_parser("validate", help="check job specs and report every problem",
-                         epilog="example:\n  elmo jobs validate jobs/*.toml",
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p = verbs.add_parser(
+        "validate", help="check job specs and report every problem",
+        description="Check job specs without running anything: every unknown key, bad value "
+                    "and missing field of every spec is reported at once, with the file and "
+                    "key.",
+        epilog="examples:\n  elmo jobs validate examples/job.toml\n"
+               "  elmo jobs validate jobs/*.toml",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("specs", nargs="+", metavar="SPEC", help=SPECS_HELP)
     p.set_defaults(handler=_validate)
 
     p = verbs.add_parser(
         "run", help="one incremental run of a job now",
-        epilog="examples:\n  elmo jobs run jobs/news.toml\n"
+        description="Run a job once, now: embed the source files that are new or changed "
+                    "since the last run, swap their rows in atomically, then refresh the "
+                    "indexes of the spec's mixes.",
+        epilog="examples:\n  elmo jobs run examples/job.toml\n"
                "  elmo jobs run jobs/news.toml --ray-address auto   # on a Ray cluster\n\n"
                "Exit status: 0 on success (also when nothing changed), 1 when the run or an "
                "index refresh failed, 2 on a bad spec or when the job is already running.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
     p.add_argument("--ray-address", metavar="ADDR",
                    help="override the spec's ray.address (e.g. auto inside a Ray job)")
     p.add_argument("--trigger", default="manual", choices=("manual", "submit"),
@@ -58,29 +71,41 @@ def register(subparsers: Any) -> None:
 
     p = verbs.add_parser(
         "schedule", help="run due jobs by their cron schedules",
-        epilog="examples:\n  elmo jobs schedule jobs/news.toml jobs/web.toml\n"
+        description="Run each job whenever its cron schedule makes it due, forever (or one "
+                    "pass with --once). A job is due when no run has started since its latest "
+                    "cron time; missed times are caught up by one incremental run.",
+        epilog="examples:\n  elmo jobs schedule examples/job.toml --once   # one pass, "
+               "then exit\n"
+               "  elmo jobs schedule jobs/news.toml jobs/web.toml\n"
                "  elmo jobs schedule jobs/news.toml --once   # from a timer or CronJob\n\n"
+               "With --once it prints one line per job: what ran, or why not and when it is "
+               "next due.\n"
                "Jobs run one after another in this process. A job whose previous run is "
                "still going (here or in another scheduler) is skipped; any number of "
                "schedulers may watch one spec, and one run at a time happens.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help=SPECS_HELP)
     p.add_argument("--once", action="store_true", help="one pass over the specs, then exit")
     p.add_argument("--max-sleep", type=float, default=60.0, metavar="S",
                    help="wake at least every S seconds (default 60)")
     p.set_defaults(handler=_schedule)
 
-    p = verbs.add_parser("status", help="last runs, next due time and lag of jobs",
-                         epilog="examples:\n  elmo jobs status jobs/news.toml\n"
-                                "  elmo jobs status jobs/*.toml --runs 10 --json",
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p = verbs.add_parser(
+        "status", help="last runs, next due time and lag of jobs",
+        description="Show each job's recent runs (status, trigger, duration, files, documents, "
+                    "tokens, errors), when it is next due and how late a due run is.",
+        epilog="examples:\n  elmo jobs status examples/job.toml\n"
+               "  elmo jobs status jobs/*.toml --runs 10 --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("specs", nargs="+", metavar="SPEC", help=SPECS_HELP)
     p.add_argument("--runs", type=int, default=5, help="runs to show per job (default 5)")
     p.add_argument("--json", action="store_true", help="JSON for machines")
     p.set_defaults(handler=_status)
 
     p = verbs.add_parser(
         "submit", help="run a job on a Ray cluster via the Job Submission API",
+        description="Submit `elmo jobs run SPEC` to a Ray cluster through its Job Submission "
+                    "API, so the run happens on the cluster; --wait follows it to the end.",
         epilog="examples:\n  elmo jobs submit jobs/news.toml --address http://HEAD:8265\n"
                "  elmo jobs submit jobs/news.toml --address http://HEAD:8265 --wait\n"
                "  elmo jobs submit jobs/news.toml --address http://HEAD:8265 "
@@ -88,7 +113,7 @@ def register(subparsers: Any) -> None:
                "The cluster must have this project installed (see ray_cluster.yaml); paths "
                "in the spec are read on the cluster, so use URIs there.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
     p.add_argument("--address", required=True, metavar="URL",
                    help="Ray dashboard URL, e.g. http://HEAD:8265")
     p.add_argument("--working-dir", metavar="DIR",
@@ -137,9 +162,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _schedule(args: argparse.Namespace) -> int:
-    from jobs.schedule import schedule_loop
+    from jobs.schedule import once_summary, schedule_loop
 
-    outcome = schedule_loop(_load(args.specs), once=args.once, max_sleep_s=args.max_sleep)
+    specs = _load(args.specs)
+    outcome = schedule_loop(specs, once=args.once, max_sleep_s=args.max_sleep)
+    if args.once:
+        print("\n".join(once_summary(specs, outcome)))
     return 1 if any(v.startswith("failed") for v in outcome.values()) else 0
 
 

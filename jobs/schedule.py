@@ -134,6 +134,24 @@ def schedule_loop(specs: Sequence[JobSpec], *, clock: Clock = time.time,
         sleep(min(max_sleep_s, max(1.0, wake - now)))
 
 
+def once_summary(specs: Sequence[JobSpec], outcome: dict[str, str],
+                 clock: Clock = time.time) -> list[str]:
+    """One line per job for ``elmo jobs schedule --once``: what happened and when the job is
+    next due, so a pass in which nothing was due still says so."""
+    lines = []
+    for spec in specs:
+        what = outcome.get(spec.name, "not checked")
+        next_due = fmt_time(next_slot(spec, clock()), spec.timezone)
+        if what == "not due":
+            runs = _history(spec)
+            last = (f"last run {fmt_time(runs[-1].started_at, spec.timezone)} "
+                    f"({runs[-1].status})" if runs else "no runs yet")
+            lines.append(f"{spec.name}: not due ({last}); next due {next_due}")
+        else:
+            lines.append(f"{spec.name}: {what}; next due {next_due}")
+    return lines
+
+
 @dataclass
 class JobStatus:
     name: str

@@ -132,3 +132,22 @@ def test_scheduler_rejects_a_spec_without_schedule(tmp_path: Path) -> None:
     spec = dataclasses.replace(make_spec(tmp_path, "0 0 * * *"), schedule=None)
     with pytest.raises(ElmoUserError, match="schedule: no cron expression"):
         schedule_loop([spec], once=True, echo=False)
+
+
+def test_once_summary_says_what_happened_to_every_job(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`elmo jobs schedule --once` printed nothing when no job was due (issue 13)."""
+    import jobs.schedule as schedule
+
+    spec = make_spec(tmp_path, "0 3 * * *")
+    idle = dataclasses.replace(make_spec(tmp_path, "30 4 * * *"), name="idle")
+    history = {spec.name: [run_at(utc(2026, 11, 21, 3, 0), slot=utc(2026, 11, 21, 3, 0))],
+               "idle": []}
+    monkeypatch.setattr(schedule, "_history", lambda s: history[s.name])
+    clock = FakeClock(utc(2026, 11, 21, 5, 0))
+    lines = schedule.once_summary([spec, idle], {spec.name: "not due", "idle": "ok"}, clock)
+    assert lines == [
+        f"{spec.name}: not due (last run 2026-11-21 03:00:00 UTC (ok)); "
+        "next due 2026-11-22 03:00:00 UTC",
+        "idle: ok; next due 2026-11-22 04:30:00 UTC",
+    ]
