@@ -630,7 +630,9 @@ def train(
     if resumed is not None:
         options = json.loads((out / OPTIONS_FILE).read_text())
         config, params = split_options(options, str(out))
-        trained_with = declared_tokenizer(options, str(out / OPTIONS_FILE))
+        # an explicit --tokenizer equal to the declared one accepts a changed version
+        trained_with = declared_tokenizer(options, str(out / OPTIONS_FILE),
+                                          check_version=tokenizer is None)
         if tokenizer is not None and tokenizer != trained_with:
             raise ElmoUserError(f"{out} was trained with tokenizer {trained_with}; a resumed run "
                                 f"keeps it: drop --tokenizer {tokenizer}, or train into a new "

@@ -292,6 +292,14 @@ def test_resume_keeps_the_tokenizer_and_unknown_names_fail_first(tmp_path: Path)
         train(corpus, out, str(options), max_steps=2, tokenizer="moses", **QUIET)
     resumed = train(corpus, out, str(options), max_steps=2, **QUIET)
     assert resumed.state.step == 2 and model_tokenizer(str(out)) == "elmo-store-ptb"
+    # trained under other rules of the same tokenizer: refused unless asked for by name
+    saved = json.loads((out / "options.json").read_text())
+    saved["tokenizer"]["version"] = "0"
+    (out / "options.json").write_text(json.dumps(saved))
+    with pytest.raises(ElmoUserError, match="pass --tokenizer elmo-store-ptb"):
+        train(corpus, out, str(options), max_steps=3, **QUIET)
+    again = train(corpus, out, str(options), max_steps=3, tokenizer="elmo-store-ptb", **QUIET)
+    assert again.state.step == 3
     code = main(["train", corpus, "--config", str(options), "--out", str(tmp_path / "new"),
                  "--max-steps", "1", "--no-progress", "--tokenizer", "nltk"])
     assert code == 2

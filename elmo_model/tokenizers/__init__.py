@@ -87,9 +87,10 @@ def get_tokenizer(name: str) -> Tokenizer:
     return _BUILT[name]
 
 
-def declared_tokenizer(options: dict[str, Any], source: str) -> str:
+def declared_tokenizer(options: dict[str, Any], source: str, check_version: bool = True) -> str:
     """The tokenizer name parsed ``options`` declare (:data:`UNDECLARED` when none);
-    ``source`` names the file in error messages."""
+    ``source`` names the file in error messages. With ``check_version`` a declared version
+    whose rules differ from this elmo-store's is an error."""
     declared = options.get(DECLARATION_KEY) if isinstance(options, dict) else None
     if declared is None:
         # elmo train wrote a "training" block before it wrote declarations, and then it
@@ -104,7 +105,7 @@ def declared_tokenizer(options: dict[str, Any], source: str) -> str:
         raise ElmoUserError(f"{source}: the model declares tokenizer {name!r}, which this "
                             f"elmo-store does not have; known: {', '.join(tokenizer_names())}")
     wanted = declared.get("version")
-    if wanted is not None:
+    if check_version and wanted is not None:
         have = get_tokenizer(name).version
         if not isinstance(wanted, str) or _rules(wanted) != _rules(have):
             raise ElmoUserError(f"{source}: the model was trained with tokenizer {name} version "
