@@ -99,15 +99,11 @@ def has_committed_data(fs: Any, root: str) -> bool:
 
 def check_output_dir(fs: Any, root: str) -> None:
     """Refuse to write a dataset into a directory that holds something else."""
-    if read_json(fs, f"{root}/{DESCRIPTOR_FILE}") is not None:
+    if fs.isfile(root):
+        raise ElmoUserError(f"--out {root} is a file; give a directory for the dataset")
+    if not fs.isdir(root) or read_json(fs, f"{root}/{DESCRIPTOR_FILE}") is not None:
         return
-    try:
-        names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)]
-    except (FileNotFoundError, NotADirectoryError):
-        if fs.exists(root) and not fs.isdir(root):
-            raise ElmoUserError(f"--out {root} is a file; give a directory for the dataset"
-                                ) from None
-        return
+    names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)]
     # Names starting with "_" are ours: a lock or a live view left before any commit.
     foreign = sorted(n for n in names if not n.startswith("_"))
     if foreign:
