@@ -46,14 +46,14 @@ class Tokenizer:
     name: str
     version: str
     split: Callable[[str], list[Sentence]]
-    words: Callable[[str], list[Token]]
+    split_words: Callable[[str], list[Token]]
 
     def split_sentences(self, text: str) -> list[Sentence]:
         return self.split(text)
 
     def tokenize(self, text: str) -> list[Token]:
         """The tokens of ``text`` without sentence splitting (training reads lines)."""
-        return self.words(text)
+        return self.split_words(text)
 
     def record(self) -> dict[str, str]:
         """What a dataset records of its tokenizer (``_dataset.json``) and a model declares."""
