@@ -16,8 +16,10 @@ packing as the forward one; both directions then run as one batched matmul per s
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,6 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
+
+if TYPE_CHECKING:
+    from elmo_model.fused_lstm import RecurrenceGraphs, StepWeights
 
 
 @dataclass(frozen=True)
@@ -204,10 +209,20 @@ class BiLstmLayer(nn.Module):
             self.bias[:, d : 2 * d] = 1.0  # forget gate
 
     def forward(
-        self, x: torch.Tensor, plan: PackPlan, h: torch.Tensor, c: torch.Tensor
+        self,
+        x: torch.Tensor,
+        plan: PackPlan,
+        h: torch.Tensor,
+        c: torch.Tensor,
+        impl: str = "reference",
+        graphs: RecurrenceGraphs | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: packed input ``[2, N, P]``; h, c: initial state ``[2, B, *]`` in rank order.
-        Returns packed output ``[2, N, P]`` and the final state ``[2, B, *]`` (rank order)."""
+        Returns packed output ``[2, N, P]`` and the final state ``[2, B, *]`` (rank order).
+
+        impl: the inference step (see ``LSTM_IMPLS``); with autograd on, always the
+        out-of-place reference. ``graphs`` holds the CUDA graphs of ``triton-graphs``.
+        """
         device_type = x.device.type
         # Under autocast the matmuls run in bf16/fp16 with the weights cast once per call
         # (autocast itself recasts them at every step), while gates, cell state and
@@ -215,6 +230,8 @@ class BiLstmLayer(nn.Module):
         low = (torch.get_autocast_dtype(device_type)
                if torch.is_autocast_enabled(device_type) else None)
         with torch.autocast(device_type, enabled=False):
+            if impl in ("triton", "triton-graphs") and not torch.is_grad_enabled():
+                return self._fused(x, plan, h, c, low or torch.float32, graphs)
             weights = (self.input_weight, self.recurrent_weight, self.projection)
             w_in, w_rec, w_proj = weights if low is None else (w.to(low) for w in weights)
             # All input projections in one matmul; only the recurrent product runs per step.
@@ -227,6 +244,38 @@ class BiLstmLayer(nn.Module):
                 pre = torch.bmm(x.to(low), w_in)
             run = self._steps if torch.is_grad_enabled() else self._steps_in_place
             return run(pre, plan, h.float(), c.float(), w_rec, w_proj)
+
+    def _fused(self, x: torch.Tensor, plan: PackPlan, h: torch.Tensor, c: torch.Tensor,
+               dtype: torch.dtype, graphs: RecurrenceGraphs | None):
+        """The recurrence with the fused Triton step (CUDA; the interpreter in tests)."""
+        from elmo_model import fused_lstm
+
+        w_in, weights = self._step_weights(dtype)
+        if graphs is None:
+            pre = torch.bmm(x.to(dtype), w_in)  # [2, N, 4D]; the kernel adds the bias
+            return fused_lstm.packed_steps(weights, pre, plan.batch_sizes, plan.offsets, h, c)
+        # The graph reads these weight tensors by address: a recast (new dtype, new
+        # weights) makes new tensors, and so a new key and a new capture.
+        key = (id(self), weights.w_rec.data_ptr(), weights.w_proj.data_ptr(),
+               weights.bias.data_ptr())
+        return graphs.run(key, weights, x.to(dtype), w_in, plan.batch_sizes,
+                          plan.lengths[plan.order], h.float(), c.float())
+
+    def _step_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, StepWeights]:
+        """Weights in the matmul dtype, cast once and kept while the parameters are
+        unchanged (a CUDA graph reads them by address, so they must stay put)."""
+        from elmo_model.fused_lstm import StepWeights
+
+        params = (self.input_weight, self.recurrent_weight, self.projection, self.bias)
+        stamp = (dtype, *((p.data_ptr(), p._version) for p in params))
+        cached = self.__dict__.get("_cast_weights")
+        if cached is None or cached[0] != stamp:
+            w_in, w_rec, w_proj = (p.detach().to(dtype) for p in params[:3])
+            weights = StepWeights(w_rec, w_proj, self.bias.detach().float().contiguous(),
+                                  self.cell_clip, self.proj_clip)
+            cached = (stamp, w_in, weights)
+            self.__dict__["_cast_weights"] = cached  # a cache, not module state
+        return cached[1], cached[2]
 
     def _steps(self, pre: torch.Tensor, plan: PackPlan, h: torch.Tensor, c: torch.Tensor,
                w_rec: torch.Tensor, w_proj: torch.Tensor):
@@ -319,14 +368,58 @@ class BiLMOutput:
     mask: torch.Tensor  # [B, T] bool, True where a token is
 
 
+# The LSTM inference step. ``reference``: the in-place torch step (the CPU's);
+# ``triton``: the fused Triton step over the packed batch; ``triton-graphs``: the fused
+# step on bucketed padded shapes, captured as CUDA graphs (no per-step launch overhead).
+# ``auto``: triton-graphs on CUDA when triton imports, else reference.
+LSTM_IMPLS = ("auto", "reference", "triton", "triton-graphs")
+
+
+def fused_lstm_unavailable(device: torch.device | str) -> str | None:
+    """Why ``auto`` does not pick the fused Triton step on ``device``; None when it does."""
+    if torch.device(device).type != "cuda":
+        return "the fused Triton LSTM step is for CUDA devices; the CPU runs the torch step"
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install 'elmo-store[gpu]' for the fused step)"
+    try:
+        importlib.import_module("elmo_model.fused_lstm")
+    except Exception as error:  # a broken triton install must not stop the model
+        return f"triton failed to import ({type(error).__name__}: {error})"
+    return None
+
+
 class BiLM(nn.Module):
-    """Char CNN + forward and backward L-layer LSTM stacks; returns all 2L + 1 layers."""
+    """Char CNN + forward and backward L-layer LSTM stacks; returns all 2L + 1 layers.
+
+    ``lstm_impl`` picks the inference step (one of ``LSTM_IMPLS``, default ``auto``).
+    """
 
     def __init__(self, config: BiLMConfig) -> None:
         super().__init__()
         self.config = config
         self.char_cnn = CharCNN(config)
         self.layers = nn.ModuleList(BiLstmLayer(config) for _ in range(config.n_layers))
+        self.lstm_impl = "auto"
+        self._graphs: dict[torch.device, RecurrenceGraphs] = {}
+
+    def resolve_lstm_impl(self, device: torch.device | str) -> tuple[str, str]:
+        """The step ``lstm_impl`` means on ``device``, and a one-line reason."""
+        if self.lstm_impl not in LSTM_IMPLS:
+            raise ValueError(f"lstm_impl must be one of {', '.join(LSTM_IMPLS)}, "
+                             f"got {self.lstm_impl!r}")
+        if self.lstm_impl != "auto":
+            return self.lstm_impl, "set explicitly"
+        missing = fused_lstm_unavailable(device)
+        if missing is not None:
+            return "reference", missing
+        return "triton-graphs", "CUDA device and triton importable"
+
+    def _recurrence_graphs(self, device: torch.device) -> RecurrenceGraphs:
+        from elmo_model.fused_lstm import RecurrenceGraphs
+
+        if device not in self._graphs:
+            self._graphs[device] = RecurrenceGraphs(device)
+        return self._graphs[device]
 
     def token_embedding(self, char_ids: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, P]
         return self.char_cnn(char_ids)
@@ -361,10 +454,12 @@ class BiLM(nn.Module):
         p = self.config.projection_dim
         backward_source = tokens if backward_tokens is None else backward_tokens
         x = torch.stack([tokens[plan.forward_index], backward_source[plan.backward_index]])
+        impl = "reference" if torch.is_grad_enabled() else self.resolve_lstm_impl(x.device)[0]
+        graphs = self._recurrence_graphs(x.device) if impl == "triton-graphs" else None
         outputs, final_state = [], []
         for index, (layer, (h0, c0)) in enumerate(zip(self.layers, initial_state, strict=True)):
             layer_in = F.dropout(x, dropout, self.training) if dropout else x
-            y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order])
+            y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order], impl, graphs)
             if self.config.use_skip_connections and index > 0:
                 y = y + x  # residual between LSTM layers, not into the first one
             outputs.append(y)

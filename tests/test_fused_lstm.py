@@ -1,0 +1,279 @@
+"""The fused Triton LSTM step (``elmo_model.fused_lstm``) against the reference torch step.
+
+Triton's interpreter runs the kernels on CPU tensors, but only when ``TRITON_INTERPRET=1``
+is set before triton is imported. So the checks below (``check_*``) run together in one
+child Python started with that variable, which reports each one's outcome; this pytest
+process never imports triton. The child runs the same kernels, launches and time loops
+(packed, and padded as captured in CUDA graphs) that the model runs on a GPU; only the
+capture itself needs CUDA. Shapes are small: the interpreter is slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from elmo_model.model import BiLM, BiLMConfig, BiLstmLayer, PackPlan
+
+# Small on purpose; D = 40 and P = 12 are not powers of two, so column masks matter, and
+# clips this low are hit by a fair share of cells and outputs.
+CONFIG = BiLMConfig(n_layers=2, lstm_dim=40, projection_dim=12, cell_clip=0.5, proj_clip=0.3,
+                    char_embedding_dim=4, filters=((1, 4), (2, 8)), n_highway=1)
+LENGTHS = np.array([5, 2, 7, 1, 4, 7])
+
+
+def _random_state(batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    p, d = CONFIG.projection_dim, CONFIG.lstm_dim
+    return (torch.randn(2, batch, p, generator=generator) * 0.2,
+            torch.randn(2, batch, d, generator=generator) * 0.4)
+
+
+def _layer_and_input(lengths: np.ndarray, seed: int = 0) -> tuple[BiLstmLayer, PackPlan,
+                                                                   torch.Tensor]:
+    torch.manual_seed(seed)
+    layer = BiLstmLayer(CONFIG).eval()
+    with torch.no_grad():
+        layer.bias.normal_(0.0, 0.5)
+    plan = PackPlan.build(lengths)
+    x = torch.randn(2, plan.n_tokens, CONFIG.projection_dim)
+    return layer, plan, x
+
+
+def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+
+
+# ---- checks run in the interpreter child -------------------------------------------------
+
+
+def check_interpreter_is_on(fixture_dir: Path) -> None:
+    import triton  # noqa: F401  (first import, after the variable was set)
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from elmo_model import fused_lstm
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    assert isinstance(fused_lstm._gates_cell_kernel, InterpretedFunction)
+
+
+def check_one_step_matches_the_reference_math(fixture_dir: Path) -> None:
+    """One fused step, masked and not, against the step written out in torch."""
+    from elmo_model.fused_lstm import StepWeights, fused_step
+
+    generator = torch.Generator().manual_seed(1)
+    batch, n, p, d = 6, 5, CONFIG.projection_dim, CONFIG.lstm_dim
+    rand = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    weights = StepWeights(rand(2, p, 4 * d) * 0.3, rand(2, d, p) * 0.3, rand(2, 4 * d) * 0.5,
+                          cell_clip=0.5, proj_clip=0.3)
+    pre_all = rand(2, 9, 4 * d)
+    pre = pre_all[:, 3 : 3 + n]  # a strided slice, as in the packed loop
+    h0, c0 = rand(2, batch, p) * 0.2, rand(2, batch, d) * 0.4
+    lengths = torch.tensor([4, 1, 2, 3, 0], dtype=torch.int32)
+    for masked in (False, True):
+        h, c = h0.clone(), c0.clone()
+        out = torch.full((2, n, p), float("nan"))
+        work = [torch.empty(2, n, w) for w in (4 * d, d, p)]
+        step = 2
+        fused_step(weights, pre, h, h, c, out, *work, lengths=lengths if masked else None,
+                   step=step)
+        gates = torch.bmm(h0[:, :n], weights.w_rec) + pre + weights.bias[:, None]
+        i, f, o = (torch.sigmoid(gates[..., k * d : (k + 1) * d]) for k in range(3))
+        want_c = (f * c0[:, :n] + i * torch.tanh(gates[..., 3 * d :])).clamp(-0.5, 0.5)
+        want_out = torch.bmm(o * torch.tanh(want_c), weights.w_proj).clamp(-0.3, 0.3)
+        want_h = want_out
+        active = torch.ones(n, dtype=torch.bool)
+        if masked:  # ended rows keep h and c; their output is padding, never read
+            active = lengths > step
+            want_c = torch.where(active[None, :, None], want_c, c0[:, :n])
+            want_h = torch.where(active[None, :, None], want_out, h0[:, :n])
+        torch.testing.assert_close(c[:, :n], want_c, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(out[:, active], want_out[:, active], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(h[:, :n], want_h, atol=1e-6, rtol=1e-5)
+        assert torch.equal(c[:, n:], c0[:, n:]) and torch.equal(h[:, n:], h0[:, n:])
+        assert (want_c.abs() == 0.5).any() and (want_out.abs() == 0.3).any()  # clips hit
+
+
+def _run_layer(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, impl: str,
+               graphs: object = None, seed: int = 5):
+    h0, c0 = _random_state(len(plan.lengths), seed)
+    with torch.inference_mode():
+        return layer(x, plan, h0, c0, impl, graphs)
+
+
+def check_fp32_loops_match_the_reference_step(fixture_dir: Path) -> None:
+    """Packed and padded (graph-shaped) loops within 1e-5 of the in-place reference;
+    the padded loop's shared buffers survive growing to a larger bucket and back."""
+    from elmo_model.fused_lstm import RecurrenceGraphs
+
+    graphs = RecurrenceGraphs(torch.device("cpu"))
+    for lengths in (LENGTHS, np.array([3, 9, 1, 2, 8, 8, 4, 5, 6, 2, 1]), LENGTHS[:3]):
+        layer, plan, x = _layer_and_input(lengths)
+        want = _run_layer(layer, plan, x, "reference")
+        assert (want[2].abs() == CONFIG.cell_clip).any()  # the cell clip is exercised
+        for impl in ("triton", "triton-graphs"):
+            got = _run_layer(layer, plan, x, impl, graphs if impl == "triton-graphs" else None)
+            for name, a, b in zip(("out", "h", "c"), got, want, strict=True):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"{impl} {name}")
+
+
+def check_low_precision_stays_close_to_fp32(fixture_dir: Path) -> None:
+    """bf16 and fp16 matmuls (fp32 state and gate math): cosine >= 0.9999 per token."""
+    from elmo_model.fused_lstm import RecurrenceGraphs
+
+    torch.manual_seed(0)
+    model = BiLM(CONFIG).eval()
+    plan = PackPlan.build(LENGTHS)
+    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
+    with torch.inference_mode():
+        model.lstm_impl = "reference"
+        fp32, _ = model.contextualize(tokens, plan)
+        for dtype in (torch.bfloat16, torch.float16):
+            for impl in ("triton", "triton-graphs"):
+                model.lstm_impl = impl
+                with torch.autocast("cpu", dtype=dtype):
+                    low, state = model.contextualize(tokens, plan)
+                assert low.dtype == torch.float32 and state[0][1].dtype == torch.float32
+                cosine = _cosines(low, fp32)
+                assert cosine.min() >= 0.9999, (dtype, impl, cosine.min())
+    assert isinstance(model._graphs[torch.device("cpu")], RecurrenceGraphs)
+
+
+def check_model_paths_agree_with_initial_state(fixture_dir: Path) -> None:
+    """Whole ``contextualize`` (2 layers, skip connection, carried state) per impl."""
+    torch.manual_seed(0)
+    model = BiLM(CONFIG).eval()
+    plan = PackPlan.build(LENGTHS)
+    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
+    state = [_random_state(len(LENGTHS), seed) for seed in range(CONFIG.n_layers)]
+    results = {}
+    with torch.inference_mode():
+        for impl in ("reference", "triton", "triton-graphs"):
+            model.lstm_impl = impl
+            results[impl] = model.contextualize(tokens, plan, state)
+    want_layers, want_state = results["reference"]
+    for impl in ("triton", "triton-graphs"):
+        layers, final = results[impl]
+        torch.testing.assert_close(layers, want_layers, atol=1e-5, rtol=1e-5)
+        for got_hc, want_hc in zip(final, want_state, strict=True):
+            for a, b in zip(got_hc, want_hc, strict=True):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def check_bilm_tf_conformance_on_the_fused_paths(fixture_dir: Path) -> None:
+    """The bilm-tf fixture's first batches, state carried, through each fused path."""
+    import h5py
+
+    import elmo_model
+
+    sentences = json.loads((fixture_dir / "sentences.json").read_text())
+    expected = [h5py.File(fixture_dir / f"lm_embeddings_{k}.hdf5", "r") for k in range(3)]
+    for impl in ("triton", "triton-graphs"):
+        embedder = elmo_model.load(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5",
+                                   mode="stateful", device="cpu")
+        embedder.model.lstm_impl = impl
+        for i in range(2):
+            batch = [sentences[k][i].split() for k in range(3)]
+            for k, layers in enumerate(embedder.embed(batch)):
+                top = layers[-1]
+                got = np.stack([top[:, :16], top[:, 16:]])
+                want = expected[k][str(i)][...]
+                assert np.allclose(got, want, atol=1e-6, rtol=1e-5), (impl, i, k)
+
+
+def check_auto_picks_the_fused_step_on_cuda(fixture_dir: Path) -> None:
+    model = BiLM(CONFIG)
+    assert model.resolve_lstm_impl("cuda") == ("triton-graphs", "CUDA device and triton importable")
+    impl, reason = model.resolve_lstm_impl("cpu")
+    assert impl == "reference" and "CUDA" in reason
+
+
+def check_buckets(fixture_dir: Path) -> None:
+    from elmo_model.fused_lstm import bucket_size, padded_positions
+
+    assert [bucket_size(n) for n in (1, 8, 9, 15, 17, 33, 100, 4000)] == [
+        8, 8, 10, 16, 20, 40, 112, 4096]
+    for n in range(1, 5000, 7):  # never below n, never 25% above (past the minimum of 8)
+        assert n <= bucket_size(n) <= max(8, 1.25 * n)
+    with pytest.raises(ValueError):
+        bucket_size(0)
+    plan = PackPlan.build(np.array([3, 1, 2]))  # ranks: 3, 2, 1 tokens
+    assert plan.batch_sizes == [3, 2, 1]
+    assert padded_positions(plan.batch_sizes, 8).tolist() == [0, 1, 2, 8, 9, 16]
+
+
+CHECKS: dict[str, Callable[[Path], None]] = {
+    name: value for name, value in globals().items() if name.startswith("check_")
+}
+
+
+def _run_checks(fixture_dir: Path) -> dict[str, str]:
+    torch.set_num_threads(1)
+    outcomes = {}
+    for name, check in CHECKS.items():
+        try:
+            check(fixture_dir)
+            outcomes[name] = "ok"
+        except Exception:
+            outcomes[name] = traceback.format_exc()
+    return outcomes
+
+
+# ---- tests (this process) -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def interpreter_outcomes(elmo_fixture_dir: Path) -> dict[str, str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    child = subprocess.run(
+        [sys.executable, __file__, str(elmo_fixture_dir)], env=env, capture_output=True,
+        text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert child.returncode == 0, child.stderr[-4000:]
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_in_triton_interpreter(interpreter_outcomes: dict[str, str], name: str) -> None:
+    assert interpreter_outcomes[name] == "ok", interpreter_outcomes[name]
+
+
+def test_unknown_lstm_impl_is_refused() -> None:
+    model = BiLM(CONFIG)
+    model.lstm_impl = "cudnn"
+    with pytest.raises(ValueError, match="lstm_impl must be one of"):
+        model.resolve_lstm_impl("cpu")
+
+
+def test_auto_runs_the_reference_step_on_cpu() -> None:
+    impl, reason = BiLM(CONFIG).resolve_lstm_impl("cpu")
+    assert impl == "reference" and "CUDA" in reason
+
+
+def test_training_ignores_the_fused_step() -> None:
+    """Autograd always takes the out-of-place reference recurrence (the kernels have no
+    backward), whatever ``lstm_impl`` says; nothing here needs triton."""
+    torch.manual_seed(0)
+    model = BiLM(CONFIG)
+    plan = PackPlan.build(LENGTHS)
+    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
+    model.lstm_impl = "reference"
+    want, _ = model.contextualize(tokens, plan)
+    model.lstm_impl = "triton-graphs"
+    got, _ = model.contextualize(tokens, plan)
+    got.sum().backward()
+    assert torch.equal(got, want)
+    assert model.layers[0].recurrent_weight.grad is not None
+
+
+if __name__ == "__main__":  # the interpreter child: python tests/test_fused_lstm.py FIXTURE
+    print(json.dumps(_run_checks(Path(sys.argv[1]))))
