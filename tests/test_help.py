@@ -1,0 +1,68 @@
+"""`elmo COMMAND --help` teaches: every verb has a description and examples, and every
+option and positional says what it is for (issue 13). In-process, through the parser
+objects, so walking every verb takes well under a second."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from pipeline.cli import build_parser
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)),
+                None)
+
+
+def walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+         ) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """(``elmo VERB ...``, parser) for the top level and every verb below it."""
+    yield " ".join(("elmo", *path)), parser
+    verbs = _subparsers(parser)
+    if verbs is not None:
+        for name, child in verbs.choices.items():
+            yield from walk(child, (*path, name))
+
+
+PARSERS = dict(walk(build_parser()))
+
+
+def test_every_verb_is_walked() -> None:
+    expected = {"elmo train", "elmo model info", "elmo model export", "elmo model package",
+                "elmo embed-sentences", "elmo embed", "elmo sql", "elmo index build",
+                "elmo index info", "elmo senses search", "elmo senses cluster",
+                "elmo mix list", "elmo mix fit", "elmo jobs validate", "elmo jobs run",
+                "elmo jobs schedule", "elmo jobs status", "elmo jobs submit", "elmo demo"}
+    assert expected <= set(PARSERS)
+
+
+@pytest.mark.parametrize("command", sorted(PARSERS))
+def test_verb_has_a_description_and_examples(command: str) -> None:
+    parser = PARSERS[command]
+    assert (parser.description or "").strip(), f"`{command} --help` has no description"
+    text = parser.format_help()
+    assert re.search(r"^examples?:", text, re.MULTILINE), f"`{command} --help` has no examples"
+    examples = text[re.search(r"^examples?:", text, re.MULTILINE).start():]
+    assert f"\n  {command}" in examples or f"\n  {command.split()[0]} " in examples, \
+        f"`{command} --help`: the examples do not show the command"
+    assert "``" not in text and ":func:" not in text, f"`{command} --help` shows raw markup"
+
+
+@pytest.mark.parametrize("command", sorted(PARSERS))
+def test_every_option_and_positional_has_help(command: str) -> None:
+    parser = PARSERS[command]
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            missing += [f"verb {choice.dest}" for choice in action._choices_actions
+                        if not (choice.help or "").strip()]
+            continue
+        if not (action.help or "").strip():
+            missing.append("/".join(action.option_strings) or action.metavar or action.dest)
+    assert not missing, f"`{command} --help`: no help for {', '.join(map(str, missing))}"
