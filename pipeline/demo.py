@@ -13,11 +13,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-EPILOG = """\
-examples:
-  elmo demo                         # sample corpus -> runs/demo/{dataset,index}
-  elmo demo --out /tmp/elmo-demo --corpus 'data/sample/play.txt'
+DESCRIPTION = """\
+The tour `make run` gives: embed the bundled sample corpus with the bundled model, index it,
+query it with SQL, search word senses in context and draw a sense map. Each step prints
+the elmo command it runs, so you can rerun or adapt it; rerunning the demo reuses the
+dataset and the index.
 """
+
+EPILOG = """\
+writes: DIR/dataset (Parquet, every layer), DIR/index (LanceDB), DIR/play.png (sense map
+picture) and DIR/play.html (interactive sense map: open it in a browser).
+
+examples:
+  elmo demo                         # sample corpus -> runs/demo/
+  elmo demo --out /tmp/elmo-demo --corpus 'data/sample/play.txt'
+  elmo demo --model runs/my-model   # the same tour with your own model
+"""
+MAP_WORD = "play"  # the sample corpus gathers its uses (data/sample/play.txt)
 
 
 def _repo_root() -> Path:
@@ -26,18 +38,25 @@ def _repo_root() -> Path:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "demo", help="embed the bundled sample corpus, index it, run SQL and a sense search",
-        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "demo", help="the tour: embed the sample corpus, index it, SQL, sense search and map",
+        description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(_repo_root() / "runs" / "demo"), metavar="DIR",
-                   help="where the dataset and index go (default runs/demo)")
+                   help="where the dataset, index and sense maps go (default runs/demo)")
     p.add_argument("--corpus", default=str(_repo_root() / "data" / "sample" / "*.txt"),
                    metavar="GLOB", help="text files to embed (default data/sample/*.txt)")
     p.add_argument("--model", metavar="DIR", help="model directory (default models/default)")
     p.set_defaults(handler=run_demo)
 
 
+def map_files(out: Path) -> tuple[Path, Path]:
+    """Where the demo's sense maps go: ``(png, html)``."""
+    return out / f"{MAP_WORD}.png", out / f"{MAP_WORD}.html"
+
+
 def demo_steps(out: Path, corpus: str, model: str | None) -> list[tuple[str, list[str]]]:
     dataset, index = str(out / "dataset"), str(out / "index")
+    png, html = map_files(out)
     model_args = ["--model", model] if model else []
     return [
         ("Embed the corpus: tokenize, run the biLM, store all 3 layers of every token "
@@ -58,12 +77,17 @@ def demo_steps(out: Path, corpus: str, model: str | None) -> list[tuple[str, lis
           "round(elmo_cosine(elmo_mix(t.layer_0, t.layer_1, t.layer_2, 'top'), q.v), 3) AS sim "
           "FROM tokens t, q WHERE lower(t.token) = $w ORDER BY sim DESC LIMIT 5",
           "--param", "w=play"]),
+        ("Sense search: 'plays' as making music; the nearest uses of play, plays, played, "
+         "playing (word forms match; --any-word would search every word)",
+         ["senses", "search", "He plays the guitar in a band", "--word", "plays", "-k", "5",
+          "--index", index, *model_args]),
         ("Sense search: 'play' as a piece for the theatre",
          ["senses", "search", "They went to London to see the new play at the theatre .",
-          "--word", "play", "--same-word", "-k", "5", "--index", index, *model_args]),
-        ("Sense search: 'play' as making music",
-         ["senses", "search", "She sat down at the pianoforte and began to play a song .",
-          "--word", "play", "--same-word", "-k", "5", "--index", index, *model_args]),
+          "--word", "play", "-k", "5", "--index", index, *model_args]),
+        (f"Sense map: the uses of '{MAP_WORD}' clustered into senses, drawn as a picture "
+         "and as an interactive page",
+         ["senses", "cluster", MAP_WORD, "--index", index, "--plot", str(png),
+          "--html", str(html)]),
     ]
 
 
@@ -80,6 +104,11 @@ def run_demo(args: argparse.Namespace) -> int:
         if status != 0:
             raise ElmoUserError(f"demo step {number} failed (exit {status}): elmo "
                                 f"{shlex.join(argv)}")
-    print(f"\ndemo done in {time.perf_counter() - started:.0f} s; the dataset and index are "
-          f"in {out}/ (try `elmo sql {out / 'dataset'} \"SELECT * FROM sentences LIMIT 5\"`)")
+    png, html = map_files(out)
+    print(f"\ndemo done in {time.perf_counter() - started:.0f} s; in {out}/:\n"
+          f"  dataset   {out / 'dataset'}   (try `elmo sql {out / 'dataset'} "
+          f"\"SELECT * FROM sentences LIMIT 5\"`)\n"
+          f"  index     {out / 'index'}\n"
+          f"  sense map {png}   (picture)\n"
+          f"  sense map {html}   (interactive: open it in a browser, hover a dot)")
     return 0

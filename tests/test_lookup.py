@@ -302,7 +302,7 @@ def test_sense_search_finds_its_own_sentence_and_clusters(dataset: Path, tmp_pat
     build_index(str(dataset), "top", str(tmp_path / "ix"))
     # A corpus sentence embedded at query time must find its own stored token first:
     # same model (found through the descriptor), same float16 rounding, same mix.
-    hits = search_senses(str(tmp_path / "ix"), RIVER[1], "bank", k=3, same_word=True)
+    hits = search_senses(str(tmp_path / "ix"), RIVER[1], "bank", k=3)
     assert hits[0].sentence == RIVER[1] and hits[0].similarity == pytest.approx(1.0, abs=1e-4)
     assert hits[0].highlighted() == RIVER[1].replace("bank", "[bank]", 1)
     assert all(h.token.lower() == "bank" for h in hits)
@@ -310,16 +310,6 @@ def test_sense_search_finds_its_own_sentence_and_clusters(dataset: Path, tmp_pat
     assert len(result.clusters) == 2
     assert sum(c.size for c in result.clusters) == len(MONEY) + len(RIVER)
     assert result.points.shape == (16, 2) and set(result.labels.tolist()) == {0, 1}
-
-
-def _trained_model() -> Path | None:
-    import elmo_model
-
-    folder = elmo_model.default_model_dir()
-    if (folder / "options.json").is_file() and any(
-            (folder / name).is_file() for name in ("weights.safetensors", "weights.hdf5")):
-        return folder
-    return None
 
 
 KIND_SORT = [
@@ -349,17 +339,15 @@ def test_sense_ranking_with_a_trained_model(tmp_path: Path) -> None:
 
     Needs a trained model: the bilm-tf fixture model (16-d projections, trained on a toy
     corpus) does not separate senses (precision@5 0.56 vs 0.47 by chance on "bank",
-    measured), so without ``models/default`` there is nothing meaningful to test. "kind"
-    is used because both its senses are common in the default model's training text;
-    the financial "bank" hardly occurs there.
+    measured), so this uses the bundled ``models/default``. "kind" is used because both
+    its senses are common in the default model's training text; the financial "bank"
+    hardly occurs there.
     """
+    import elmo_model
     from pipeline.lookup.index import build_index
     from pipeline.lookup.senses import search_senses
 
-    model = _trained_model()
-    if model is None:
-        pytest.skip("no trained model in models/default (the fixture model does not "
-                    "separate word senses, so this test would be meaningless)")
+    model = elmo_model.default_model_dir()
     corpus = tmp_path / "senses.txt"
     corpus.write_text("\n".join(KIND_SORT + KIND_KINDLY) + "\n")
     _embed(model, corpus, tmp_path / "ds")
@@ -367,22 +355,9 @@ def test_sense_ranking_with_a_trained_model(tmp_path: Path) -> None:
     queries = {"sort": "I do not like that kind of music at all .",
                "kindly": "She has always been very kind to her mother ."}
     for sense, sentence in queries.items():
-        hits = search_senses(str(tmp_path / "ix"), sentence, "kind", k=5, same_word=True)
+        hits = search_senses(str(tmp_path / "ix"), sentence, "kind", k=5)
         same = sum((h.sentence in KIND_SORT) == (sense == "sort") for h in hits)
         assert same >= 4, f"{sense}: {[h.sentence for h in hits]}"
-
-
-def test_scatter_png_is_a_valid_png(tmp_path: Path) -> None:
-    import zlib
-
-    from pipeline.lookup.senses import write_scatter_png
-
-    path = write_scatter_png(tmp_path / "s.png", np.random.default_rng(0).normal(size=(20, 2)),
-                             np.arange(20) % 3, size=64)
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
-    idat = data[data.index(b"IDAT") + 4: data.index(b"IEND") - 8]
-    assert len(zlib.decompress(idat)) == 64 * (1 + 64 * 3)
 
 
 # --------------------------------------------------------------------------- mix fit
@@ -473,10 +448,12 @@ def test_cli_index_and_senses(dataset: Path, tmp_path: Path, capsys: pytest.Capt
                                  "--index", ix]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and "grassy [bank] of" in out[0]
-    png = tmp_path / "senses.png"
+    png, page = tmp_path / "senses.png", tmp_path / "senses.html"
     assert run_cli(monkeypatch, ["senses", "cluster", "bank", "--k", "auto", "--index", ix,
-                                 "--plot", str(png)]) == 0
-    assert "sense 0:" in capsys.readouterr().out and png.read_bytes()[:4] == b"\x89PNG"
+                                 "--plot", str(png), "--html", str(page)]) == 0
+    captured = capsys.readouterr()
+    assert "sense 1 (" in captured.out and png.read_bytes()[:4] == b"\x89PNG"
+    assert f"wrote {png}" in captured.err and f"wrote {page}" in captured.err
 
 
 def _dataset_without_layers(dataset: Path, tmp_path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""``elmo sql``, ``elmo index``, ``elmo senses`` and ``elmo mix``: the lookup verbs (issue 4).
+"""``elmo sql``, ``elmo index``, ``elmo senses`` and ``elmo mix``: the lookup verbs.
 
 Imports nothing heavy at module level; each handler imports what it needs.
 """
@@ -34,33 +34,101 @@ repeated comparisons then run in milliseconds instead of decoding the layer list
 """
 
 INDEX_EPILOG = """\
+verbs: build (create or extend an index), info (what an index holds).
+
+examples:
+  elmo index build data/ds --mix top --out data/ds-top.lance
+  elmo index info data/ds-top.lance
+"""
+
+INDEX_BUILD_EPILOG = """\
+One row per stored token with its mixed vector, its word (as written, lowercase and
+stemmed: searches by word form use the stem) and its sentence. Building again adds only
+the shard files committed since, and drops those no longer committed.
+
 examples:
   elmo index build data/ds --mix top --out data/ds-top.lance
   elmo index build data/ds --mix top --out data/ds-top.lance   # later: adds new shards only
   elmo index build data/ds --mix pos --out data/ds-pos.lance --index hnsw --rebuild
+  elmo index build data/ds --out data/ds-top.lance --nprobes 30 --ef 200
+"""
+
+INDEX_INFO_EPILOG = """\
+Prints the dataset the index was built from, its mix, rows, vector index and search
+parameters.
+
+examples:
   elmo index info data/ds-top.lance
+  elmo index info runs/demo/index        # the index `elmo demo` builds
 """
 
 SENSES_EPILOG = """\
-The index (--index, or $ELMO_INDEX) remembers its dataset and mix; the query sentence is
-embedded with the dataset's own model (or --model DIR, checked by fingerprint).
+verbs: search (occurrences nearest to a word as used in a sentence), cluster (group a
+word's occurrences into senses, with maps). The index (--index, or $ELMO_INDEX)
+remembers its dataset and mix.
 
 examples:
   elmo senses search "He plays the guitar in a band" --word plays --index data/ds-top.lance
-  elmo senses search "She sat on the bank of the river" --word bank --same-word -k 20
-  elmo senses cluster play --index data/ds-top.lance --k auto --plot senses.png
+  elmo senses cluster play --index data/ds-top.lance --plot play.png --html play.html
+"""
+
+SENSES_SEARCH_EPILOG = """\
+The query sentence is split with the dataset's tokenizer and embedded with the dataset's
+own model (or --model DIR, checked by fingerprint), then mixed like the index. By default
+only occurrences of the same word count, in any of its forms (plays finds play, played,
+playing: Snowball stems); --same-form keeps only the word as written (any case),
+--any-word searches every token. A context found twice (the same sentence around the same
+word) is listed once.
+
+examples:
+  elmo senses search "He plays the guitar in a band" --word plays --index data/ds-top.lance
+  elmo senses search "She sat on the bank of the river" --word bank -k 20
+  elmo senses search "He plays the guitar in a band" --word plays --any-word
+  elmo senses search "The play was a success" --word play --same-form --exact
+"""
+
+SENSES_CLUSTER_EPILOG = """\
+Clusters the mixed vectors of every distinct context of the word(s) with k-means (cosine
+geometry); --k auto picks k in 2..8 by silhouette. Each sense is named by its most typical
+neighbour phrases and context words, with the examples nearest its centre. --plot writes a
+PNG map (PCA, one colour per sense, legend), --html an interactive map (open it in a
+browser, hover a dot to read its sentence; plotly.js is inside the file, no network).
+
+examples:
+  elmo senses cluster play --index data/ds-top.lance --plot play.png --html play.html
   elmo senses cluster play plays played --k 3
+  elmo senses cluster kind --examples 5
 """
 
 MIX_EPILOG = """\
-mixes: top, average, layer:<k>, a stored mix (elmo mix list), or inline JSON
-{"weights": [0.2, 0.3, 0.5], "gamma": 1.0, "layer_norm": false}.
-labels file: CSV/TSV/JSONL/Parquet with columns doc_id, sent_idx, tok_idx, label.
+verbs: list (the mixes a dataset knows), fit (learn layer weights for a task).
 
 examples:
   elmo mix list data/ds
   elmo mix fit data/ds --labels pos_labels.csv --name pos
-  elmo mix fit data/ds --labels ner.parquet --name ner --lambda 0.1
+"""
+
+MIX_LIST_EPILOG = """\
+Built-in mixes: top, average, layer:<k>; then the mixes stored in <dataset>/_mixes.json
+(by elmo mix fit). Wherever a mix is named (elmo sql, elmo index build), inline JSON
+works too: {"weights": [0.2, 0.3, 0.5], "gamma": 1.0, "layer_norm": false}.
+
+examples:
+  elmo mix list data/ds
+"""
+
+MIX_FIT_EPILOG = """\
+Fits softmax-normalised layer weights and a scale gamma (Peters et al. 2018, eq. 1) with a
+linear probe that predicts your token labels, reports accuracy on held-out sentences
+(for the mix and for each single layer), and stores the mix under --name in
+<dataset>/_mixes.json.
+
+labels file: CSV, TSV, JSON lines or Parquet with columns doc_id, sent_idx, tok_idx, label
+(one row per labelled token; doc_id/sent_idx/tok_idx as in the tokens table).
+
+examples:
+  elmo mix fit data/ds --labels pos_labels.csv --name pos
+  elmo mix fit data/ds --labels ner.parquet --name ner --lambda 0.1 --epochs 500
 """
 
 
@@ -90,9 +158,11 @@ def register(subparsers: Any) -> None:
                  INDEX_EPILOG)
     verbs = index.add_subparsers(dest="index_command", metavar="VERB")
     b = _add(verbs, "build", "index (or extend an index of) a dataset's tokens under a mix",
-             INDEX_EPILOG)
-    b.add_argument("dataset", metavar="DATASET")
-    b.add_argument("--mix", default="top", help="mix to index (default top)")
+             INDEX_BUILD_EPILOG)
+    b.add_argument("dataset", metavar="DATASET", help="dataset URI (a directory with "
+                   "_dataset.json)")
+    b.add_argument("--mix", default="top", help="mix to index (default top; see "
+                   "`elmo mix list DATASET`)")
     b.add_argument("--out", required=True, metavar="URI", help="LanceDB directory / URI")
     b.add_argument("--index", choices=("auto", "hnsw", "flat"), default="auto",
                    help="vector index: hnsw (IVF_HNSW_SQ), flat (exact) or auto (hnsw from "
@@ -106,8 +176,8 @@ def register(subparsers: Any) -> None:
     b.add_argument("--refine-factor", type=int, default=None,
                    help="search: re-rank k*F candidates with full vectors (default 5)")
     b.set_defaults(handler=run_index_build)
-    i = _add(verbs, "info", "show what an index holds", INDEX_EPILOG)
-    i.add_argument("uri", metavar="URI")
+    i = _add(verbs, "info", "show what an index holds", INDEX_INFO_EPILOG)
+    i.add_argument("uri", metavar="URI", help="the index: the directory / URI `elmo index build` wrote")
     i.set_defaults(handler=run_index_info)
     index.set_defaults(handler=lambda args: _help(index))
 
@@ -115,36 +185,49 @@ def register(subparsers: Any) -> None:
                   SENSES_EPILOG)
     sv = senses.add_subparsers(dest="senses_command", metavar="VERB")
     s = _add(sv, "search", "occurrences nearest to a word as used in a sentence",
-             SENSES_EPILOG)
-    s.add_argument("sentence", metavar="SENTENCE")
+             SENSES_SEARCH_EPILOG)
+    s.add_argument("sentence", metavar="SENTENCE", help="a sentence using the word")
     s.add_argument("--word", required=True, help="the word of SENTENCE to look up")
     s.add_argument("-k", type=int, default=10, help="neighbours to show (default 10)")
-    s.add_argument("--same-word", action="store_true",
-                   help="only occurrences of the same word (any case)")
+    which = s.add_mutually_exclusive_group()
+    which.add_argument("--any-word", dest="match", action="store_const", const="any",
+                       help="neighbours among every token, whatever its word (default: "
+                            "only WORD, in any of its forms)")
+    which.add_argument("--same-form", dest="match", action="store_const", const="word",
+                       help="only WORD as written (any case), not its other forms")
+    # The default since word forms were indexed; kept so that older scripts still run.
+    which.add_argument("--same-word", dest="match", action="store_const", const="forms",
+                       help=argparse.SUPPRESS)
+    s.set_defaults(match="forms")
     s.add_argument("--occurrence", type=int, default=1,
                    help="which occurrence of --word in SENTENCE (default 1)")
     s.add_argument("--exact", action="store_true", help="exact search, bypassing the ANN index")
     _index_args(s)
     s.add_argument("--model", metavar="DIR", help="model directory (default: the dataset's)")
     s.set_defaults(handler=run_senses_search)
-    c = _add(sv, "cluster", "group the occurrences of a word into senses", SENSES_EPILOG)
+    c = _add(sv, "cluster", "group the occurrences of a word into senses, and map them",
+             SENSES_CLUSTER_EPILOG)
     c.add_argument("words", nargs="+", metavar="WORD", help="word(s), matched in lowercase")
     c.add_argument("--k", default="auto", help="number of senses, or auto (silhouette, 2..8)")
-    c.add_argument("--examples", type=int, default=3, help="sentences shown per sense")
-    c.add_argument("--plot", metavar="PNG", help="write a 2-D PCA scatter coloured by sense")
+    c.add_argument("--examples", type=int, default=3, help="sentences shown per sense (3)")
+    c.add_argument("--plot", metavar="PNG", help="write the sense map as a PNG picture")
+    c.add_argument("--html", metavar="HTML", help="write an interactive sense map (hover a "
+                   "dot to read its sentence)")
     _index_args(c)
     c.set_defaults(handler=run_senses_cluster)
     senses.set_defaults(handler=lambda args: _help(senses))
 
     mix = _add(subparsers, "mix", "named layer mixes: list them, fit task weights", MIX_EPILOG)
     mv = mix.add_subparsers(dest="mix_command", metavar="VERB")
-    ml = _add(mv, "list", "the mixes a dataset knows", MIX_EPILOG)
-    ml.add_argument("dataset", metavar="DATASET")
+    ml = _add(mv, "list", "the mixes a dataset knows", MIX_LIST_EPILOG)
+    ml.add_argument("dataset", metavar="DATASET", help="dataset URI")
     ml.set_defaults(handler=run_mix_list)
     mf = _add(mv, "fit", "fit softmax layer weights + gamma with a linear probe on labels",
-              MIX_EPILOG)
-    mf.add_argument("dataset", metavar="DATASET")
-    mf.add_argument("--labels", required=True, metavar="FILE")
+              MIX_FIT_EPILOG)
+    mf.add_argument("dataset", metavar="DATASET", help="dataset URI")
+    mf.add_argument("--labels", required=True, metavar="FILE",
+                    help="token labels: CSV/TSV/JSONL/Parquet with doc_id, sent_idx, tok_idx, "
+                         "label")
     mf.add_argument("--name", required=True, help="name to store the mix under")
     mf.add_argument("--lambda", dest="lam", type=float, default=0.001,
                     help="L2 penalty on the layer scalars (default 0.001; 1 ~ average)")
@@ -291,7 +374,7 @@ def run_senses_search(args: argparse.Namespace) -> int:
     from pipeline.lookup.senses import search_senses
 
     hits = search_senses(_need_index(args), args.sentence, args.word, k=args.k,
-                         same_word=args.same_word, occurrence=args.occurrence,
+                         match=args.match, occurrence=args.occurrence,
                          model_dir=args.model, exact=args.exact)
     left, right = _highlight()
     for h in hits:
@@ -304,7 +387,7 @@ def run_senses_search(args: argparse.Namespace) -> int:
 
 def run_senses_cluster(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
-    from pipeline.lookup.senses import cluster_senses, write_scatter_png
+    from pipeline.lookup.senses import cluster_senses
 
     k: int | str = args.k
     if k != "auto":
@@ -314,17 +397,28 @@ def run_senses_cluster(args: argparse.Namespace) -> int:
             raise ElmoUserError(f"--k must be a number or auto, not {args.k!r}") from None
     result = cluster_senses(_need_index(args), args.words, k=k, examples=args.examples)
     left, right = _highlight()
-    total = sum(c.size for c in result.clusters)
-    if result.silhouettes:
+    n = len(result.occurrences)
+    repeated = result.n_rows - n
+    print(f"{' / '.join(result.words)}: {n} occurrences"
+          f"{f' ({repeated} repeated contexts left out)' if repeated else ''}, "
+          f"mix {result.mix}")
+    if len(result.silhouettes) > 1:
         scores = ", ".join(f"k={kk}: {s:.3f}" for kk, s in result.silhouettes.items())
         print(f"k = {result.k} by silhouette ({scores})")
     for c in result.clusters:
-        print(f"sense {c.label}: {c.size} of {total} occurrences")
+        print(c.name())
         for h in c.examples:
             print(f"    {h.doc_id}#{h.sent_idx}  {h.highlighted(left, right)}")
     if args.plot:
-        path = write_scatter_png(args.plot, result.points, result.labels)
-        print(f"wrote {path}", file=sys.stderr)
+        from pipeline.lookup.sense_maps import write_sense_map_png
+
+        print(f"wrote {write_sense_map_png(result, args.plot)} (sense map picture)",
+              file=sys.stderr)
+    if args.html:
+        from pipeline.lookup.sense_maps import write_sense_map_html
+
+        print(f"wrote {write_sense_map_html(result, args.html)} (interactive sense map: open "
+              "it in a browser)", file=sys.stderr)
     return 0
 
 

@@ -3,10 +3,11 @@
     elmo index build data/ds --mix top --out data/ds-top.lance
 
 One row per stored token: ``vector`` (the mix, float32), ``token``, ``token_lower``,
-``doc_id``, ``sent_idx``, ``tok_idx``, ``part``, ``shard``, ``sentence`` (its text) and
-``start``/``end`` (the token's character span inside ``sentence``, for highlighting).
-Scalar BTree indexes on ``token`` and ``token_lower`` make ``token = ...`` prefilters
-cheap.
+``token_stem`` (the Snowball English stem of ``token_lower``: plays, played and playing
+are all ``play``), ``doc_id``, ``sent_idx``, ``tok_idx``, ``part``, ``shard``,
+``sentence`` (its text) and ``start``/``end`` (the token's character span inside
+``sentence``, for highlighting). Scalar BTree indexes on ``token``, ``token_lower`` and
+``token_stem`` make ``token_stem = ...`` prefilters (a word and its forms) cheap.
 
 Vector index (``--index``): ``flat`` (none: exact brute-force search), ``hnsw``
 (IVF_HNSW_SQ, cosine) or ``auto`` (hnsw from ``HNSW_MIN_ROWS`` rows on, else flat).
@@ -24,13 +25,15 @@ again brings the index to the dataset's committed view incrementally: rows of sh
 no longer committed (a deleted part, a re-embedded shard) are deleted, shard files
 committed since are added (LanceDB ``delete`` / ``add``), then ``optimize`` folds the new
 rows into the existing vector and scalar indexes. Only a changed mix needs ``--rebuild``.
-Each build also rewrites ``<out>/_word_counts.parquet`` (rows per lowercase token), which
-routes filtered queries without a count query; the search parameters follow the index
-size (``SearchParams.for_rows``) unless given.
+Each build also rewrites ``<out>/_word_counts.parquet`` (rows per lowercase token, with
+its stem), which routes filtered queries without a count query; the search parameters
+follow the index size (``SearchParams.for_rows``) unless given. An index written before
+stems were stored is rebuilt by the next build (its rows lack the column).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -59,6 +62,22 @@ EXACT_FILTER_VALUES = 512_000
 LARGE_INDEX_ROWS = 300_000
 INDEX_KINDS = ("auto", "hnsw", "flat")
 RESULT_COLUMNS = ["token", "doc_id", "sent_idx", "tok_idx", "sentence", "start", "end"]
+# Fills token_stem. Recorded in the index: matching a word's forms at query time needs the
+# stems the build stored, so an index without them (or with another stemmer's) is rebuilt.
+STEMMER = "snowball-english"
+SCALAR_COLUMNS = ("token", "token_lower", "token_stem")
+
+
+@functools.cache
+def _stemmer() -> Any:
+    import snowballstemmer
+
+    return snowballstemmer.stemmer("english")
+
+
+def stem_words(words: Sequence[str]) -> list[str]:
+    """Snowball English stems of ``words``, lowercased first (Plays, played -> play)."""
+    return _stemmer().stemWords([w.lower() for w in words])
 
 
 @dataclass
@@ -102,6 +121,7 @@ class IndexMeta:
     indexed: list[str] = field(default_factory=list)  # part/shard=k/run_id keys
     rows: int = 0
     counted_rows: int = 0  # rows when WORD_COUNTS was written (0: not written)
+    stemmer: str = ""  # what filled token_stem ("": built before stems were stored)
     format: str = INDEX_FORMAT
 
     def to_json(self) -> str:
@@ -177,7 +197,12 @@ def quote(value: str) -> str:
 
 
 def token_filter(words: Sequence[str], column: str = "token_lower") -> str:
-    words = [w.lower() if column == "token_lower" else w for w in words]
+    """``column = 'w'`` / ``column IN (...)``: ``token_lower`` lowercases the words,
+    ``token_stem`` stems them, ``token`` takes them as they are."""
+    if column == "token_lower":
+        words = [w.lower() for w in words]
+    elif column == "token_stem":
+        words = stem_words(words)
     if len(words) == 1:
         return f"{column} = {quote(words[0])}"
     return f"{column} IN ({', '.join(quote(w) for w in words)})"
@@ -235,10 +260,14 @@ def _rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences_path: s
         if joined.num_rows != n:
             raise ElmoUserError(f"{path}: tokens and sentences disagree (duplicate sentences)")
         sent_start = pc.fill_null(joined["sent_start"], 0)
+        lower = pc.utf8_lower(joined["token"]).combine_chunks()
+        vocabulary = pc.unique(lower)  # stem each word type once, not each token
+        stems = pa.array(stem_words(vocabulary.to_pylist()), pa.string())
         yield pa.table({
             "vector": pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), dim),
             "token": joined["token"],
-            "token_lower": pc.utf8_lower(joined["token"]),
+            "token_lower": lower,
+            "token_stem": stems.take(pc.index_in(lower, value_set=vocabulary)),
             "doc_id": joined["doc_id"],
             "sent_idx": joined["sent_idx"],
             "tok_idx": joined["tok_idx"],
@@ -297,13 +326,19 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                                 f"{the_mix.describe()}: use --rebuild or another --out")
         if not exists:
             meta = None
+    if meta is not None and meta.stemmer != STEMMER:
+        # Built before token_stem existed (or by another stemmer): its rows cannot take
+        # new ones, and searches by word form need the column, so it is built again.
+        if progress:
+            progress(f"{out} was built without {STEMMER} word stems: rebuilding it")
+        meta = None
     if meta is None:
         if exists:
             db.drop_table(TABLE)
             exists = False
         meta = IndexMeta(dataset=str(dataset), model_fingerprint=ds.descriptor.model_fingerprint,
                          mix=the_mix.to_json(), mix_name=the_mix.name, dim=ds.descriptor.dim,
-                         kind=kind)
+                         kind=kind, stemmer=STEMMER)
     meta.kind = kind
     if search is not None:
         meta.search, meta.search_auto = search, False
@@ -352,12 +387,12 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     meta.rows = table.count_rows()
     want_hnsw = kind == "hnsw" or (kind == "auto" and meta.rows >= HNSW_MIN_ROWS)
     has_scalar = {tuple(ix.columns) for ix in table.list_indices()}
-    if ("token",) not in has_scalar:
-        from lancedb.index import BTree
+    for column in SCALAR_COLUMNS:
+        if (column,) not in has_scalar:
+            from lancedb.index import BTree
 
-        # BTree, not Bitmap: a corpus vocabulary has far too many values for bitmaps.
-        table.create_index("token", config=BTree())
-        table.create_index("token_lower", config=BTree())
+            # BTree, not Bitmap: a corpus vocabulary has far too many values for bitmaps.
+            table.create_index(column, config=BTree())
     if summary.added_rows or summary.removed_files:
         # Compacts the new fragments and folds them into the existing indexes (vector and
         # scalar) instead of retraining them.
@@ -399,6 +434,7 @@ def _write_word_counts(table: Any, rows: int, out: str, storage_options: dict | 
                            counted.field("counts").to_pylist(), strict=True):
             total[word] = total.get(word, 0) + n
     counts = pa.table({"token_lower": pa.array(list(total), pa.string()),
+                       "token_stem": pa.array(stem_words(list(total)), pa.string()),
                        "rows": pa.array(list(total.values()), pa.int64())})
     body = io.BytesIO()
     pq.write_table(counts, body, compression="zstd")
@@ -423,40 +459,66 @@ class SenseIndex:
         self.storage_options = storage_options
         self.table = lancedb.connect(uri, storage_options=_lance_options(storage_options)
                                      ).open_table(TABLE)
-        self._word_counts: dict[str, int] | None = None
-        self._word_counts_read = False
+        self._counts: pa.Table | None = None
+        self._counts_read = False
 
-    def word_rows(self, words: Sequence[str]) -> int:
-        """Rows whose lowercase token is one of ``words`` (from the counts file the build
-        writes; a query on the table for an index built before it existed)."""
-        if not self._word_counts_read:
-            self._word_counts_read = True
+    @property
+    def has_stems(self) -> bool:
+        return self.meta.stemmer == STEMMER
+
+    def require_stems(self) -> None:
+        if not self.has_stems:
+            raise ElmoUserError(
+                f"{self.uri} was built before word forms were indexed; rebuild it with "
+                f"`elmo index build {self.meta.dataset} --mix {self.meta.mix_name} --out "
+                f"{self.uri} --rebuild`, or search the exact word (--same-form)")
+
+    def _word_counts(self) -> pa.Table | None:
+        """The counts file the build writes (None: this index predates it or is stale)."""
+        if not self._counts_read:
+            self._counts_read = True
             if self.meta.counted_rows == self.meta.rows > 0:
                 import pyarrow.parquet as pq
 
                 fs, root = _fs(self.uri, self.storage_options)
                 try:
                     with fs.open(f"{root}/{WORD_COUNTS}", "rb") as handle:
-                        counts = pq.read_table(handle)
-                    self._word_counts = dict(zip(counts.column("token_lower").to_pylist(),
-                                                 counts.column("rows").to_pylist(),
-                                                 strict=True))
+                        self._counts = pq.read_table(handle)
                 except FileNotFoundError:
-                    self._word_counts = None
-        if self._word_counts is None:
-            return self.table.count_rows(token_filter(words))
-        return sum(self._word_counts.get(w, 0) for w in {w.lower() for w in words})
+                    self._counts = None
+        return self._counts
+
+    def word_rows(self, words: Sequence[str], column: str = "token_lower") -> int:
+        """Rows that ``token_filter(words, column)`` keeps: ``token_lower`` (the words in
+        any case) or ``token_stem`` (the words and their forms). From the counts file the
+        build writes; a count query on the table for an index built before it existed."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if column not in ("token_lower", "token_stem"):
+            raise ValueError(f"word_rows counts token_lower or token_stem, not {column!r}")
+        counts = self._word_counts()
+        if counts is None or column not in counts.column_names:
+            return self.table.count_rows(token_filter(words, column))
+        wanted = [w.lower() for w in words] if column == "token_lower" else stem_words(words)
+        hits = pc.is_in(counts.column(column), value_set=pa.array(wanted, pa.string()))
+        return int(pc.sum(counts.column("rows").filter(hits)).as_py() or 0)
 
     @property
     def mix(self) -> Mix:
         return self.meta.the_mix()
 
     def search(self, vector: np.ndarray, k: int = 10, words: Sequence[str] | None = None,
-               exact: bool = False, columns: Sequence[str] = RESULT_COLUMNS) -> pa.Table:
+               exact: bool = False, columns: Sequence[str] = RESULT_COLUMNS,
+               forms: bool = False) -> pa.Table:
         """Nearest tokens by cosine; ``words``: only tokens whose lowercase form is one of
-        them. Returns the columns plus ``_distance`` (cosine distance), nearest first."""
+        them, or with ``forms`` any form of them (same stem: plays, played, playing).
+        Returns the columns plus ``_distance`` (cosine distance), nearest first."""
         import numpy as np
 
+        if forms and words:
+            self.require_stems()
+        column = "token_stem" if forms else "token_lower"
         if k < 1:
             raise ElmoUserError("-k must be at least 1")
         vector = np.asarray(vector, np.float32).reshape(-1)
@@ -464,8 +526,8 @@ class SenseIndex:
             raise ElmoUserError(f"query vector has {vector.shape[0]} values, index has "
                                 f"{self.meta.dim}")
         query = self.table.search(vector).distance_type("cosine")
-        where = token_filter(words) if words else None
-        small = where is not None and self.word_rows(words) * self.meta.dim \
+        where = token_filter(words, column) if words else None
+        small = where is not None and self.word_rows(words, column) * self.meta.dim \
             <= EXACT_FILTER_VALUES
         if exact or self.meta.built != "hnsw" or small:
             query = query.bypass_vector_index()

@@ -3,18 +3,28 @@
     hits = search_senses("data/ds-top.lance", "He plays the guitar in a band", "plays", k=10)
     result = cluster_senses("data/ds-top.lance", ["play"], k="auto")
 
-Search embeds the query sentence with the dataset's own model (found from the dataset
-descriptor, or given with ``model_dir`` and checked against its fingerprint), rounds the
-layers to the dataset's storage dtype as stored vectors were, mixes them with the index's
-mix, and asks the index for the nearest tokens by cosine. Clustering runs k-means
-(k-means++ start, cosine geometry: unit vectors) on the mixed vectors of every occurrence;
-``k="auto"`` picks the k in 2..8 with the best silhouette.
+Search tokenizes the query sentence with the dataset's tokenizer (recorded in its
+descriptor), embeds it with the dataset's own model (found from the descriptor, or given
+with ``model_dir`` and checked against its fingerprint), rounds the layers to the
+dataset's storage dtype as stored vectors were, mixes them with the index's mix, and asks
+the index for the nearest tokens by cosine. By default only occurrences of the same word
+count, in any of its forms (``match="forms"``: the index's Snowball stems, so *plays*
+finds *play*, *played*, *playing*); ``match="word"`` keeps only the exact word (any case)
+and ``match="any"`` every token. A context that occurs twice (the same sentence text
+around the same token, e.g. a corpus repeating a passage) is listed once.
+
+Clustering runs scikit-learn's k-means on the unit (cosine-geometry) vectors of every
+distinct context of the words; ``k="auto"`` picks the k in 2..8 with the best silhouette.
+k-means was chosen over HDBSCAN by measuring both on the sample corpus (docs/senses.md).
+Each cluster is named by its most typical context words (words near the target that are
+more frequent in it than in the other clusters) and its example nearest the centre;
+``pipeline.lookup.sense_maps`` draws the result.
 """
 
 from __future__ import annotations
 
-import struct
-import zlib
+import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +33,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex
+from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex, stem_words
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from pipeline.tokenize import Tokenizer
     from schemas import DatasetDescriptor
+
+MATCHES = ("forms", "word", "any")
+# A search fetches this many times k first, and more while duplicates leave it short.
+FETCH_FACTOR = 2
+MAX_FETCH = 10_000
 
 
 @dataclass
@@ -49,6 +65,29 @@ class Hit:
             return f"{s[:self.start]}{left}{s[self.start:self.end]}{right}{s[self.end:]}"
         return s
 
+    def snippet(self, width: int = 70, left: str = "[", right: str = "]") -> str:
+        """About ``width`` characters of the sentence around the word, the word marked."""
+        s = self.sentence
+        if not 0 <= self.start <= self.end <= len(s):
+            return s[:width]
+        side = max(10, (width - (self.end - self.start)) // 2)
+        lo, hi = max(0, self.start - side), min(len(s), self.end + side)
+        # Cut at spaces, so that no word is shown in part.
+        if lo > 0:
+            cut = s.find(" ", lo, self.start)
+            lo = cut + 1 if cut >= 0 else lo
+        if hi < len(s):
+            cut = s.rfind(" ", self.end, hi)
+            hi = cut if cut >= 0 else hi
+        text = f"{s[lo:self.start]}{left}{s[self.start:self.end]}{right}{s[self.end:hi]}"
+        return f"{'…' if lo > 0 else ''}{' '.join(text.split())}{'…' if hi < len(s) else ''}"
+
+    @property
+    def context(self) -> tuple[str, int]:
+        """What makes two occurrences the same context: the sentence text (whitespace
+        normalised) and the token's place in it."""
+        return " ".join(self.sentence.split()), self.tok_idx
+
 
 @dataclass
 class QueryToken:
@@ -68,17 +107,40 @@ def hits_from_table(table: pa.Table) -> list[Hit]:
             for i, r in enumerate(rows)]
 
 
-def locate_word(sentence: str, word: str, occurrence: int = 1) -> QueryToken:
-    """Tokenize ``sentence`` like the pipeline and find ``word`` (exact, else any case)."""
-    from pipeline.tokenize import split_sentences
+def dataset_tokenizer(descriptor: DatasetDescriptor) -> Tokenizer:
+    """The tokenizer the dataset recorded: a query must be split the way the corpus was."""
+    from pipeline.tokenize import get_tokenizer, tokenizer_names
 
-    tokens = [t.text for s in split_sentences(sentence) for t in s.tokens]
+    name = (descriptor.tokenizer or {}).get("name")
+    if not name:
+        raise ElmoUserError("the dataset does not record its tokenizer, so a query sentence "
+                            "cannot be split like its text; re-embed it with this version")
+    if name not in tokenizer_names():
+        raise ElmoUserError(f"the dataset was tokenized with {name!r}, which this elmo-store "
+                            f"does not know (it knows {', '.join(tokenizer_names())}); use "
+                            "the elmo-store version that wrote it")
+    return get_tokenizer(name)
+
+
+def locate_word(sentence: str, word: str, occurrence: int = 1,
+                tokenizer: Tokenizer | None = None) -> QueryToken:
+    """Tokenize ``sentence`` (default: the pipeline's tokenizer) and find ``word``: the
+    same text, else in any case, else the same stem (``--word play`` finds *plays*)."""
+    from pipeline.tokenize import TOKENIZER_NAME, get_tokenizer
+
+    if occurrence < 1:
+        raise ElmoUserError(f"--occurrence must be at least 1, not {occurrence}")
+    tokenizer = tokenizer or get_tokenizer(TOKENIZER_NAME)
+    tokens = [t.text for s in tokenizer.split_sentences(sentence) for t in s.tokens]
     if not tokens:
         raise ElmoUserError("the query sentence has no tokens")
-    for same in (lambda t: t == word, lambda t: t.lower() == word.lower()):
-        found = [i for i, t in enumerate(tokens) if same(t)]
+    stem = stem_words([word])[0]
+    stems = stem_words(tokens)
+    for same in (lambda i: tokens[i] == word, lambda i: tokens[i].lower() == word.lower(),
+                 lambda i: stems[i] == stem):
+        found = [i for i in range(len(tokens)) if same(i)]
         if found:
-            if not 1 <= occurrence <= len(found):
+            if occurrence > len(found):
                 raise ElmoUserError(f"{word!r} occurs {len(found)} time(s) in the sentence; "
                                     f"--occurrence {occurrence} is out of range")
             return QueryToken(tokens, found[occurrence - 1])
@@ -120,12 +182,14 @@ def model_files_for(descriptor: DatasetDescriptor,
 
 
 def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = None,
-                embedder: Any = None) -> np.ndarray:
+                embedder: Any = None, descriptor: DatasetDescriptor | None = None
+                ) -> np.ndarray:
     """The query token's mixed vector, computed as the stored vectors were."""
     import elmo_model
     from pipeline.lookup.mixes import mix_arrays, read_dataset_descriptor
 
-    descriptor = read_dataset_descriptor(index.meta.dataset)
+    if descriptor is None:
+        descriptor = read_dataset_descriptor(index.meta.dataset)
     if embedder is None:
         options, weights = model_files_for(descriptor, model_dir)
         embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
@@ -136,71 +200,102 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
     return mix_arrays(rows, index.mix)[0]
 
 
+def distinct_contexts(hits: Sequence[Hit]) -> list[int]:
+    """Positions of the first hit of each context (see ``Hit.context``), in order."""
+    seen: set[tuple[str, int]] = set()
+    keep = []
+    for i, hit in enumerate(hits):
+        if hit.context not in seen:
+            seen.add(hit.context)
+            keep.append(i)
+    return keep
+
+
+def nearest_distinct(index: SenseIndex, vector: np.ndarray, k: int,
+                     words: Sequence[str] | None = None, forms: bool = False,
+                     exact: bool = False) -> list[Hit]:
+    """The ``k`` nearest occurrences with no context twice: asks the index for more
+    rows while repeated contexts leave fewer than ``k`` distinct ones."""
+    if k < 1:
+        raise ElmoUserError("-k must be at least 1")
+    fetch = min(MAX_FETCH, max(k * FETCH_FACTOR, k + 8))
+    while True:
+        hits = hits_from_table(index.search(vector, k=fetch, words=words, exact=exact,
+                                            forms=forms))
+        keep = distinct_contexts(hits)[:k]
+        if len(keep) == k or len(hits) < fetch or fetch >= MAX_FETCH:
+            break
+        fetch = min(MAX_FETCH, fetch * 4)
+    distinct = [hits[i] for i in keep]
+    for rank, hit in enumerate(distinct, 1):
+        hit.rank = rank
+    return distinct
+
+
 def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10,
-                  same_word: bool = False, occurrence: int = 1, model_dir: str | None = None,
+                  match: str = "forms", occurrence: int = 1, model_dir: str | None = None,
                   embedder: Any = None, exact: bool = False) -> list[Hit]:
-    """Occurrences nearest in meaning to ``word`` as used in ``sentence``."""
+    """Occurrences nearest in meaning to ``word`` as used in ``sentence``.
+
+    ``match``: ``forms`` (default: the same word in any of its forms), ``word`` (the same
+    word, any case) or ``any`` (every token)."""
+    from pipeline.lookup.mixes import read_dataset_descriptor
+
+    if match not in MATCHES:
+        raise ElmoUserError(f"match must be one of {', '.join(MATCHES)}, not {match!r}")
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
-    query = locate_word(sentence, word, occurrence)
-    vector = embed_query(ix, query, model_dir, embedder)
-    words = [query.word] if same_word else None
-    return hits_from_table(ix.search(vector, k=k, words=words, exact=exact))
+    if match == "forms":
+        ix.require_stems()  # before the model loads: the fix is a rebuild
+    descriptor = read_dataset_descriptor(ix.meta.dataset)
+    query = locate_word(sentence, word, occurrence, dataset_tokenizer(descriptor))
+    vector = embed_query(ix, query, model_dir, embedder, descriptor)
+    words = None if match == "any" else [query.word]
+    return nearest_distinct(ix, vector, k, words=words, forms=match == "forms", exact=exact)
 
 
 # --------------------------------------------------------------------------- clustering
 
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, 1e-12)
-
-
-def kmeans(x: np.ndarray, k: int, seed: int = 0, iterations: int = 100,
-           restarts: int = 4) -> tuple[np.ndarray, np.ndarray, float]:
-    """(labels, centres, inertia): Lloyd's algorithm from k-means++ starts, best of restarts."""
-    rng = np.random.default_rng(seed)
-    best: tuple[np.ndarray, np.ndarray, float] | None = None
-    sq = (x * x).sum(1)
-    for _ in range(restarts):
-        centres = [x[rng.integers(len(x))]]
-        for _ in range(1, k):
-            d = np.min(sq[:, None] - 2 * x @ np.array(centres).T
-                       + (np.array(centres) ** 2).sum(1)[None, :], axis=1).clip(0)
-            p = d / d.sum() if d.sum() > 0 else np.full(len(x), 1 / len(x))
-            centres.append(x[rng.choice(len(x), p=p)])
-        c = np.array(centres)
-        labels = np.zeros(len(x), np.int64)
-        for it in range(iterations):
-            dist = sq[:, None] - 2 * x @ c.T + (c * c).sum(1)[None, :]
-            new = dist.argmin(1)
-            if it and np.array_equal(new, labels):
-                break
-            labels = new
-            for j in range(k):
-                members = x[labels == j]
-                c[j] = members.mean(0) if len(members) else x[rng.integers(len(x))]
-        inertia = float(np.min(sq[:, None] - 2 * x @ c.T + (c * c).sum(1)[None, :], 1).sum())
-        if best is None or inertia < best[2]:
-            best = (labels.copy(), c.copy(), inertia)
-    assert best is not None
-    return best
+# Context words: letters with inner apostrophes (the same regardless of tokenizer).
+_WORD_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
+CONTEXT_WINDOW = 6  # words either side of the occurrence
+# A content word names a cluster only if this share of its occurrences (and 2) have it:
+# rarer ones are chance co-occurrences (measured on the sample: "chosen" for "the play").
+MIN_WORD_SHARE = 0.05
 
 
-def silhouette(x: np.ndarray, labels: np.ndarray) -> float:
-    """Mean silhouette (Euclidean on the given rows); 0 when undefined."""
-    ks = np.unique(labels)
-    if len(ks) < 2:
-        return 0.0
-    d = np.sqrt(np.maximum((x * x).sum(1)[:, None] - 2 * x @ x.T + (x * x).sum(1)[None, :], 0))
-    scores = np.zeros(len(x))
-    for i in range(len(x)):
-        own = labels == labels[i]
-        if own.sum() <= 1:
-            continue
-        a = d[i, own].sum() / (own.sum() - 1)
-        b = min(d[i, labels == j].mean() for j in ks if j != labels[i])
-        scores[i] = (b - a) / max(a, b, 1e-12)
-    return float(scores.mean())
+def context_features(hit: Hit, window: int = CONTEXT_WINDOW) -> tuple[set[str], set[str]]:
+    """``(phrases, words)`` around the occurrence: the word with its touching neighbour
+    (``the play``, ``play at``: stop words kept, they tell a noun from a verb), and the
+    lowercase content words within ``window`` words (stop words, one letter left out)."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    s = hit.sentence
+    found = list(_WORD_RE.finditer(s))
+    before = [m for m in found if m.end() <= hit.start]
+    after = [m for m in found if m.start() >= hit.end]
+    word = s[hit.start:hit.end].lower()
+    phrases = set()
+    if before and not s[before[-1].end():hit.start].strip():
+        phrases.add(f"{before[-1].group().lower()} {word}")
+    if after and not s[hit.end:after[0].start()].strip():
+        phrases.add(f"{word} {after[0].group().lower()}")
+    nearby = [m.group().lower() for m in before[-window:] + after[:window]]
+    words = {w for w in nearby if len(w) > 1 and w not in ENGLISH_STOP_WORDS}
+    return phrases, words
+
+
+def typical(features: Sequence[set[str]], labels: np.ndarray, label: int, least: int,
+            n: int = 3, exclude: frozenset[str] = frozenset()) -> list[str]:
+    """The ``n`` features most typical of cluster ``label``: highest share of its
+    occurrences minus their share of the other clusters' (at least ``least`` of its own)."""
+    inside = np.flatnonzero(labels == label)
+    outside = np.flatnonzero(labels != label)
+    count_in = Counter(f for i in inside for f in features[i])
+    count_out = Counter(f for i in outside for f in features[i])
+    scores = {f: c / len(inside) - (count_out[f] / len(outside) if len(outside) else 0.0)
+              for f, c in count_in.items() if c >= least and f not in exclude}
+    return sorted((f for f in scores if scores[f] > 0 or not len(outside)),
+                  key=lambda f: (-scores[f], -count_in[f], f))[:n]
 
 
 @dataclass
@@ -208,99 +303,116 @@ class SenseCluster:
     label: int
     size: int
     examples: list[Hit] = field(default_factory=list)  # nearest the centre first
+    phrases: list[str] = field(default_factory=list)  # most typical neighbour phrases
+    keywords: list[str] = field(default_factory=list)  # most typical content words
+
+    def name(self) -> str:
+        """``sense 2 (100): "to play", "play the"; prostitute``."""
+        parts = [", ".join(f'"{p}"' for p in self.phrases), ", ".join(self.keywords)]
+        typical_text = "; ".join(p for p in parts if p) or "no typical context words"
+        return f"sense {self.label + 1} ({self.size}): {typical_text}"
 
 
 @dataclass
 class ClusterResult:
     words: list[str]
     k: int
-    silhouettes: dict[int, float]
-    clusters: list[SenseCluster]
-    labels: np.ndarray
-    points: np.ndarray  # 2-D PCA projection of the unit vectors, for plotting
+    silhouettes: dict[int, float]  # k -> mean silhouette (k="auto" only)
+    clusters: list[SenseCluster]  # largest first; cluster i has label i
+    labels: np.ndarray  # cluster of each point
+    points: np.ndarray  # [n, 2] PCA projection of the unit vectors, for plotting
+    occurrences: list[Hit]  # the occurrence of each point (one per distinct context)
+    explained: tuple[float, float]  # variance share of the two plotted components
+    mix: str = ""
+    n_rows: int = 0  # occurrences in the index, repeated contexts included
+
+    @property
+    def silhouette(self) -> float | None:
+        return self.silhouettes.get(self.k)
+
+
+def _kmeans(x: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.cluster import KMeans
+
+    model = KMeans(n_clusters=k, n_init=4, random_state=seed).fit(x)
+    return model.labels_.astype(np.int64), model.cluster_centers_
 
 
 def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str = "auto",
                    examples: int = 3, max_k: int = 8, seed: int = 0,
-                   sample: int = 1500) -> ClusterResult:
-    ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
-    table = ix.occurrences(words, columns=RESULT_COLUMNS)
-    n = table.num_rows
-    if n < 2:
-        raise ElmoUserError(f"{' / '.join(words)}: {n} occurrence(s) in the index; "
-                            "need at least 2 to cluster")
+                   sample: int = 2000) -> ClusterResult:
+    """Cluster every distinct context of ``words`` (lowercase match) into senses."""
+    from sklearn.decomposition import PCA
+    from sklearn.metrics import silhouette_score
+
     from pipeline.lookup.mixes import fsl_to_numpy
 
-    x = _unit(fsl_to_numpy(table.column("vector")).astype(np.float32))
-    rng = np.random.default_rng(seed)
-    pick = np.sort(rng.choice(n, size=min(n, sample), replace=False))  # silhouette is O(n^2)
+    if not words:
+        raise ElmoUserError("name at least one word to cluster")
+    if examples < 0 or max_k < 2:
+        raise ElmoUserError("--examples must be at least 0 and max_k at least 2")
+    ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
+    table = ix.occurrences(words, columns=RESULT_COLUMNS)
+    n_rows = table.num_rows
+    rows = hits_from_table(table.drop_columns(["vector"]).append_column(
+        "_distance", _zeros(n_rows)))
+    keep = distinct_contexts(rows)
+    n = len(keep)
+    if n < 2:
+        raise ElmoUserError(f"{' / '.join(words)}: {n} distinct context(s) in the index; "
+                            "need at least 2 to cluster")
+    x = fsl_to_numpy(table.column("vector")).astype(np.float32)[keep]
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # cosine geometry
     scores: dict[int, float] = {}
     if k == "auto":
         for kk in range(2, min(max_k, n - 1) + 1):
-            labels, _, _ = kmeans(x, kk, seed)
-            scores[kk] = silhouette(x[pick], labels[pick])
+            labels, _ = _kmeans(x, kk, seed)
+            if len(set(labels.tolist())) > 1:
+                # Sampled: silhouette costs O(n^2).
+                scores[kk] = float(silhouette_score(x, labels, sample_size=min(n, sample),
+                                                    random_state=seed))
         chosen = max(scores, key=lambda kk: scores[kk]) if scores else 1
     else:
         chosen = int(k)
         if not 1 <= chosen <= n:
-            raise ElmoUserError(f"--k must be between 1 and the {n} occurrences")
-    labels, centres, _ = kmeans(x, chosen, seed)
-    hits = hits_from_table(table.drop_columns(["vector"]).append_column(
-        "_distance", _cosine_to_centres(x, centres, labels)))
+            raise ElmoUserError(f"--k must be between 1 and the {n} distinct contexts")
+    labels, centres = _kmeans(x, chosen, seed)
+    if chosen not in scores and 1 < len(set(labels.tolist())) < n:
+        scores[chosen] = float(silhouette_score(x, labels, sample_size=min(n, sample),
+                                                random_state=seed))
+    centres /= np.maximum(np.linalg.norm(centres, axis=1, keepdims=True), 1e-12)
+    occurrences = [rows[i] for i in keep]
+    for hit, sim in zip(occurrences, (x * centres[labels]).sum(1), strict=True):
+        hit.similarity = float(sim)  # to its cluster's centre
+    # Largest cluster first, labelled 0..k-1.
     order = np.argsort(-np.bincount(labels, minlength=chosen), kind="stable")
-    clusters = []
-    for new_label, j in enumerate(order):
-        members = np.flatnonzero(labels == j)
-        near = members[np.argsort([-hits[i].similarity for i in members], kind="stable")]
-        clusters.append(SenseCluster(new_label, len(members),
-                                     [hits[i] for i in near[:examples]]))
     relabel = np.empty(chosen, np.int64)
     relabel[order] = np.arange(chosen)
-    centred = x - x.mean(0)
-    _, _, vt = np.linalg.svd(centred, full_matrices=False)
-    points = centred @ vt[:2].T if vt.shape[0] >= 2 else np.c_[centred @ vt[:1].T, np.zeros(n)]
-    return ClusterResult(list(words), chosen, scores, clusters, relabel[labels], points)
+    labels = relabel[labels]
+    features = [context_features(h) for h in occurrences]
+    phrases = [f[0] for f in features]
+    # Other forms of the words are no news about which sense a cluster is.
+    stems = set(stem_words(words))
+    content = [{w for w in f[1] if stem_words([w])[0] not in stems} for f in features]
+    clusters = []
+    for label in range(chosen):
+        members = np.flatnonzero(labels == label)
+        near = members[np.argsort([-occurrences[i].similarity for i in members], kind="stable")]
+        least = max(2, round(MIN_WORD_SHARE * len(members)))
+        clusters.append(SenseCluster(
+            label, len(members), [occurrences[i] for i in near[:examples]],
+            typical(phrases, labels, label, least=2, n=2),
+            typical(content, labels, label, least=least, n=3)))
+    pca = PCA(n_components=min(2, n, x.shape[1]), random_state=seed).fit(x)
+    points = pca.transform(x)
+    explained = [float(v) for v in pca.explained_variance_ratio_]
+    if points.shape[1] < 2:
+        points, explained = np.c_[points, np.zeros(n)], [*explained, 0.0]
+    return ClusterResult(list(words), chosen, scores, clusters, labels, points, occurrences,
+                         (explained[0], explained[1]), ix.meta.mix_name, n_rows)
 
 
-def _cosine_to_centres(x: np.ndarray, centres: np.ndarray, labels: np.ndarray) -> Any:
+def _zeros(n: int) -> Any:
     import pyarrow as pa
 
-    c = _unit(centres)[labels]
-    return pa.array(1.0 - (x * c).sum(1), pa.float64())
-
-
-# --------------------------------------------------------------------------- plotting
-
-PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
-           (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
-
-
-def write_scatter_png(path: str | Path, points: np.ndarray, labels: np.ndarray,
-                      size: int = 480, radius: int = 3) -> Path:
-    """A plain PNG scatter plot (no plotting library: matplotlib is not a dependency)."""
-    image = np.full((size, size, 3), 255, np.uint8)
-    margin = 20
-    lo, hi = points.min(0), points.max(0)
-    span = np.where(hi - lo > 0, hi - lo, 1.0)
-    xy = margin + (points - lo) / span * (size - 2 * margin)
-    image[margin - 1, margin:size - margin] = image[size - margin, margin:size - margin] = 200
-    image[margin:size - margin, margin - 1] = image[margin:size - margin, size - margin] = 200
-    yy, xx = np.mgrid[-radius:radius + 1, -radius:radius + 1]
-    disc = (xx * xx + yy * yy) <= radius * radius
-    for (px, py), label in zip(xy, labels, strict=True):
-        cx, cy = round(float(px)), round(float(size - 1 - py))
-        ys, xs = cy + yy[disc], cx + xx[disc]
-        ok = (ys >= 0) & (ys < size) & (xs >= 0) & (xs < size)
-        image[ys[ok], xs[ok]] = PALETTE[int(label) % len(PALETTE)]
-    raw = b"".join(b"\x00" + image[r].tobytes() for r in range(size))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    png = (b"\x89PNG\r\n\x1a\n"
-           + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
-    path = Path(path)
-    path.write_bytes(png)
-    return path
+    return pa.array(np.zeros(n), pa.float64())
