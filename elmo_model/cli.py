@@ -19,7 +19,9 @@ _RAW = argparse.RawDescriptionHelpFormatter
 TRAIN_HELP = """\
 Train a biLM (forward + backward LMs, shared char CNN and softmax) on plain text,
 one paragraph or sentence per line. Resumes automatically when --out already holds a
-checkpoint; a kill loses at most the steps since the last checkpoint.
+checkpoint; a kill loses at most the steps since the last checkpoint. Lines are cut into
+words by --tokenizer (default: the --init-from model's own, else moses, as the original
+ELMo); the model's options.json declares it, so embedding later cuts text the same way.
 
 examples:
   elmo train 'examples/corpus/*.txt' --config examples/tiny_options.json --out runs/tiny-lm \
@@ -27,6 +29,7 @@ examples:
   elmo train 'corpus/*.txt' --config small --out runs/small --max-minutes 60
   elmo train 'my_domain/*.txt' --init-from models/default --out runs/domain --max-steps 2000
   elmo train 'data/*.txt' --config my_options.json --out runs/custom --checkpoint-minutes 2
+  elmo train 'corpus/*.txt' --config small --out runs/words --tokenizer elmo-store-words
 """
 
 INFO_HELP = """\
