@@ -1,4 +1,5 @@
 # Two entry points for a newcomer: `make run` and `make test`. Both create .venv when missing.
+# Neither needs anything outside the repository; a skipped test fails `make test`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -15,10 +16,11 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(VENV)/bin/elmo demo
+	@echo "elmo is installed in $(VENV)/bin: run \`. $(VENV)/bin/activate\` to put it on your PATH (README, \"Using it\")"
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

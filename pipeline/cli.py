@@ -23,15 +23,16 @@ REGISTRARS = (
 DESCRIPTION = """\
 elmo: corpus-scale ELMo embeddings: embed, store every layer, query with SQL, search senses.
 
-examples:
-  elmo demo                                            # the tour `make run` gives
-  elmo embed 'corpus/*.txt' --out runs/ds              # every layer of every token
-  elmo sql runs/ds "SELECT token, count(*) n FROM tokens GROUP BY 1 ORDER BY n DESC LIMIT 5"
-  elmo index build runs/ds --mix top --out runs/ds-top.lance
-  elmo senses search "He plays the guitar" --word plays --index runs/ds-top.lance
-  elmo train 'corpus/*.txt' --config small --out runs/my-model
-  elmo jobs run job.toml                               # incremental, scheduled embedding
-  elmo model info models/default/options.json models/default/weights.safetensors
+examples (from the repository root; README.md, "Using it", runs them all in order):
+  elmo demo                                               # the tour `make run` gives
+  elmo embed 'examples/corpus/*.txt' --out runs/example   # every layer of every token
+  elmo sql runs/example "SELECT token, count(*) n FROM tokens GROUP BY 1 ORDER BY n DESC LIMIT 5"
+  elmo index build runs/example --mix top --out runs/example-top.lance
+  elmo senses search "Will you play upon this pipe ?" --word play --index runs/example-top.lance
+  elmo mix fit runs/example --labels examples/pos_labels.csv --name pos
+  elmo jobs run examples/job.toml                         # incremental, scheduled
+  elmo train 'examples/corpus/*.txt' --config examples/tiny_options.json --out runs/tiny-lm
+  elmo model info models/default
 
 Each COMMAND has --help with more examples.
 """

@@ -45,8 +45,9 @@ def test_verb_has_a_description_and_examples(command: str) -> None:
     parser = PARSERS[command]
     assert (parser.description or "").strip(), f"`{command} --help` has no description"
     text = parser.format_help()
-    assert re.search(r"^examples?:", text, re.MULTILINE), f"`{command} --help` has no examples"
-    examples = text[re.search(r"^examples?:", text, re.MULTILINE).start():]
+    heading = re.search(r"^examples?\b[^\n]*:$", text, re.MULTILINE)
+    assert heading, f"`{command} --help` has no examples"
+    examples = text[heading.start():]
     assert f"\n  {command}" in examples or f"\n  {command.split()[0]} " in examples, \
         f"`{command} --help`: the examples do not show the command"
     assert "``" not in text and ":func:" not in text, f"`{command} --help` shows raw markup"
