@@ -24,8 +24,8 @@ words by --tokenizer (default: the --init-from model's own, else moses, as the o
 ELMo); the model's options.json declares it, so embedding later cuts text the same way.
 
 examples:
-  elmo train 'examples/corpus/*.txt' --config examples/tiny_options.json --out runs/tiny-lm \
-      --max-steps 50                                    # a toy model in seconds
+  elmo train 'examples/corpus/*.txt' --config examples/tiny_options.json --out runs/tiny-lm \\
+      --max-steps 50                                  # a toy model, in seconds
   elmo train 'corpus/*.txt' --config small --out runs/small --max-minutes 60
   elmo train 'my_domain/*.txt' --init-from models/default --out runs/domain --max-steps 2000
   elmo train 'data/*.txt' --config my_options.json --out runs/custom --checkpoint-minutes 2
