@@ -33,8 +33,8 @@ SPECS_HELP = "job spec files (TOML or YAML; see `elmo jobs --help`)"
 def register(subparsers: Any) -> None:
     jobs = subparsers.add_parser(
         "jobs", help="scheduled, incremental corpus embedding jobs",
-        description="Scheduled, incremental embedding jobs: each run embeds only new or "
-                    "changed source files, swaps their rows atomically, and refreshes the "
+        description="Scheduled, incremental embedding jobs: each run embeds only new or\n"
+                    "changed source files, swaps their rows atomically, and refreshes the\n"
                     "mixes' indexes.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = jobs.add_subparsers(dest="jobs_command", metavar="VERB")
@@ -42,9 +42,9 @@ def register(subparsers: Any) -> None:
 
     p = verbs.add_parser(
         "validate", help="check job specs and report every problem",
-        description="Check job specs without running anything: every unknown key, bad value "
-                    "and missing field of every spec is reported at once, with the file and "
-                    "key.",
+        description="Check job specs without running anything: every unknown key, bad\n"
+                    "value and missing field of every spec is reported at once, with the\n"
+                    "file and the key.",
         epilog="examples:\n  elmo jobs validate examples/job.toml\n"
                "  elmo jobs validate jobs/*.toml",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,13 +53,13 @@ def register(subparsers: Any) -> None:
 
     p = verbs.add_parser(
         "run", help="one incremental run of a job now",
-        description="Run a job once, now: embed the source files that are new or changed "
-                    "since the last run, swap their rows in atomically, then refresh the "
+        description="Run a job once, now: embed the source files that are new or changed\n"
+                    "since the last run, swap their rows in atomically, then refresh the\n"
                     "indexes of the spec's mixes.",
         epilog="examples:\n  elmo jobs run examples/job.toml\n"
                "  elmo jobs run jobs/news.toml --ray-address auto   # on a Ray cluster\n\n"
-               "Exit status: 0 on success (also when nothing changed), 1 when the run or an "
-               "index refresh failed, 2 on a bad spec or when the job is already running.",
+               "Exit status: 0 on success (also when nothing changed), 1 when the run or\n"
+               "an index refresh failed, 2 on a bad spec or when the job is already running.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
     p.add_argument("--ray-address", metavar="ADDR",
@@ -71,18 +71,17 @@ def register(subparsers: Any) -> None:
 
     p = verbs.add_parser(
         "schedule", help="run due jobs by their cron schedules",
-        description="Run each job whenever its cron schedule makes it due, forever (or one "
-                    "pass with --once). A job is due when no run has started since its latest "
-                    "cron time; missed times are caught up by one incremental run.",
+        description="Run each job whenever its cron schedule makes it due, forever (or one\n"
+                    "pass with --once). A job is due when no run has started since its\n"
+                    "latest cron time; missed times are caught up by one incremental run.",
         epilog="examples:\n  elmo jobs schedule examples/job.toml --once   # one pass, "
                "then exit\n"
                "  elmo jobs schedule jobs/news.toml jobs/web.toml\n"
                "  elmo jobs schedule jobs/news.toml --once   # from a timer or CronJob\n\n"
-               "With --once it prints one line per job: what ran, or why not and when it is "
-               "next due.\n"
-               "Jobs run one after another in this process. A job whose previous run is "
-               "still going (here or in another scheduler) is skipped; any number of "
-               "schedulers may watch one spec, and one run at a time happens.",
+               "With --once it prints one line per job: what ran, or why not, and when it\n"
+               "is next due. Jobs run one after another in this process. A job whose\n"
+               "previous run is still going (here or in another scheduler) is skipped; any\n"
+               "number of schedulers may watch one spec, and one run at a time happens.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("specs", nargs="+", metavar="SPEC", help=SPECS_HELP)
     p.add_argument("--once", action="store_true", help="one pass over the specs, then exit")
@@ -92,8 +91,9 @@ def register(subparsers: Any) -> None:
 
     p = verbs.add_parser(
         "status", help="last runs, next due time and lag of jobs",
-        description="Show each job's recent runs (status, trigger, duration, files, documents, "
-                    "tokens, errors), when it is next due and how late a due run is.",
+        description="Show each job's recent runs (status, trigger, duration, files,\n"
+                    "documents, tokens, errors), when it is next due and how late a due run\n"
+                    "is.",
         epilog="examples:\n  elmo jobs status examples/job.toml\n"
                "  elmo jobs status jobs/*.toml --runs 10 --json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,13 +104,15 @@ def register(subparsers: Any) -> None:
 
     p = verbs.add_parser(
         "submit", help="run a job on a Ray cluster via the Job Submission API",
-        description="Submit `elmo jobs run SPEC` to a Ray cluster through its Job Submission "
-                    "API, so the run happens on the cluster; --wait follows it to the end.",
+        description="Submit `elmo jobs run SPEC` to a Ray cluster through its Job\n"
+                    "Submission API, so the run happens on the cluster; --wait follows it\n"
+                    "to the end.",
         epilog="examples:\n  elmo jobs submit jobs/news.toml --address http://HEAD:8265\n"
                "  elmo jobs submit jobs/news.toml --address http://HEAD:8265 --wait\n"
                "  elmo jobs submit jobs/news.toml --address http://HEAD:8265 "
-               "--working-dir jobs/   # upload a directory holding the spec\n\n"
-               "The cluster must have this project installed (see ray_cluster.yaml); paths "
+               "--working-dir jobs/\n"
+               "      # uploads the directory holding the spec\n\n"
+               "The cluster must have this project installed (see ray_cluster.yaml); paths\n"
                "in the spec are read on the cluster, so use URIs there.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
