@@ -39,7 +39,7 @@ import triton.language as tl
 # jit helper through a slow patching step.
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["step"])
 def _gates_cell_kernel(
     rec_ptr, pre_ptr, bias_ptr, c_ptr, cell_ptr, lengths_ptr,
     n_rows, d, step,
@@ -85,7 +85,7 @@ def _gates_cell_kernel(
     tl.store(cell_at, cell.to(cell_ptr.dtype.element_ty), mask=valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["step"])
 def _projection_clip_kernel(
     proj_ptr, out_ptr, h_ptr, h_in_ptr, lengths_ptr,
     n_rows, p, step,
@@ -314,10 +314,20 @@ class RecurrenceGraphs:
     When a larger bucket needs bigger buffers, every graph is dropped and recaptured.
     """
 
+    # Padded grid cells per real token above which the packed loop is the better deal:
+    # padding costs FLOPs in proportion, launch overhead only matters for small batches.
+    max_padding = 1.35
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.buffers = _Buffers(device)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+
+    def fits(self, batch_sizes: list[int]) -> bool:
+        """Whether a batch is worth padding to its bucket (similar sentence lengths, as
+        the stateless embedder's length-sorted batches have)."""
+        grid = bucket_size(batch_sizes[0]) * bucket_size(len(batch_sizes))
+        return grid <= self.max_padding * sum(batch_sizes)
 
     def run(
         self,

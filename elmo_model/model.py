@@ -251,7 +251,7 @@ class BiLstmLayer(nn.Module):
         from elmo_model import fused_lstm
 
         w_in, weights = self._step_weights(dtype)
-        if graphs is None:
+        if graphs is None or not graphs.fits(plan.batch_sizes):
             pre = torch.bmm(x.to(dtype), w_in)  # [2, N, 4D]; the kernel adds the bias
             return fused_lstm.packed_steps(weights, pre, plan.batch_sizes, plan.offsets, h, c)
         # The graph reads these weight tensors by address: a recast (new dtype, new
@@ -370,7 +370,8 @@ class BiLMOutput:
 
 # The LSTM inference step. ``reference``: the in-place torch step (the CPU's);
 # ``triton``: the fused Triton step over the packed batch; ``triton-graphs``: the fused
-# step on bucketed padded shapes, captured as CUDA graphs (no per-step launch overhead).
+# step on bucketed padded shapes, captured as CUDA graphs (no per-step launch overhead),
+# for batches of similar sentence lengths (``RecurrenceGraphs.fits``; others run packed).
 # ``auto``: triton-graphs on CUDA when triton imports, else reference.
 LSTM_IMPLS = ("auto", "reference", "triton", "triton-graphs")
 

@@ -116,6 +116,7 @@ def check_fp32_loops_match_the_reference_step(fixture_dir: Path) -> None:
     from elmo_model.fused_lstm import RecurrenceGraphs
 
     graphs = RecurrenceGraphs(torch.device("cpu"))
+    graphs.max_padding = float("inf")  # the padded loop even for these ragged batches
     for lengths in (LENGTHS, np.array([3, 9, 1, 2, 8, 8, 4, 5, 6, 2, 1]), LENGTHS[:3]):
         layer, plan, x = _layer_and_input(lengths)
         want = _run_layer(layer, plan, x, "reference")
@@ -134,6 +135,7 @@ def check_low_precision_stays_close_to_fp32(fixture_dir: Path) -> None:
     model = BiLM(CONFIG).eval()
     plan = PackPlan.build(LENGTHS)
     tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
+    model._recurrence_graphs(torch.device("cpu")).max_padding = float("inf")
     with torch.inference_mode():
         model.lstm_impl = "reference"
         fp32, _ = model.contextualize(tokens, plan)
@@ -155,6 +157,7 @@ def check_model_paths_agree_with_initial_state(fixture_dir: Path) -> None:
     plan = PackPlan.build(LENGTHS)
     tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
     state = [_random_state(len(LENGTHS), seed) for seed in range(CONFIG.n_layers)]
+    model._recurrence_graphs(torch.device("cpu")).max_padding = float("inf")
     results = {}
     with torch.inference_mode():
         for impl in ("reference", "triton", "triton-graphs"):
@@ -181,6 +184,7 @@ def check_bilm_tf_conformance_on_the_fused_paths(fixture_dir: Path) -> None:
         embedder = elmo_model.load(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5",
                                    mode="stateful", device="cpu")
         embedder.model.lstm_impl = impl
+        embedder.model._recurrence_graphs(torch.device("cpu")).max_padding = float("inf")
         for i in range(2):
             batch = [sentences[k][i].split() for k in range(3)]
             for k, layers in enumerate(embedder.embed(batch)):
@@ -209,6 +213,16 @@ def check_buckets(fixture_dir: Path) -> None:
     plan = PackPlan.build(np.array([3, 1, 2]))  # ranks: 3, 2, 1 tokens
     assert plan.batch_sizes == [3, 2, 1]
     assert padded_positions(plan.batch_sizes, 8).tolist() == [0, 1, 2, 8, 9, 16]
+
+
+def check_graphs_only_for_batches_that_pad_well(fixture_dir: Path) -> None:
+    from elmo_model.fused_lstm import RecurrenceGraphs
+
+    graphs = RecurrenceGraphs(torch.device("cpu"))
+    similar = PackPlan.build(np.full(30, 18) + np.arange(30) % 3)  # 18-20 tokens: 32 x 20
+    assert graphs.fits(similar.batch_sizes)
+    ragged = PackPlan.build(np.array([40] + [5] * 31))  # 32 x 40 grid for 195 tokens
+    assert not graphs.fits(ragged.batch_sizes)
 
 
 CHECKS: dict[str, Callable[[Path], None]] = {
