@@ -70,3 +70,49 @@ def test_ray_matches_local_across_actor_counts_and_survives_a_killed_actor(
     assert_same_dataset(one, two)
     tokens = pq.read_table(two / "tokens").to_pandas()
     assert not tokens.duplicated(["doc_id", "sent_idx", "tok_idx"]).any()
+
+
+def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: None,
+                                                           tiny_model_dir: Path,
+                                                           tmp_path: Path) -> None:
+    """3 actors of 1 CPU on a 2-CPU cluster: refused before any work, one line naming
+    what is missing and what to pass; with --wait-for-resources, after that long."""
+    import time
+
+    from elmo_model.errors import ElmoUserError
+
+    corpus = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "ds"
+    t0 = time.monotonic()
+    with pytest.raises(ElmoUserError) as caught:
+        embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, executor="ray", actors=3,
+                            cpus_per_actor=1))
+    assert time.monotonic() - t0 < 10
+    message = str(caught.value)
+    assert "\n" not in message and "cannot hold 3 actors of 1 CPU each" in message
+    assert "it has 2 CPUs and 0 GPUs on 1 nodes (room for 2)" in message
+    assert "pass --actors 2" in message and "--wait-for-resources" in message
+    assert not out.exists()
+
+    t0 = time.monotonic()
+    with pytest.raises(ElmoUserError, match="after waiting 2 s"):
+        embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, executor="ray", actors=3,
+                            cpus_per_actor=1, wait_for_resources_s=2.0))
+    assert 2 <= time.monotonic() - t0 < 10
+    # A GPU the cluster does not have: the message offers the CPU.
+    with pytest.raises(ElmoUserError, match=r"1 CPU \+ 1 GPU each.*--device cpu"):
+        embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, executor="ray", actors=1,
+                            device="cuda"))
+    assert not out.exists()
+
+
+def test_actors_that_fit_counts_per_node() -> None:
+    from pipeline.executors import actors_that_fit
+
+    nodes = [{"Alive": True, "Resources": {"CPU": 3.0, "GPU": 1.0}},
+             {"Alive": True, "Resources": {"CPU": 1.0}},
+             {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}}]
+    assert actors_that_fit(nodes, cpus=1, gpus=0) == 4
+    assert actors_that_fit(nodes, cpus=2, gpus=0) == 1  # 2 CPUs never span two nodes
+    assert actors_that_fit(nodes, cpus=1, gpus=1) == 1
+    assert actors_that_fit(nodes, cpus=1, gpus=0.5) == 2
