@@ -1,4 +1,4 @@
-"""Our biLM against the outputs the original bilm-tf produced (../shared/fixtures/elmo)."""
+"""Our biLM against the outputs the original bilm-tf produced (tests/fixtures/elmo)."""
 
 from __future__ import annotations
 
