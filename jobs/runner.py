@@ -5,10 +5,10 @@ A run, holding the job lock:
 1. lists the sources and compares each file with its recorded fingerprint: size and
    mtime/etag first; when those differ, the content hash (files up to
    ``hash_max_bytes``) decides, so a touched-but-unchanged file is not re-embedded;
-2. embeds each new or changed file into its own part through the pipeline (its
-   exactly-once shard commits make this step resumable after a kill -9: a part's name
-   depends only on the file's URI and content, so the next run finds the committed
-   shards and finishes the rest);
+2. embeds each new or changed file into its own part through the pipeline (the file is
+   planned into work items like any input; their exactly-once commits make this step
+   resumable after a kill -9: a part's name depends only on the file's URI and content,
+   so the next run finds the committed items and finishes the rest);
 3. switches ``state.json`` to the new set of parts in one atomic write (the job's commit
    point), then publishes the same parts as the dataset's ``_live.json`` (the readers'
    commit point, ``pipeline.store.publish_live``): before it every reader sees the
@@ -102,6 +102,8 @@ def _embed_config(spec: JobSpec, source: Any, part: str, progress: bool) -> Any:
         out=spec.output,
         model=ModelSpec.resolve(spec.model, spec.options, spec.weights),
         n_shards=spec.shards,
+        item_tokens=spec.item_tokens,
+        tokenizer=spec.tokenizer,
         actors=spec.ray.actors,
         dtype=spec.dtype,
         device=spec.device,
@@ -119,6 +121,7 @@ def _embed_config(spec: JobSpec, source: Any, part: str, progress: bool) -> Any:
         cpus_per_actor=spec.ray.num_cpus,
         gpus_per_actor=spec.ray.num_gpus,
         ray_address=spec.ray.address,
+        wait_for_resources_s=spec.ray.wait_for_resources,
     )
 
 

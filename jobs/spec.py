@@ -50,6 +50,7 @@ class RaySpec:
     num_cpus: float | None = None  # per actor
     num_gpus: float | None = None  # per actor; None: 1 when the cluster has GPUs
     executor: str = "auto"
+    wait_for_resources: float = 0.0  # seconds to wait for an autoscaling cluster
     runtime_env: dict[str, Any] = field(default_factory=dict)  # for `elmo jobs submit`
 
 
@@ -62,7 +63,9 @@ class JobSpec:
     model: str | None = None
     options: str | None = None
     weights: str | None = None
-    shards: int = 8
+    shards: int = 8  # at least this many work items per embedded file
+    item_tokens: int = 262_144  # target tokens per work item
+    tokenizer: str | None = None  # None: the one the model declares
     dtype: str = "float16"
     device: str = "auto"
     compute_dtype: str = "float32"
@@ -198,13 +201,15 @@ def _close_match(key: str, known: tuple[str, ...]) -> str | None:
     return found[0] if found else None
 
 
-_TOP_KEYS = ("name", "source", "output", "model", "options", "weights", "shards", "dtype",
+_TOP_KEYS = ("name", "source", "output", "model", "options", "weights", "shards", "item_tokens",
+             "tokenizer", "dtype",
              "device", "compute_dtype", "batch_tokens", "max_sentence_tokens", "window_overlap",
              "schedule", "timezone",
              "delete_missing", "mixes", "index_out", "hash_max_bytes", "read", "ray",
              "storage_options")
 _READ_KEYS = ("format", "doc_per", "pretokenized", "text_column", "id_column")
-_RAY_KEYS = ("address", "actors", "num_cpus", "num_gpus", "executor", "runtime_env")
+_RAY_KEYS = ("address", "actors", "num_cpus", "num_gpus", "executor", "runtime_env",
+             "wait_for_resources")
 
 
 def _resolve(value: str, base: Path) -> str:
@@ -265,6 +270,14 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
     elif bool(options) != bool(weights):
         c.bad("options" if weights else "weights", "options and weights go together")
     shards = c.integer(data, "shards", 8, 1)
+    item_tokens = c.integer(data, "item_tokens", 262_144, 1)
+    tokenizer = c.string(data, "tokenizer")
+    if tokenizer is not None:
+        from pipeline.tokenize import tokenizer_names
+
+        if tokenizer not in tokenizer_names():
+            c.bad("tokenizer", f"unknown tokenizer {tokenizer!r}; known: "
+                               f"{', '.join(tokenizer_names())}")
     dtype = c.string(data, "dtype", default="float16", choices=("float16", "float32"))
     device = c.string(data, "device", default="auto", choices=("auto", "cpu", "cuda"))
     compute_dtype = c.string(data, "compute_dtype", default="float32",
@@ -314,6 +327,7 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
     num_cpus = c.number(ray_data, "num_cpus", "ray.")
     num_gpus = c.number(ray_data, "num_gpus", "ray.")
     executor = c.string(ray_data, "executor", "ray.", default="auto", choices=_EXECUTORS)
+    wait_for_resources = c.number(ray_data, "wait_for_resources", "ray.")  # seconds
     runtime_env = c.table(ray_data, "runtime_env")
     c.unknown(ray_data, _RAY_KEYS, "ray.")
     if address and address.startswith(("http://", "https://")):
@@ -335,6 +349,8 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
         options=_resolve(options, base) if options else None,
         weights=_resolve(weights, base) if weights else None,
         shards=shards,
+        item_tokens=item_tokens,
+        tokenizer=tokenizer,
         dtype=dtype or "float16",
         device=device or "auto",
         compute_dtype=compute_dtype or "float32",
@@ -349,7 +365,8 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
         hash_max_bytes=hash_max_bytes,
         read=read,
         ray=RaySpec(address=address, actors=actors, num_cpus=num_cpus, num_gpus=num_gpus,
-                    executor=executor or "auto", runtime_env=runtime_env),
+                    executor=executor or "auto", runtime_env=runtime_env,
+                    wait_for_resources=wait_for_resources or 0.0),
         storage_options=storage_options,
     )
 

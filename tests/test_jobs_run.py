@@ -444,3 +444,17 @@ def test_index_refresh_with_the_lookup_layers_build_index(tiny_model_dir: Path,
     result = run_job(spec)
     assert result is not None and result.exit_code == 0, result.lines
     assert index_rows() == live_rows()  # old b rows gone, new b and c rows in, no duplicates
+
+
+def test_the_spec_tokenizer_is_the_datasets(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from pipeline.tokenize import model_tokenizer, tokenizer_names
+
+    declared = model_tokenizer(str(tiny_model_dir / "options.json"))
+    other = next(n for n in tokenizer_names() if n != declared)
+    write_corpus(tmp_path, INITIAL)
+    spec = load_spec(write_spec(tmp_path, tiny_model_dir, tokenizer=f'"{other}"'))
+    result = run_job(spec)
+    assert result is not None and result.exit_code == 0
+    descriptor = json.loads((tmp_path / "ds/_dataset.json").read_text())
+    assert descriptor["tokenizer"]["name"] == other
+    assert doc_ids(spec) == {"a.txt:1", "a.txt:2", "sub/b.txt:1"}

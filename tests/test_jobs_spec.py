@@ -57,6 +57,16 @@ def test_toml_spec_loads_and_resolves_paths_against_the_spec_file(tmp_path: Path
     assert (spec.ray.address, spec.ray.actors, spec.ray.num_gpus) == ("auto", 2, 1.0)
     assert spec.storage_options == {"anon": True}
     assert spec.index_uri("layer:1") == str(tmp_path / "out/ds/_index/layer_1")
+    assert (spec.tokenizer, spec.item_tokens, spec.ray.wait_for_resources) == (None, 262_144, 0)
+
+
+def test_tokenizer_item_size_and_resource_wait_keys(tmp_path: Path) -> None:
+    text = GOOD_TOML.replace("shards = 4\n", 'shards = 4\ntokenizer = "elmo-store-ptb"\n'
+                             "item_tokens = 1000\n").replace(
+        "num_gpus = 1\n", "num_gpus = 1\nwait_for_resources = 600\n")
+    spec = load_spec(write(tmp_path, "news.toml", text))
+    assert (spec.tokenizer, spec.item_tokens) == ("elmo-store-ptb", 1000)
+    assert spec.ray.wait_for_resources == 600.0
 
 
 def test_yaml_spec_loads(tmp_path: Path) -> None:
@@ -98,6 +108,10 @@ def test_the_documented_example_is_a_valid_spec(tmp_path: Path) -> None:
     ('source = "a/*"\noutput = "o"\n[ray]\naddress = "http://head:8265"\n',
      "ray.address: is the cluster address"),
     ('source = "a/*"\noutput = "o"\nray = 3\n', "ray: must be a table/mapping, not int"),
+    ('source = "a/*"\noutput = "o"\ntokenizer = "nope"\n', "tokenizer: unknown tokenizer 'nope'"),
+    ('source = "a/*"\noutput = "o"\nitem_tokens = 0\n', "item_tokens: must be at least 1"),
+    ('source = "a/*"\noutput = "o"\n[ray]\nwait_for_resources = -1\n',
+     "ray.wait_for_resources: must be a number >= 0, not -1"),
     ('source = "a/*"\noutput = "o"\nname = "has space"\n', "name: 'has space' must be"),
 ])
 def test_malformed_specs_name_file_key_and_reason(tmp_path: Path, text: str,
