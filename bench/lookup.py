@@ -20,7 +20,9 @@ decoding the layers instead, interleaved run by run (medians); the same mixes th
 DuckDB ``elmo_mix`` UDF and the precomputed ``materialize_mix`` table; latency of typical
 SQL queries; ``elmo index build`` time (mix + read + add + IVF_HNSW_SQ); recall@10 and
 p50/p95 latency vs exact numpy search, without and with a ``token = ...`` prefilter (both
-the product path, which goes exact for small filters, and the forced ANN path).
+the product path, which goes exact for small filters, and the forced ANN path), with the
+``token_stem = ...`` prefilter sense search uses by default, and sense search's own
+distinct-context fetch (``nearest_distinct``; the query's embedding not included).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import pyarrow.parquet as pq
 from pipeline.embed import token_file_compression
 from pipeline.lookup.index import SenseIndex, build_index, token_filter
 from pipeline.lookup.mixes import iter_mixed, open_dataset
+from pipeline.lookup.senses import nearest_distinct
 from schemas import DatasetDescriptor, token_schema
 
 
@@ -256,6 +259,11 @@ def read_back(ds_uri: str) -> dict[str, object]:
     return {"top": np.concatenate(vectors), "words": np.concatenate(words), "keys": keys}
 
 
+def _hits_table(hits: list) -> pa.Table:
+    return pa.table({"doc_id": [h.doc_id for h in hits], "sent_idx": [h.sent_idx for h in hits],
+                     "tok_idx": [h.tok_idx for h in hits]})
+
+
 def bench_index(ds_uri: str, out_uri: str, data: dict, n_queries: int,
                 grid: list[tuple[int, int, int | None]], rng: np.random.Generator,
                 build: bool = True) -> dict[str, object]:
@@ -344,6 +352,18 @@ def bench_index(ds_uri: str, out_uri: str, data: dict, n_queries: int,
                           lambda q: ann(p.nprobes, p.ef, p.refine_factor,
                                         where=token_filter([next(it)], "token"))(q), truth_f)
     result["prefilter_ann"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
+    # What `elmo senses search` asks by default: the word's forms (token_stem = stem; a
+    # synthetic word is its own stem, so the truth is the same), distinct contexts only.
+    it = iter(word_of)
+    r, p50, p95 = measure("prefilter token_stem=s (word forms), product path",
+                          lambda q: ix.search(q, k=10, words=[next(it)], columns=cols,
+                                              forms=True), truth_f)
+    result["prefilter_forms"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
+    it = iter(word_of)
+    r, p50, p95 = measure("senses search: forms, distinct contexts (nearest_distinct)",
+                          lambda q: _hits_table(nearest_distinct(ix, q, 10, [next(it)],
+                                                                 forms=True)), truth_f)
+    result["senses_search"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
     counts = np.array([len(rows_of[w]) for w in word_of])
     print(f"  (query words have {np.median(counts):.0f} rows median, {counts.max()} max)")
     return result

@@ -207,6 +207,7 @@ def test_clusters_hold_each_context_once_and_are_named(clusters: ClusterResult) 
     n_forms = sum(sum(w.strip(".,").lower() in PLAY_FORMS for w in line.split())
                   for line in CORPUS)
     assert clusters.n_rows == n_forms and len(clusters.occurrences) == n_forms - 1
+    assert clusters.n_distinct == n_forms - 1 and not clusters.auto
     assert len({h.context for h in clusters.occurrences}) == n_forms - 1
     assert [c.label for c in clusters.clusters] == [0, 1]
     assert [c.size for c in clusters.clusters] == sorted(
@@ -218,6 +219,20 @@ def test_clusters_hold_each_context_once_and_are_named(clusters: ClusterResult) 
         assert all(any(f in p.split() for f in PLAY_FORMS) for p in cluster.phrases)
         assert not set(cluster.keywords) & PLAY_FORMS
     assert clusters.points.shape == (n_forms - 1, 2) and sum(clusters.explained) <= 1.0
+
+
+def test_clustering_samples_many_contexts_and_says_so(index: str) -> None:
+    from pipeline.lookup.sense_maps import map_subtitle
+    from pipeline.lookup.senses import cluster_senses
+
+    result = cluster_senses(index, sorted(PLAY_FORMS), k="auto", max_contexts=6)
+    assert len(result.occurrences) == 6 and result.n_distinct == 10 and result.auto
+    assert set(result.silhouettes) == {2, 3, 4, 5}
+    assert result.silhouettes[result.k] == max(result.silhouettes.values())
+    assert "6 occurrences (1 repeated contexts left out; a random 6 of 10 distinct " \
+        "contexts)" in map_subtitle(result)
+    with pytest.raises(ElmoUserError, match="no-such-word: 0 distinct context"):
+        cluster_senses(index, ["no-such-word"])
 
 
 def test_typical_features_favour_the_cluster() -> None:

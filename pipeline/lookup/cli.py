@@ -177,7 +177,8 @@ def register(subparsers: Any) -> None:
                    help="search: re-rank k*F candidates with full vectors (default 5)")
     b.set_defaults(handler=run_index_build)
     i = _add(verbs, "info", "show what an index holds", INDEX_INFO_EPILOG)
-    i.add_argument("uri", metavar="URI", help="the index: the directory / URI `elmo index build` wrote")
+    i.add_argument("uri", metavar="URI",
+                   help="the index: the directory / URI `elmo index build` wrote")
     i.set_defaults(handler=run_index_info)
     index.set_defaults(handler=lambda args: _help(index))
 
@@ -397,12 +398,10 @@ def run_senses_cluster(args: argparse.Namespace) -> int:
             raise ElmoUserError(f"--k must be a number or auto, not {args.k!r}") from None
     result = cluster_senses(_need_index(args), args.words, k=k, examples=args.examples)
     left, right = _highlight()
-    n = len(result.occurrences)
-    repeated = result.n_rows - n
-    print(f"{' / '.join(result.words)}: {n} occurrences"
-          f"{f' ({repeated} repeated contexts left out)' if repeated else ''}, "
-          f"mix {result.mix}")
-    if len(result.silhouettes) > 1:
+    from pipeline.lookup.sense_maps import occurrence_count
+
+    print(f"{' / '.join(result.words)}: {occurrence_count(result)}, mix {result.mix}")
+    if result.auto:
         scores = ", ".join(f"k={kk}: {s:.3f}" for kk, s in result.silhouettes.items())
         print(f"k = {result.k} by silhouette ({scores})")
     for c in result.clusters:

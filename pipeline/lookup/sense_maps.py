@@ -40,17 +40,24 @@ def map_title(result: ClusterResult) -> str:
     """``Senses of "play": mix top, k=3 (best silhouette, 0.121)``."""
     words = " / ".join(f'"{w}"' for w in result.words)
     chosen = f"k={result.k}"
-    if len(result.silhouettes) > 1 and result.silhouette is not None:
+    if result.auto and result.silhouette is not None:
         chosen += f" (best silhouette, {result.silhouette:.3f})"
     return f"Senses of {words}: mix {result.mix or '?'}, {chosen}"
 
 
 def map_subtitle(result: ClusterResult) -> str:
-    n = len(result.occurrences)
-    repeated = result.n_rows - n
-    again = f" ({repeated} repeated contexts left out)" if repeated > 0 else ""
-    return (f"{n} occurrences{again}; each dot is one occurrence, placed by PCA of its "
+    return (f"{occurrence_count(result)}; each dot is one occurrence, placed by PCA of its "
             "contextual vector")
+
+
+def occurrence_count(result: ClusterResult) -> str:
+    """``207 occurrences``, saying what was left out: repeated contexts, a sample."""
+    n = len(result.occurrences)
+    repeated = result.n_rows - result.n_distinct
+    notes = [f"{repeated} repeated contexts left out"] if repeated > 0 else []
+    if result.n_distinct > n:
+        notes.append(f"a random {n} of {result.n_distinct} distinct contexts")
+    return f"{n} occurrences" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def axis_labels(result: ClusterResult) -> tuple[str, str]:

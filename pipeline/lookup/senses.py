@@ -45,6 +45,7 @@ MATCHES = ("forms", "word", "any")
 # A search fetches this many times k first, and more while duplicates leave it short.
 FETCH_FACTOR = 2
 MAX_FETCH = 10_000
+MAX_CONTEXTS = 5_000  # clustered (and drawn) per word at most; more are sampled
 
 
 @dataclass
@@ -285,7 +286,7 @@ def context_features(hit: Hit, window: int = CONTEXT_WINDOW) -> tuple[set[str], 
 
 
 def typical(features: Sequence[set[str]], labels: np.ndarray, label: int, least: int,
-            n: int = 3, exclude: frozenset[str] = frozenset()) -> list[str]:
+            n: int = 3) -> list[str]:
     """The ``n`` features most typical of cluster ``label``: highest share of its
     occurrences minus their share of the other clusters' (at least ``least`` of its own)."""
     inside = np.flatnonzero(labels == label)
@@ -293,7 +294,7 @@ def typical(features: Sequence[set[str]], labels: np.ndarray, label: int, least:
     count_in = Counter(f for i in inside for f in features[i])
     count_out = Counter(f for i in outside for f in features[i])
     scores = {f: c / len(inside) - (count_out[f] / len(outside) if len(outside) else 0.0)
-              for f, c in count_in.items() if c >= least and f not in exclude}
+              for f, c in count_in.items() if c >= least}
     return sorted((f for f in scores if scores[f] > 0 or not len(outside)),
                   key=lambda f: (-scores[f], -count_in[f], f))[:n]
 
@@ -317,14 +318,16 @@ class SenseCluster:
 class ClusterResult:
     words: list[str]
     k: int
-    silhouettes: dict[int, float]  # k -> mean silhouette (k="auto" only)
+    silhouettes: dict[int, float]  # k -> mean silhouette, for every k tried
     clusters: list[SenseCluster]  # largest first; cluster i has label i
     labels: np.ndarray  # cluster of each point
     points: np.ndarray  # [n, 2] PCA projection of the unit vectors, for plotting
     occurrences: list[Hit]  # the occurrence of each point (one per distinct context)
     explained: tuple[float, float]  # variance share of the two plotted components
     mix: str = ""
+    auto: bool = False  # k chosen by silhouette
     n_rows: int = 0  # occurrences in the index, repeated contexts included
+    n_distinct: int = 0  # distinct contexts among them (more than clustered if sampled)
 
     @property
     def silhouette(self) -> float | None:
@@ -339,9 +342,11 @@ def _kmeans(x: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str = "auto",
-                   examples: int = 3, max_k: int = 8, seed: int = 0,
-                   sample: int = 2000) -> ClusterResult:
-    """Cluster every distinct context of ``words`` (lowercase match) into senses."""
+                   examples: int = 3, max_k: int = 8, seed: int = 0, sample: int = 2000,
+                   max_contexts: int = MAX_CONTEXTS) -> ClusterResult:
+    """Cluster the distinct contexts of ``words`` (lowercase match) into senses: all of
+    them up to ``max_contexts``, else that many drawn at random (``seed``); the
+    silhouette is estimated on ``sample`` of them."""
     from sklearn.decomposition import PCA
     from sklearn.metrics import silhouette_score
 
@@ -357,6 +362,11 @@ def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str =
     rows = hits_from_table(table.drop_columns(["vector"]).append_column(
         "_distance", _zeros(n_rows)))
     keep = distinct_contexts(rows)
+    n_distinct = len(keep)
+    if n_distinct > max_contexts:
+        # A map of more dots than this is unreadable, and its HTML tens of megabytes.
+        pick = np.random.default_rng(seed).choice(n_distinct, max_contexts, replace=False)
+        keep = [keep[i] for i in np.sort(pick)]
     n = len(keep)
     if n < 2:
         raise ElmoUserError(f"{' / '.join(words)}: {n} distinct context(s) in the index; "
@@ -409,7 +419,8 @@ def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str =
     if points.shape[1] < 2:
         points, explained = np.c_[points, np.zeros(n)], [*explained, 0.0]
     return ClusterResult(list(words), chosen, scores, clusters, labels, points, occurrences,
-                         (explained[0], explained[1]), ix.meta.mix_name, n_rows)
+                         (explained[0], explained[1]), ix.meta.mix_name, k == "auto",
+                         n_rows, n_distinct)
 
 
 def _zeros(n: int) -> Any:
