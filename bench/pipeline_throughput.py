@@ -1,28 +1,33 @@
-"""Pipeline throughput: model-only tokens/s vs end-to-end corpus -> Parquet tokens/s.
+"""Pipeline at corpus scale: tokens/s, peak RSS of every process, bytes through the driver.
 
-Same model, same corpus, one process:
+Two scenarios (one command each):
 
-* model only: the corpus pre-tokenized in memory, ``ElmoEmbedder.embed`` over chunks of
-  the same size as the pipeline's units (a freshly loaded embedder per repeat, its token
-  cache filling as it goes, exactly as in the pipeline; loading is not timed);
-* end to end: ``embed_corpus`` from the text files to committed Parquet (reading,
-  tokenizing, sharding, embedding, float16 conversion, zstd writing, commits), with the
-  in-process executor and, with ``--ray``, the Ray actor-pool executor too.
+* ``--scenario scale`` (default): a near-free model (2 layers x 32 cells, projection 16:
+  the model's cost drops out) over ~1M tokens (austen.txt) and ~13M tokens (the four
+  shared books x 4), with the local executor and with Ray (``--actors`` actors). Each run
+  is its own process, so its peak RSS is that run's: the driver's from getrusage, every
+  worker's (Ray actors) from the commit records it returned. Also the bytes the driver
+  received from workers (the pickled commit records) next to the activation bytes the
+  workers wrote: the driver sees no activations.
+* ``--scenario model``: a real model (``--model``, default the bundled one) over the first
+  ``--tokens`` tokens of the shared books: model-only tokens/s (the same windows, in
+  units of the pipeline's size, straight through ``ElmoEmbedder.embed``) vs end to end
+  (text files -> committed Parquet), local and Ray.
 
-Reports the ratio (target >= 0.85) and bytes per token on disk.
+    .venv/bin/python bench/pipeline_throughput.py --scenario scale --json runs/scale.json
+    .venv/bin/python bench/pipeline_throughput.py --scenario model --tokens 1000000
 
-    .venv/bin/python bench/pipeline_throughput.py --tokens 40000
-    .venv/bin/python bench/pipeline_throughput.py --model models/default --ray --actors 2
-
-Without ``--model`` and with no bundled model yet, it uses random weights of the small
-config from STACK_NOTES (2x1024 cells, 128 projection, 256 filters, 1 highway): speed
-does not depend on the weights' values.
+Corpora come from ../shared/corpora (benchmarks only; tests never read it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,19 +36,27 @@ REPO = Path(__file__).resolve().parent.parent
 CORPORA = REPO.parent / "shared" / "corpora"
 
 
-def small_model(folder: Path) -> Path:
+def near_free_model(folder: Path) -> Path:
     import torch
 
     from elmo_model import BiLM, BiLMConfig, save_model_dir
 
     torch.manual_seed(0)
-    config = BiLMConfig(n_layers=2, lstm_dim=1024, projection_dim=128, n_highway=1,
-                        filters=((1, 32), (2, 32), (3, 64), (4, 128)))
+    config = BiLMConfig(n_layers=2, lstm_dim=32, projection_dim=16, char_embedding_dim=4,
+                        filters=((1, 8), (2, 8)), n_highway=1)
     return save_model_dir(BiLM(config), folder)
 
 
+def copy_books(folder: Path, names: list[str], copies: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        for k in range(copies):
+            shutil.copy(CORPORA / name, folder / f"{Path(name).stem}-{k}.txt")
+    return folder
+
+
 def take_corpus(folder: Path, n_tokens: int) -> Path:
-    """The first lines of each shared corpus, round robin, until about n_tokens words."""
+    """The first lines of each shared book, round robin, until about n_tokens words."""
     folder.mkdir(parents=True, exist_ok=True)
     files = sorted(CORPORA.glob("*.txt"))
     per_file = n_tokens // len(files)
@@ -59,47 +72,110 @@ def take_corpus(folder: Path, n_tokens: int) -> Path:
     return folder
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="model directory (default: bundled, else small random)")
-    parser.add_argument("--tokens", type=int, default=40_000, help="corpus size in words")
-    parser.add_argument("--batch-tokens", type=int, default=4096)
-    parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--ray", action="store_true", help="also time the Ray executor")
-    parser.add_argument("--actors", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--json", help="write the results here too")
-    args = parser.parse_args()
+# --------------------------------------------------------------------------- one run
 
+
+def one_run(args: argparse.Namespace) -> None:
+    """A single embed in this process; prints its measurements as JSON (last line)."""
+    import torch
+
+    from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
+
+    torch.set_num_threads(1 if args.executor == "ray" else args.threads)
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    summary = embed_corpus(EmbedConfig(
+        sources=[f"{args.corpus}/*.txt"], out=str(out), model=ModelSpec.resolve(args.model),
+        executor=args.executor, actors=args.actors, cpus_per_actor=1.0 if args.actors else None,
+        batch_tokens=args.batch_tokens, tokenizer=args.tokenizer, progress=False))
+    seconds = time.perf_counter() - t0
+    token_bytes = sum(p.stat().st_size for p in out.glob("tokens/*/*.parquet"))
+    print(json.dumps({
+        "executor": args.executor, "tokens": summary.tokens, "seconds": seconds,
+        "tok_s": summary.tokens / seconds, "items": summary.items_written,
+        "driver_peak_rss": summary.driver_peak_rss,
+        "worker_peak_rss": max(summary.worker_peak_rss.values(), default=0),
+        "workers": len(summary.worker_peak_rss),
+        "returned_bytes": summary.returned_bytes, "token_file_bytes": token_bytes,
+    }))
+
+
+def run_child(model: Path, corpus: Path, out: Path, executor: str, actors: int,
+              batch_tokens: int, threads: int, tokenizer: str | None) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, __file__, "--one-run", "--model", str(model), "--corpus", str(corpus),
+           "--out", str(out), "--executor", executor, "--actors", str(actors),
+           "--batch-tokens", str(batch_tokens), "--threads", str(threads)]
+    cmd += ["--tokenizer", tokenizer] if tokenizer else []
+    env = dict(os.environ, PYTHONPATH=str(REPO), RAY_AUTH_MODE="disabled")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"run failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    shutil.rmtree(out, ignore_errors=True)
+    return result
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def scale(args: argparse.Namespace, work: Path) -> dict:
+    model = near_free_model(work / "model")
+    books = sorted(p.name for p in CORPORA.glob("*.txt"))
+    corpora = {"small": copy_books(work / "small", ["austen.txt"], 1),
+               "large": copy_books(work / "large", books, 4)}
+    results: dict[str, object] = {}
+    for repeat in range(args.repeats):
+        for size, corpus in corpora.items():
+            for executor in ("local", "ray"):
+                actors = args.actors if executor == "ray" else 1
+                r = run_child(model, corpus, work / "out", executor, actors, args.batch_tokens,
+                              threads=1, tokenizer=args.tokenizer or "elmo-store-ptb")
+                key = f"{size}_{executor}"
+                print(f"[{repeat}] {key}: {r['tokens']:,} tokens {r['tok_s']:,.0f} tok/s, "
+                      f"driver peak {r['driver_peak_rss'] / 2**20:,.0f} MiB, worker peak "
+                      f"{r['worker_peak_rss'] / 2**20:,.0f} MiB ({r['workers']} workers), "
+                      f"{r['items']} items, returned {r['returned_bytes']:,} B vs "
+                      f"{r['token_file_bytes']:,} B of token files", flush=True)
+                results.setdefault(key, []).append(r)  # type: ignore[union-attr]
+    summary: dict[str, object] = {"runs": results}
+    for key, runs in results.items():
+        summary[f"{key}_tok_s_median"] = sorted(r["tok_s"] for r in runs)[len(runs) // 2]  # type: ignore[union-attr]
+        summary[f"{key}_driver_peak_mib"] = max(r["driver_peak_rss"] for r in runs) / 2**20  # type: ignore[union-attr]
+        summary[f"{key}_worker_peak_mib"] = max(r["worker_peak_rss"] for r in runs) / 2**20  # type: ignore[union-attr]
+    for executor in ("local", "ray"):
+        for who in ("driver", "worker"):
+            small = summary[f"small_{executor}_{who}_peak_mib"]
+            large = summary[f"large_{executor}_{who}_peak_mib"]
+            summary[f"{executor}_{who}_rss_ratio_large_small"] = large / small  # type: ignore[operator]
+    summary["ray_vs_local_large"] = (summary["large_ray_tok_s_median"]  # type: ignore[operator]
+                                     / summary["large_local_tok_s_median"])
+    return summary
+
+
+def model_vs_pipeline(args: argparse.Namespace, work: Path) -> dict:
     import torch
 
     import elmo_model
-    from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
     from pipeline.sources import ReadOptions, list_sources, read_documents
-    from pipeline.tokenize import split_sentences, windows
+    from pipeline.tokenize import get_tokenizer, model_tokenizer, windows
 
-    work = Path(tempfile.mkdtemp(prefix="elmo-bench-"))
-    model_dir = Path(args.model) if args.model else elmo_model.default_model_dir()
-    if not (model_dir / "options.json").is_file():
-        model_dir = small_model(work / "model")
+    model = Path(args.model) if args.model else elmo_model.default_model_dir()
     corpus = take_corpus(work / "corpus", args.tokens)
-    spec = ModelSpec.resolve(str(model_dir))
-
-    # Model only: the same windows the pipeline makes, in chunks of one unit each.
+    options = str(model / "options.json")
+    split = get_tokenizer(args.tokenizer or model_tokenizer(options)).split_sentences
     sentences: list[list[str]] = []
-    n_stored = 0  # tokens stored once; windows repeat their overlaps for the model
+    n_stored = 0
     for doc in read_documents(list_sources([f"{corpus}/*.txt"]), ReadOptions()):
-        for sentence in split_sentences(getattr(doc, "text", "")):
+        for sentence in split(getattr(doc, "text", "")):
             words = sentence.words
             n_stored += len(words)
-            for w in windows(len(words), 256, 32):
-                sentences.append(words[w.start:w.end])
-    n_tokens = n_stored
+            sentences += [words[w.start:w.end] for w in windows(len(words), 256, 32)]
+
     def model_only() -> float:
-        embedder = elmo_model.load(spec.options, spec.weights, max_batch_tokens=args.batch_tokens,
-                                   cache_size=100_000)
-        embedder.embed([["warm", "up"]])  # first-call allocations, not the cache
+        torch.set_num_threads(args.threads)
+        embedder = elmo_model.load_model_dir(model, max_batch_tokens=args.batch_tokens)
+        embedder.embed([["warm", "up"]])
         chunk, size, t0 = [], 0, time.perf_counter()
         for sentence in [*sentences, None]:
             if sentence is not None:
@@ -108,46 +184,58 @@ def main() -> None:
             if chunk and (sentence is None or size >= 4 * args.batch_tokens):
                 embedder.embed(chunk)
                 chunk, size = [], 0
-        return n_tokens / (time.perf_counter() - t0)
+        return n_stored / (time.perf_counter() - t0)
 
-    results: dict[str, object] = {"tokens": n_tokens, "model": str(model_dir),
-                                  "torch_threads": torch.get_num_threads()}
-    def end_to_end(name: str, **kw: object) -> None:
-        out = work / f"out-{name}"
-        t0 = time.perf_counter()
-        summary = embed_corpus(EmbedConfig(sources=[f"{corpus}/*.txt"], out=str(out), model=spec,
-                                           n_shards=args.shards, batch_tokens=args.batch_tokens,
-                                           progress=False, **kw))  # type: ignore[arg-type]
-        seconds = time.perf_counter() - t0
-        rate = n_tokens / seconds
-        print(f"{name}: {rate:,.0f} tok/s end to end", flush=True)
-        token_bytes = sum(p.stat().st_size for p in out.glob("tokens/*/*.parquet"))
-        all_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-        assert summary.tokens == n_tokens, (summary.tokens, n_tokens)
-        results[f"{name}_tok_s"] = rate
-        results[f"{name}_bytes_per_token"] = token_bytes / n_tokens
-        results[f"{name}_dataset_bytes_per_token"] = all_bytes / n_tokens
-        results[f"{name}_files"] = len(list(out.glob("*/*/*.parquet")))
-
-    # Alternate the measurements and keep each one's best: other processes on a shared
-    # machine slow whichever runs during their bursts.
+    results: dict[str, object] = {"tokens": n_stored, "model": str(model)}
     for repeat in range(args.repeats):
         rate = model_only()
-        print(f"model_only_tok_s: {rate:,.0f}", flush=True)
-        results["model_only_tok_s"] = max(rate, results.get("model_only_tok_s", 0.0))  # type: ignore[type-var]
-        end_to_end(f"local{repeat}", executor="local")
-        if args.ray:
-            end_to_end(f"ray{repeat}", executor="ray", actors=args.actors)
-    for name in ("local", "ray") if args.ray else ("local",):
-        best = max(range(args.repeats), key=lambda r, n=name: results[f"{n}{r}_tok_s"])
-        for key in [k for k in results if k.startswith(f"{name}{best}_")]:
-            results[name + key[len(name) + 1:]] = results[key]
-        for r in range(args.repeats):
-            for key in [k for k in results if k.startswith(f"{name}{r}_")]:
-                del results[key]
-        results[f"{name}_ratio"] = results[f"{name}_tok_s"] / results["model_only_tok_s"]
+        print(f"[{repeat}] model only: {rate:,.0f} tok/s ({args.threads} threads)", flush=True)
+        results.setdefault("model_only", []).append(rate)  # type: ignore[union-attr]
+        for executor in ("local", "ray"):
+            actors = args.actors if executor == "ray" else 1
+            r = run_child(model, corpus, work / "out", executor, actors, args.batch_tokens,
+                          threads=args.threads, tokenizer=args.tokenizer)
+            print(f"[{repeat}] {executor}: {r['tok_s']:,.0f} tok/s end to end", flush=True)
+            results.setdefault(executor, []).append(r["tok_s"])  # type: ignore[union-attr]
+    for key in ("model_only", "local", "ray"):
+        runs = sorted(results[key])  # type: ignore[arg-type]
+        results[f"{key}_median"] = runs[len(runs) // 2]
+    for key in ("local", "ray"):
+        results[f"{key}_ratio"] = results[f"{key}_median"] / results["model_only_median"]  # type: ignore[operator]
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", choices=("scale", "model"), default="scale")
+    parser.add_argument("--model", help="model directory (model scenario; default: bundled)")
+    parser.add_argument("--tokens", type=int, default=1_000_000,
+                        help="corpus size in words (model scenario)")
+    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--actors", type=int, default=2, help="Ray actors (1 CPU each)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads, local runs")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--tokenizer", help="default: elmo-store-ptb for the near-free model "
+                                            "(as the issue's baseline), the model's own else")
+    parser.add_argument("--json", help="write the results here too")
+    # Internal: one measured run in a fresh process.
+    parser.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--corpus", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--executor", default="local", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one_run:
+        one_run(args)
+        return
+    work = Path(tempfile.mkdtemp(prefix="elmo-bench-"))
+    try:
+        results = scale(args, work) if args.scenario == "scale" else model_vs_pipeline(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     for key, value in results.items():
-        print(f"{key:32s} {value:,.3f}" if isinstance(value, float) else f"{key:32s} {value}")
+        if key != "runs":
+            print(f"{key:36s} {value:,.3f}" if isinstance(value, float) else f"{key:36s} {value}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
