@@ -159,3 +159,19 @@ def test_a_version_1_dataset_reads_but_refuses_appends(tiny_model_dir: Path,
                                          for f in committed_files(str(out), "documents")) == 5
     with pytest.raises(ElmoUserError, match=r"schema version 1.*write to a new --out"):
         embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out, part="new"))
+
+
+def test_embed_help_teaches(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from pipeline import embed_cli
+
+    parser = argparse.ArgumentParser(prog="elmo")
+    embed_cli.register(parser.add_subparsers())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["embed", "--help"])
+    text = capsys.readouterr().out
+    assert "main job" in text and "examples:" in text
+    assert "--ray-address auto" in text and "--wait-for-resources" in text
+    assert all(name in text for name in tokenizer_names())  # --tokenizer lists them
+    assert "--item-tokens" in text and "work items" in text
