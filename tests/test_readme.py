@@ -112,6 +112,7 @@ def test_readme_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.Monk
     assert result.stdout.count("\n$ ") + result.stdout.startswith("$ ") == len(commands)
     assert (work / "runs" / "example" / "_dataset.json").is_file()
     assert (work / "runs" / "play.png").stat().st_size > 1000
+    assert "<html" in (work / "runs" / "play.html").read_text(encoding="utf-8").lower()
     assert re.search(r"^  pos: weights \[", result.stdout, re.MULTILINE), output[-3000:]
     assert re.search(r"^example: not due \(last run .* \(no-changes\)\); next due ",
                      result.stdout, re.MULTILINE), output[-3000:]
