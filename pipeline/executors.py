@@ -1,7 +1,7 @@
 """Stage 3: where items run. Both executors take items from the plan lazily and yield
 ``(item, CommitRecord)`` pairs as items finish, in any order; the driver commits them.
 
-- ``LocalExecutor``: the item worker in this process, one item after another (laptops).
+- ``LocalExecutor``: the item worker in this process (laptops), two items at a time.
 - ``RayExecutor``: a pool of Ray actors, each holding the model and running two items
   at a time (the model under a lock, so one item's read/tokenize/write overlaps the
   other's model time). At most ``IN_FLIGHT_PER_ACTOR`` items per actor are submitted:
@@ -19,6 +19,7 @@ is touched.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import logging
 import math
@@ -39,17 +40,31 @@ POLL_S = 1.0
 
 
 class LocalExecutor:
+    """The item worker in this process, ``in_flight`` items at a time on threads: the
+    model runs under the worker's lock, so one item's reading, tokenizing and writing
+    overlap the other's model time (torch releases the GIL in its kernels)."""
+
     name = "local"
 
-    def __init__(self, cfg: EmbedConfig, settings: ItemSettings) -> None:
+    def __init__(self, cfg: EmbedConfig, settings: ItemSettings,
+                 in_flight: int = IN_FLIGHT_PER_ACTOR) -> None:
         self.worker = ItemWorker(settings)
+        self.in_flight = in_flight
 
     def start(self) -> None:
         self.worker.load()
 
     def run(self, items: Iterator[WorkItem]) -> Iterator[tuple[WorkItem, CommitRecord]]:
-        for item in items:
-            yield item, self.worker.process(item)
+        with concurrent.futures.ThreadPoolExecutor(self.in_flight) as pool:
+            running: collections.deque = collections.deque()
+            for item in items:
+                running.append((item, pool.submit(self.worker.process, item)))
+                if len(running) >= self.in_flight:
+                    done, future = running.popleft()
+                    yield done, future.result()
+            while running:
+                done, future = running.popleft()
+                yield done, future.result()
 
     def close(self) -> None:
         self.worker = None  # type: ignore[assignment]
