@@ -259,7 +259,7 @@ def _owned_lines(fs: Any, source: SourceFile, start: int, end: int, counter: Lin
         pos = newline + 1
 
 
-def _check_head(fs: Any, source: SourceFile, head: bytes, kind: str) -> DocError | None:
+def _check_head(source: SourceFile, head: bytes, kind: str) -> DocError | None:
     """The error for a binary or empty file (judged on its first bytes), or None."""
     if looks_binary(head[:_BINARY_SAMPLE]):
         return DocError(source.relative, source.uri, None, f"binary file (not {kind})")
@@ -278,7 +278,7 @@ def _line_source(fs: Any, source: SourceFile, start: int, end: int, kind: str,
     else:
         with fs.open(source.path, "rb") as handle:
             head = handle.read(_BINARY_SAMPLE)
-    error = _check_head(fs, source, head, kind)
+    error = _check_head(source, head, kind)
     if error is not None:
         return error if start == 0 else None
     return _owned_lines(fs, source, start, end, counter, data, base)
@@ -289,7 +289,7 @@ def _read_text(fs: Any, source: SourceFile, opts: ReadOptions, start: int, end: 
     if opts.doc_per == "file":  # one document: always a whole-file item (pipeline/plan.py)
         with fs.open(source.path, "rb") as handle:
             data = handle.read()
-        error = _check_head(fs, source, data, "text")
+        error = _check_head(source, data, "text")
         if error is not None:
             yield error
             return
