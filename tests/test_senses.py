@@ -306,6 +306,18 @@ def test_html_map_shows_each_sentence_on_hover(clusters: ClusterResult,
     assert not re.search(r"<script[^>]*\bsrc=", page) and len(page) > 1_000_000
 
 
+def test_contexts_are_the_same_only_when_the_text_says_so() -> None:
+    from pipeline.lookup.senses import Hit, distinct_contexts
+
+    def hit(doc: str, sentence: str, tok_idx: int = 1) -> Hit:
+        return Hit(1, 1.0, "play", doc, 0, tok_idx, sentence, 0, 0)
+
+    hits = [hit("a:1", "We  play\nhere."), hit("b:7", "We play here."),  # one context
+            hit("c:2", "We play here.", tok_idx=2),  # another token of the same text
+            hit("d:1", ""), hit("d:2", "")]  # no sentence text: each its own context
+    assert distinct_contexts(hits) == [0, 2, 3, 4]
+
+
 def test_hover_text_escapes_markup() -> None:
     from pipeline.lookup.sense_maps import hover_text
     from pipeline.lookup.senses import Hit

@@ -1,4 +1,15 @@
-"""The read path: mix layers on read, SQL over a dataset, the vector index, senses, probes.
+"""The read path: everything that reads a dataset the write path (``pipeline/``) stored.
 
-``pipeline/`` writes datasets; this package only reads them (and the index it builds).
+- ``mixes``: named layer mixes (top, average, layer:k, fitted ones) applied as layers are
+  read (``open_dataset``, ``iter_mixed``).
+- ``parquet_layers``: the direct decoder of float16 layer columns ``iter_mixed`` uses.
+- ``sql``: DuckDB views over a dataset plus the ``elmo_mix`` / ``elmo_cosine`` functions.
+- ``index``: the LanceDB index of mixed token vectors (with word stems) for sense search.
+- ``senses``: sense search (nearest occurrences of a word in context) and clustering.
+- ``sense_maps``: the clustering drawn as a PNG (matplotlib) and an HTML page (plotly).
+- ``probe``: learned task weights (``elmo mix fit``).
+- ``cli``: the ``elmo sql / index / senses / mix`` verbs.
+
+Nothing here writes to a dataset except ``elmo mix fit`` (its ``_mixes.json``); indexes
+and maps go where the user says.
 """

@@ -360,7 +360,8 @@ def run_index_info(args: argparse.Namespace) -> int:
     print(f"index {args.uri}\n  dataset {m.dataset}\n  mix {ix.mix.describe()}\n"
           f"  rows {ix.table.count_rows()}, dim {m.dim}, vector index {m.built} "
           f"(nprobes {m.search.nprobes}, ef {m.search.ef}, refine {m.search.refine_factor})\n"
-          f"  shard files {len(m.indexed)}")
+          f"  shard files {len(m.indexed)}\n"
+          f"  word forms {m.stemmer + ' stems' if ix.has_stems else 'not indexed: rebuild'}")
     return 0
 
 

@@ -84,10 +84,14 @@ class Hit:
         return f"{'…' if lo > 0 else ''}{' '.join(text.split())}{'…' if hi < len(s) else ''}"
 
     @property
-    def context(self) -> tuple[str, int]:
+    def context(self) -> tuple[str, ...]:
         """What makes two occurrences the same context: the sentence text (whitespace
-        normalised) and the token's place in it."""
-        return " ".join(self.sentence.split()), self.tok_idx
+        normalised) and the token's place in it. Without sentence text (a dataset that
+        stores none) nothing says two are the same: the occurrence is its own context."""
+        text = " ".join(self.sentence.split())
+        if not text:
+            return "", self.doc_id, str(self.sent_idx), str(self.tok_idx)
+        return text, str(self.tok_idx)
 
 
 @dataclass
@@ -203,7 +207,7 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
 
 def distinct_contexts(hits: Sequence[Hit]) -> list[int]:
     """Positions of the first hit of each context (see ``Hit.context``), in order."""
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, ...]] = set()
     keep = []
     for i, hit in enumerate(hits):
         if hit.context not in seen:
