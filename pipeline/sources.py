@@ -9,6 +9,11 @@ Document ids are given (JSON Lines ``id``, a Parquet id column) or derived
 deterministically from the file's path relative to the glob's fixed prefix: ``a.txt:17``
 for line 17 (1-based), ``a.txt`` for a whole file; the same corpus copied to another
 machine or bucket gets the same ids, hence the same shards.
+
+The pipeline reads a file by *work item* (``read_range``, pipeline/plan.py): the lines,
+or Parquet row groups, that start in a byte range. Line numbers stay those of the whole
+file (``LineCounter`` counts the newlines before a range), so ids do not depend on how a
+file was cut; ``read_documents`` reads whole files.
 """
 
 from __future__ import annotations
