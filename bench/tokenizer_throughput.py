@@ -3,8 +3,9 @@
 Each repeat times ``split_sentences`` (what ``elmo embed`` calls: words, offsets and
 sentences) over every document, a document being one line of the corpus file (a
 paragraph). For ``moses`` it also splits the time: sacremoses alone on the same lines
-(strings, no offsets), then our alignment of its strings back to the source, then the
-sentence grouping, to show where the time goes. Medians over the repeats; the first
+(strings, no offsets; plain ``MosesTokenizer`` and ours with the faster predicates), then
+our alignment of its strings back to the source, then the sentence grouping, to show
+where the time goes. Medians over the repeats; the first
 call of each tokenizer (imports, Moses' word lists) is not timed.
 
     .venv/bin/python bench/tokenizer_throughput.py
@@ -63,11 +64,15 @@ def main() -> None:
 
     # Where moses' time goes: the same lines through each stage on its own.
     lines = [blank_out_controls(d) for d in documents]
+    from sacremoses import MosesTokenizer
+
     engine = moses._moses()
+    plain = MosesTokenizer(lang="en")
     pieces = [engine.tokenize(line, escape=False) for line in lines]
     aligned = [moses._align(d, line, p, 0, len(line))
                for d, line, p in zip(documents, lines, pieces, strict=True)]
     stages: dict[str, Callable[[], object]] = {
+        "plain sacremoses only": lambda: [plain.tokenize(line, escape=False) for line in lines],
         "sacremoses only": lambda: [engine.tokenize(line, escape=False) for line in lines],
         "alignment only": lambda: [moses._align(d, line, p, 0, len(line))
                                    for d, line, p in zip(documents, lines, pieces, strict=True)],
