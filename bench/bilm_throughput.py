@@ -11,6 +11,19 @@ Reported per thread count: tokens/s per variant; the machine's matmul GFLOP/s fo
 shapes the model multiplies (fp32 and bf16); the model's effective GFLOP/s (forward
 FLOPs per token from the config x tokens/s) as a fraction of the fp32 matmul rate;
 cosine of bf16 to fp32 vectors per token and layer.
+
+With ``--device cuda`` (one run, on a GPU machine):
+
+    .venv/bin/python bench/bilm_throughput.py --device cuda
+
+measures the model's compute (char CNN + both LSTM stacks, synchronized, no host copy)
+for fp32/bf16/fp16 and 4k/32k/131k-token batches, for each LSTM step (``reference``:
+the torch step; ``triton``: the fused Triton step, packed; ``triton-graphs``: fused, with
+CUDA graphs where the batch pads well, the ``auto`` choice), with TFLOP/s, the fraction of
+the plain GEMM rate for the model's own shapes, the cuDNN ``nn.LSTM`` anchor (same cell and
+projection sizes, no clipping, LSTM alone), cosines of bf16/fp16 to fp32 per token and
+layer, and the largest fp32 difference between CUDA and the CPU. Batches are cut from
+length-sorted running text, as the stateless embedder cuts them.
 """
 
 from __future__ import annotations
@@ -23,8 +36,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from elmo_model import BiLM, BiLMConfig, ElmoEmbedder
+from elmo_model import BiLM, BiLMConfig, ElmoEmbedder, PackPlan
+from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
 
 CONFIGS = {
     "standard": BiLMConfig(),
@@ -98,10 +113,17 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", choices=sorted(CONFIGS), default="standard")
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda[:N] for the GPU run")
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (cpu)")
     parser.add_argument("--batches", type=int, default=5, help="timed batches per variant")
-    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--threads", default="1,2", help="torch threads to measure (cpu)")
+    parser.add_argument("--batch-tokens", default="4096,32768,131072",
+                        help="tokens per batch to measure (cuda)")
+    parser.add_argument("--dtypes", default="float32,bfloat16,float16", help="(cuda)")
     args = parser.parse_args()
+    if args.device != "cpu":
+        cuda_main(args)
+        return
 
     config = CONFIGS[args.config]
     torch.manual_seed(0)
@@ -192,6 +214,193 @@ def main() -> None:
             f"{rate['bf16+cache'] / rate['fp32']:.2f}x | {fp32_rate:.1f} | {bf16_rate:.1f} | "
             f"{effective:.1f} ({effective / fp32_rate:.2f}) | {cos.min():.4f} |"
         )
+
+
+# ---- CUDA -----------------------------------------------------------------------------
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+IMPLS = ("reference", "triton", "triton-graphs")
+
+
+def text_pool(n_tokens: int) -> list[list[str]]:
+    """Running text of at least ``n_tokens`` tokens: the corpora when they are beside the
+    checkout, else made-up words in sentences of 8-40 (speed does not depend on words)."""
+    if CORPORA.exists():
+        pool = running_text(10**6, skip=0)
+        if sum(len(s) for s in pool) >= n_tokens:
+            return pool
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(1, 12)))
+             for _ in range(20_000)]
+    pool, total = [], 0
+    while total < n_tokens:
+        sentence = [words[i] for i in rng.integers(0, len(words), rng.integers(8, 41))]
+        pool.append(sentence)
+        total += len(sentence)
+    return pool
+
+
+def length_sorted_batches(pool: list[list[str]], batch_tokens: int, n_batches: int):
+    """Cut ``n_batches`` batches of ~``batch_tokens`` tokens (boundaries included) from
+    the length-sorted pool, spread over the length range."""
+    ordered = sorted(pool, key=len)
+    batches, current, budget = [], [], 0
+    for sentence in ordered:
+        current.append(sentence)
+        budget += len(sentence) + 2
+        if budget >= batch_tokens:
+            batches.append(current)
+            current, budget = [], 0
+    if len(batches) > n_batches:
+        picks = np.linspace(0, len(batches) - 1, n_batches).round().astype(int)
+        batches = [batches[i] for i in picks]
+    return batches
+
+
+class DeviceBatch:
+    """A batch's char ids and pack plan on the device, made once (not timed)."""
+
+    def __init__(self, model: BiLM, sentences: list[list[str]], device: torch.device) -> None:
+        max_chars = model.config.max_chars
+        flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
+        ids = np.stack([token_char_ids(t, max_chars) for t in flat])
+        self.char_ids = torch.from_numpy(ids).to(device)
+        self.plan = PackPlan.build(np.array([len(s) + 2 for s in sentences]), device)
+        self.n_tokens = self.plan.n_tokens
+        self.n_sentences = len(sentences)
+
+
+def run_model(model: BiLM, batch: DeviceBatch, dtype: torch.dtype) -> torch.Tensor:
+    """All layers ``[L + 1, N, 2P]`` float32: what the embedder computes, minus the copy
+    to the host."""
+    device_type = batch.char_ids.device.type
+    with torch.inference_mode(), torch.autocast(device_type, dtype=dtype,
+                                                enabled=dtype != torch.float32):
+        tokens = model.token_embedding(batch.char_ids).float()
+        layers, _ = model.contextualize(tokens, batch.plan)
+        return torch.cat([tokens.repeat(1, 2).unsqueeze(0), layers.float()])
+
+
+def cuda_seconds(fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return times
+
+
+def cuda_gemm_rate(config: BiLMConfig, batch: int, tokens: int, dtype: torch.dtype,
+                   device: torch.device) -> float:
+    """FLOP/s of plain matmuls of the model's shapes (FLOP-weighted), median of 5."""
+    seconds_per_flop = 0.0
+    for a_shape, b_shape, share in model_matmul_shapes(config, batch, tokens):
+        a = torch.randn(a_shape, dtype=dtype, device=device)
+        b = torch.randn(b_shape, dtype=dtype, device=device)
+        torch.matmul(a, b)
+        flops = 2 * a.numel() * b_shape[-1]
+        seconds = statistics.median(cuda_seconds(lambda a=a, b=b: torch.matmul(a, b), 5))
+        seconds_per_flop += share * seconds / flops
+    return 1 / seconds_per_flop
+
+
+def cudnn_anchor(config: BiLMConfig, batch: int, steps: int, dtype: torch.dtype,
+                 device: torch.device) -> float:
+    """tokens/s of ``nn.LSTM`` (cuDNN) over both directions' work for ``batch`` sentences
+    of ``steps`` tokens: the same cells and projection, no clipping, LSTM alone."""
+    lstm = torch.nn.LSTM(config.projection_dim, config.lstm_dim, num_layers=config.n_layers,
+                         proj_size=config.projection_dim).to(device, dtype).eval()
+    # Forward and backward stacks: same FLOPs as one stack over twice the sentences.
+    x = torch.randn(steps, 2 * batch, config.projection_dim, device=device, dtype=dtype)
+    with torch.inference_mode():
+        lstm(x)
+        seconds = statistics.median(cuda_seconds(lambda: lstm(x), 5))
+    return batch * steps / seconds
+
+
+def lstm_flops_per_token(config: BiLMConfig) -> int:
+    p, d = config.projection_dim, config.lstm_dim
+    return 2 * config.n_layers * (2 * (p + p) * 4 * d + 2 * d * p)
+
+
+def measure(model: BiLM, batches: list[DeviceBatch], dtype: torch.dtype):
+    """Median tokens/s over the batches (each the median of 3 timings, after one warm-up
+    call that compiles kernels and captures graphs), and the first two batches' vectors."""
+    for batch in batches:
+        run_model(model, batch, dtype)
+    rates = []
+    for batch in batches:
+        seconds = cuda_seconds(lambda batch=batch: run_model(model, batch, dtype), 3)
+        rates.append(batch.n_tokens / statistics.median(seconds))
+    vectors = [run_model(model, batch, dtype) for batch in batches[:2]]
+    model._graphs.clear()  # free the padded buffers before the next variant
+    torch.cuda.empty_cache()
+    return statistics.median(rates), vectors
+
+
+def cuda_main(args: argparse.Namespace) -> None:
+    device = torch.device(args.device)
+    if not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: no CUDA GPU is visible")
+    config = CONFIGS[args.config]
+    torch.manual_seed(0)
+    model = BiLM(config).to(device).eval()
+    impl, reason = model.resolve_lstm_impl(device)
+    print(f"device {torch.cuda.get_device_name(device)}; torch {torch.__version__}; "
+          f"auto LSTM step: {impl} ({reason})")
+    flops_per_token = config.forward_flops_per_token()
+    sizes = [int(t) for t in args.batch_tokens.split(",")]
+    dtypes = [_DTYPES[name] for name in args.dtypes.split(",")]
+    pool = text_pool(max(sizes) * (args.batches + 2))
+
+    # CUDA fp32 against the CPU's reference step, on a small batch.
+    cpu_model = BiLM(config).eval()
+    cpu_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    small = pool[:16]
+    want = run_model(cpu_model, DeviceBatch(cpu_model, small, torch.device("cpu")),
+                     torch.float32)
+    got = run_model(model, DeviceBatch(model, small, device), torch.float32).cpu()
+    print(f"CUDA fp32 ({impl}) vs CPU fp32: max abs difference {(got - want).abs().max():.2e}")
+
+    rows = []
+    for size in sizes:
+        batches = [DeviceBatch(model, b, device)
+                   for b in length_sorted_batches(pool, size, args.batches)]
+        tokens = [b.n_tokens for b in batches]
+        mean_batch = int(statistics.mean(b.n_sentences for b in batches))
+        mean_steps = round(statistics.mean(b.n_tokens / b.n_sentences for b in batches))
+        fp32_vectors: list[torch.Tensor] = []  # the reference step's, first two batches
+        for dtype in dtypes:
+            gemm = cuda_gemm_rate(config, mean_batch, int(statistics.mean(tokens)), dtype, device)
+            anchor = cudnn_anchor(config, mean_batch, mean_steps, dtype, device)
+            for impl_name in IMPLS:
+                model.lstm_impl = impl_name
+                rate, vectors = measure(model, batches, dtype)
+                if dtype == torch.float32 and impl_name == "reference":
+                    fp32_vectors = vectors
+                cosine = min((float(F.cosine_similarity(a, b, dim=-1).min())
+                              for a, b in zip(vectors, fp32_vectors, strict=False)),
+                             default=float("nan"))
+                tflops = rate * flops_per_token / 1e12
+                rows.append((str(dtype).removeprefix("torch."), size, impl_name, rate, tflops,
+                             tflops * 1e12 / gemm, anchor, anchor * lstm_flops_per_token(config)
+                             / 1e12, cosine))
+                print(f"{rows[-1][0]:>8} {size:>7} {impl_name:<14} {rate:>10.0f} tok/s "
+                      f"{tflops:6.1f} TFLOP/s ({tflops * 1e12 / gemm:.2f} of GEMM "
+                      f"{gemm / 1e12:.0f}); cuDNN anchor {anchor:.0f} tok/s; "
+                      f"cosine to fp32 reference {cosine:.6f}", flush=True)
+        model.lstm_impl = "auto"
+        del batches
+
+    print("\n| compute | batch tokens | LSTM step | tok/s | TFLOP/s | of GEMM rate | cuDNN "
+          "nn.LSTM tok/s (LSTM TFLOP/s) | min cosine to fp32 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dtype, size, impl_name, rate, tflops, fraction, anchor, anchor_tflops, cosine in rows:
+        print(f"| {dtype} | {size} | {impl_name} | {rate:.0f} | {tflops:.1f} | {fraction:.2f} | "
+              f"{anchor:.0f} ({anchor_tflops:.0f}) | {cosine:.6f} |")
 
 
 if __name__ == "__main__":
