@@ -164,6 +164,7 @@ def fused_step(
     (``[n]`` int32), rows with ``lengths <= step`` keep their h and c.
     """
     n, d, p = pre.shape[1], c.shape[-1], h.shape[-1]
+    assert h_in.stride() == h.stride(), "the kernel writes h_in with h's strides"
     torch.bmm(h_in[:, :n], weights.w_rec, out=rec)
     masked = lengths is not None
     lengths_arg = lengths if masked else c  # never read unless MASKED

@@ -289,5 +289,13 @@ def test_training_ignores_the_fused_step() -> None:
     assert model.layers[0].recurrent_weight.grad is not None
 
 
+def test_char_cnn_takes_larger_chunks_on_a_gpu() -> None:
+    """Fixed chunk shapes keep token vectors batch independent; a GPU takes big ones (its
+    cost is launches per chunk), the CPU small ones (conv outputs stay in cache)."""
+    char_cnn = BiLM(CONFIG).char_cnn
+    assert char_cnn.chunk_size(torch.device("cpu")) == 64
+    assert char_cnn.chunk_size(torch.device("cuda")) == 4096
+
+
 if __name__ == "__main__":  # the interpreter child: python tests/test_fused_lstm.py FIXTURE
     print(json.dumps(_run_checks(Path(sys.argv[1]))))
