@@ -75,9 +75,17 @@ def _stemmer() -> Any:
     return snowballstemmer.stemmer("english")
 
 
+# The stemmer is pure Python (~50 us a word): a build meets the same words in every
+# chunk, so each is stemmed once (the sample's 102k tokens, 9.3k words: 0.5-0.7 s cold,
+# 11-15 ms with every word seen).
+@functools.lru_cache(maxsize=1 << 18)
+def _stem(word: str) -> str:
+    return _stemmer().stemWord(word)
+
+
 def stem_words(words: Sequence[str]) -> list[str]:
     """Snowball English stems of ``words``, lowercased first (Plays, played -> play)."""
-    return _stemmer().stemWords([w.lower() for w in words])
+    return [_stem(w.lower()) for w in words]
 
 
 @dataclass
