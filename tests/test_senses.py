@@ -287,6 +287,10 @@ def _hover_texts(page: str) -> list[str]:
     return texts
 
 
+def _escaped(text: str) -> str:
+    return html.escape(text, quote=False)  # quotes stay: plotly.js shows &quot; as typed
+
+
 def test_html_map_shows_each_sentence_on_hover(clusters: ClusterResult,
                                                 tmp_path: Path) -> None:
     from pipeline.lookup.sense_maps import write_sense_map_html
@@ -296,13 +300,13 @@ def test_html_map_shows_each_sentence_on_hover(clusters: ClusterResult,
     texts = _hover_texts(page)
     assert len(texts) == len(clusters.occurrences)
     for hit in clusters.occurrences:
-        marked = html.escape(hit.sentence[:hit.start]) + "<b>" + html.escape(
-            hit.sentence[hit.start:hit.end]) + "</b>" + html.escape(hit.sentence[hit.end:])
+        marked = _escaped(hit.sentence[:hit.start]) + "<b>" + _escaped(
+            hit.sentence[hit.start:hit.end]) + "</b>" + _escaped(hit.sentence[hit.end:])
         assert any(marked in t.replace("<br>", " ") for t in texts), marked
     # One trace per sense, named as the CLI names it; plotly.js inside the file.
     names = [json.loads(f'"{m}"') for m in re.findall(r'"name":"((?:[^"\\]|\\.)*)"', page)]
     for cluster in clusters.clusters:
-        assert html.escape(cluster.name()) in names
+        assert _escaped(cluster.name()) in names
     assert not re.search(r"<script[^>]*\bsrc=", page) and len(page) > 1_000_000
 
 
@@ -322,9 +326,9 @@ def test_hover_text_escapes_markup() -> None:
     from pipeline.lookup.sense_maps import hover_text
     from pipeline.lookup.senses import Hit
 
-    sentence = "Tom & <Jerry> play tricks."
+    sentence = 'Tom & <Jerry> play "tricks".'
     hit = Hit(1, 1.0, "play", "a.txt:1", 0, 3, sentence, 14, 18)
-    assert hover_text(hit).endswith("Tom &amp; &lt;Jerry&gt; <b>play</b> tricks.")
+    assert hover_text(hit).endswith('Tom &amp; &lt;Jerry&gt; <b>play</b> "tricks".')
 
 
 # --------------------------------------------------------------------------- CLI and demo

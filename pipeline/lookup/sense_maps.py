@@ -32,6 +32,12 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 HOVER_CHARS = 360  # of the sentence around the word, in the HTML's hover box
 
 
+def _escape(text: str) -> str:
+    """Text for plotly's HTML-like labels: ``& < >`` escaped, quotes kept (plotly.js knows
+    only a few named entities: ``&quot;`` would show as typed)."""
+    return html.escape(text, quote=False)
+
+
 def colour(label: int) -> str:
     return COLOURS[label % len(COLOURS)]
 
@@ -111,9 +117,9 @@ def hover_text(hit: Hit, chars: int = HOVER_CHARS, wrap: int = 80) -> str:
     text = hit.snippet(chars, left, right) if len(hit.sentence) > chars \
         else " ".join(hit.highlighted(left, right).split())
     lines = textwrap.wrap(text, wrap, break_long_words=False, break_on_hyphens=False)
-    body = "<br>".join(html.escape(line) for line in lines)
+    body = "<br>".join(_escape(line) for line in lines)
     body = body.replace(left, "<b>").replace(right, "</b>")
-    return f"<i>{html.escape(hit.doc_id)} #{hit.sent_idx}</i><br>{body}"
+    return f"<i>{_escape(hit.doc_id)} #{hit.sent_idx}</i><br>{body}"
 
 
 def sense_map_plotly(result: ClusterResult) -> Any:
@@ -125,14 +131,14 @@ def sense_map_plotly(result: ClusterResult) -> Any:
         members = (result.labels == cluster.label).nonzero()[0]
         figure.add_trace(go.Scatter(
             x=result.points[members, 0], y=result.points[members, 1], mode="markers",
-            name=html.escape(cluster.name()), marker={"size": 7, "opacity": 0.75,
+            name=_escape(cluster.name()), marker={"size": 7, "opacity": 0.75,
                                                       "color": colour(cluster.label)},
             hovertext=[hover_text(result.occurrences[i]) for i in members],
             hovertemplate="%{hovertext}<extra></extra>"))
     x_label, y_label = axis_labels(result)
     figure.update_layout(
-        title={"text": f"{html.escape(map_title(result))}<br><sup>"
-                       f"{html.escape(map_subtitle(result))}; hover a dot to read it</sup>"},
+        title={"text": f"{_escape(map_title(result))}<br><sup>"
+                       f"{_escape(map_subtitle(result))}; hover a dot to read it</sup>"},
         xaxis_title=x_label, yaxis_title=y_label, template="plotly_white",
         legend={"title": {"text": "senses (most typical context words)"}},
         hoverlabel={"align": "left"}, width=1000, height=700)
