@@ -14,9 +14,12 @@ are read once, in the matmul's dtype, and the gate math runs in float32 register
 Two time loops share those kernels:
 
 * ``packed_steps``: the packed layout of ``PackPlan`` (only real tokens at each step).
-* ``padded_steps``: a fixed ``[steps, batch]`` grid where rows past their length keep
+* ``PaddedRun.steps``: a fixed ``[steps, batch]`` grid where rows past their length keep
   their state (masked by ``lengths``); fixed shapes are what a CUDA graph needs, so
   ``RecurrenceGraphs`` captures this loop once per (batch, steps) bucket and replays it.
+
+The projection matmul stays cuBLAS (its clip is the second kernel's first operation): a
+Triton matmul with the clip as epilogue would save one small pass over ``[2, n, P]``.
 
 Importing this module imports triton; ``model.py`` imports it only when the fused path is
 chosen. The same launches run on CPU tensors under Triton's interpreter
