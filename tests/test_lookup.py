@@ -469,7 +469,7 @@ def _dataset_without_layers(dataset: Path, tmp_path: Path) -> Path:
                                   "no-layers-sql",
                                   "word-not-in-sentence", "malformed-sql", "no-dataset",
                                   "no-index", "bad-labels", "bad-nprobes",
-                                  "unknown-mix-sql-table"])
+                                  "unknown-mix-sql-table", "map-folder-missing", "k-zero"])
 def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
                                      capsys: pytest.CaptureFixture,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -502,6 +502,10 @@ def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
                         "--nprobes must be at least 1"),
         "unknown-mix-sql-table": (["sql", ds, "--mix", "nope", "SELECT 1"],
                                   "unknown mix 'nope'"),
+        "map-folder-missing": (["senses", "cluster", "bank", "--index", str(ix), "--html",
+                                str(tmp_path / "no" / "bank.html")], "does not exist"),
+        "k-zero": (["senses", "search", "a bank", "--word", "bank", "-k", "0", "--index",
+                    str(ix)], "-k must be at least 1"),
     }[case]
     assert run_cli(monkeypatch, argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

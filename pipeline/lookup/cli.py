@@ -389,8 +389,12 @@ def run_senses_search(args: argparse.Namespace) -> int:
 
 def run_senses_cluster(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
+    from pipeline.lookup.sense_maps import check_writable
     from pipeline.lookup.senses import cluster_senses
 
+    for path in (args.plot, args.html):
+        if path:
+            check_writable(path)
     k: int | str = args.k
     if k != "auto":
         try:

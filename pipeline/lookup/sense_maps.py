@@ -152,13 +152,19 @@ def write_sense_map_html(result: ClusterResult, path: str | Path) -> Path:
                                                             full_html=True))
 
 
-def _write_whole(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """``write`` to a temporary file beside ``path``, then move it in: never half a file."""
+def check_writable(path: str | Path) -> Path:
+    """``path`` if its folder exists (checked before the work, not after)."""
     from elmo_model.errors import ElmoUserError
 
     path = Path(path)
     if not path.parent.is_dir():
         raise ElmoUserError(f"cannot write {path}: folder {path.parent} does not exist")
+    return path
+
+
+def _write_whole(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """``write`` to a temporary file beside ``path``, then move it in: never half a file."""
+    path = check_writable(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         write(tmp)

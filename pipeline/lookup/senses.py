@@ -248,6 +248,8 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
 
     if match not in MATCHES:
         raise ElmoUserError(f"match must be one of {', '.join(MATCHES)}, not {match!r}")
+    if k < 1:
+        raise ElmoUserError("-k must be at least 1")
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
     if match == "forms":
         ix.require_stems()  # before the model loads: the fix is a rebuild
