@@ -21,7 +21,7 @@ import numpy as np
 
 from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex
 from pipeline.lookup.mixes import fsl_to_numpy
-from pipeline.lookup.senses import _WORD_RE, distinct_contexts, hits_from_table
+from pipeline.lookup.senses import WORD_RE, distinct_contexts, hits_from_table
 
 NOUN_BEFORE = frozenset({"the", "a", "an", "this", "that", "his", "her", "my", "your", "our",
                          "their", "its", "no", "any", "some", "every", "what", "which", "whose",
@@ -33,7 +33,7 @@ ADJ_BEFORE = frozenset({"very", "so", "too", "how", "as", "most", "more", "is", 
 
 
 def reference_class(sentence: str, start: int) -> str | None:
-    before = [m.group().lower() for m in _WORD_RE.finditer(sentence) if m.end() <= start]
+    before = [m.group().lower() for m in WORD_RE.finditer(sentence) if m.end() <= start]
     if not before:
         return None
     word = before[-1]

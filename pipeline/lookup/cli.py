@@ -34,8 +34,6 @@ repeated comparisons then run in milliseconds instead of decoding the layer list
 """
 
 INDEX_EPILOG = """\
-verbs: build (create or extend an index), info (what an index holds).
-
 examples:
   elmo index build data/ds --mix top --out data/ds-top.lance
   elmo index info data/ds-top.lance
@@ -63,8 +61,7 @@ examples:
 """
 
 SENSES_EPILOG = """\
-verbs: search (occurrences nearest to a word as used in a sentence), cluster (group a
-word's occurrences into senses, with maps). The index (--index, or $ELMO_INDEX)
+Both verbs read an index built by `elmo index build` (--index, or $ELMO_INDEX); it
 remembers its dataset and mix.
 
 examples:
@@ -101,8 +98,6 @@ examples:
 """
 
 MIX_EPILOG = """\
-verbs: list (the mixes a dataset knows), fit (learn layer weights for a task).
-
 examples:
   elmo mix list data/ds
   elmo mix fit data/ds --labels pos_labels.csv --name pos
@@ -382,8 +377,13 @@ def run_senses_search(args: argparse.Namespace) -> int:
     for h in hits:
         print(f"{h.rank:>3}  {h.similarity:6.3f}  {h.doc_id}#{h.sent_idx}.{h.tok_idx}  "
               f"{h.highlighted(left, right)}")
-    if not hits:
-        print("no neighbours found", file=sys.stderr)
+    among = {"forms": f"uses of {args.word!r} in any of its forms (--same-form: this form "
+                      "only; --any-word: every word)",
+             "word": f"uses of {args.word!r} as written, any case",
+             "any": "every word"}[args.match]
+    sys.stdout.flush()  # the note after the results, also when both go to one pipe
+    print(f"{len(hits) or 'no'} nearest among {among}; repeated contexts shown once",
+          file=sys.stderr)
     return 0
 
 

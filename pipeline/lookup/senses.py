@@ -263,7 +263,7 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
 # --------------------------------------------------------------------------- clustering
 
 # Context words: letters with inner apostrophes (the same regardless of tokenizer).
-_WORD_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
+WORD_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 CONTEXT_WINDOW = 6  # words either side of the occurrence
 # A content word names a cluster only if this share of its occurrences (and 2) have it:
 # rarer ones are chance co-occurrences (measured on the sample: "chosen" for "the play").
@@ -277,7 +277,7 @@ def context_features(hit: Hit, window: int = CONTEXT_WINDOW) -> tuple[set[str], 
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
     s = hit.sentence
-    found = list(_WORD_RE.finditer(s))
+    found = list(WORD_RE.finditer(s))
     before = [m for m in found if m.end() <= hit.start]
     after = [m for m in found if m.start() >= hit.end]
     word = s[hit.start:hit.end].lower()
