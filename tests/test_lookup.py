@@ -510,3 +510,38 @@ def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
     assert run_cli(monkeypatch, argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("elmo: error:") and expected in err[0], err
+
+
+# --------------------------------------------------------------------------- layout
+
+
+LOOKUP_MODULES = ("mixes", "parquet_layers", "sql", "index", "senses", "sense_maps", "probe",
+                  "cli")
+
+
+def test_read_path_lives_in_pipeline_lookup() -> None:
+    import importlib
+    import importlib.util
+    import subprocess
+    import sys
+
+    import pipeline.lookup
+    from pipeline import cli
+
+    package_dir = Path(pipeline.lookup.__file__).parent
+    assert package_dir.name == "lookup" and package_dir.parent.name == "pipeline"
+    for name in LOOKUP_MODULES:
+        module = importlib.import_module(f"pipeline.lookup.{name}")
+        assert Path(module.__file__).parent == package_dir
+        assert f"``{name}``" in pipeline.lookup.__doc__  # the package says what each holds
+        assert importlib.util.find_spec(f"pipeline.{name}") is None or name == "cli"
+    assert importlib.util.find_spec("pipeline.lookup_cli") is None
+    assert "pipeline.lookup.cli" in cli.REGISTRARS
+    # `elmo --help` stays fast: registering the lookup verbs imports nothing heavy.
+    heavy = ("lancedb", "duckdb", "sklearn", "matplotlib", "plotly", "torch")
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, argparse, pipeline.lookup.cli as c; "
+         "c.register(argparse.ArgumentParser().add_subparsers()); "
+         f"print(' '.join(m for m in {heavy!r} if m in sys.modules))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []
