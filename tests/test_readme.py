@@ -63,6 +63,9 @@ def skipped_kind(command: str) -> str | None:
 
 
 def _workspace(root: Path) -> Path:
+    activate = Path(sys.prefix) / "bin" / "activate"
+    assert activate.is_file(), f"run the tests from the project's virtualenv (make test); " \
+                               f"{activate} does not exist"
     work = root / "clone"
     work.mkdir()
     for name in ("data", "models"):
