@@ -87,7 +87,8 @@ def one_run(args: argparse.Namespace) -> None:
     summary = embed_corpus(EmbedConfig(
         sources=[f"{args.corpus}/*.txt"], out=str(out), model=ModelSpec.resolve(args.model),
         executor=args.executor, actors=args.actors, cpus_per_actor=1.0 if args.actors else None,
-        batch_tokens=args.batch_tokens, tokenizer=args.tokenizer, progress=False))
+        batch_tokens=args.batch_tokens, tokenizer=args.tokenizer, n_shards=args.shards,
+        progress=False))
     seconds = time.perf_counter() - t0
     token_bytes = sum(p.stat().st_size for p in out.glob("tokens/*/*.parquet"))
     print(json.dumps({
@@ -101,12 +102,13 @@ def one_run(args: argparse.Namespace) -> None:
 
 
 def run_child(model: Path, corpus: Path, out: Path, executor: str, actors: int,
-              batch_tokens: int, threads: int, tokenizer: str | None) -> dict:
+              batch_tokens: int, threads: int, tokenizer: str | None, shards: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, __file__, "--one-run", "--model", str(model), "--corpus", str(corpus),
            "--out", str(out), "--executor", executor, "--actors", str(actors),
            "--batch-tokens", str(batch_tokens), "--threads", str(threads)]
     cmd += ["--tokenizer", tokenizer] if tokenizer else []
+    cmd += ["--shards", str(shards)]
     env = dict(os.environ, PYTHONPATH=str(REPO), RAY_AUTH_MODE="disabled")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -124,13 +126,15 @@ def scale(args: argparse.Namespace, work: Path) -> dict:
     books = sorted(p.name for p in CORPORA.glob("*.txt"))
     corpora = {"small": copy_books(work / "small", ["austen.txt"], 1),
                "large": copy_books(work / "large", books, 4)}
+    corpora = {k: v for k, v in corpora.items() if k in args.sizes.split(",")}
     results: dict[str, object] = {}
     for repeat in range(args.repeats):
         for size, corpus in corpora.items():
             for executor in ("local", "ray"):
                 actors = args.actors if executor == "ray" else 1
                 r = run_child(model, corpus, work / "out", executor, actors, args.batch_tokens,
-                              threads=1, tokenizer=args.tokenizer or "elmo-store-ptb")
+                              threads=1, tokenizer=args.tokenizer or "elmo-store-ptb",
+                              shards=args.shards)
                 key = f"{size}_{executor}"
                 print(f"[{repeat}] {key}: {r['tokens']:,} tokens {r['tok_s']:,.0f} tok/s, "
                       f"driver peak {r['driver_peak_rss'] / 2**20:,.0f} MiB, worker peak "
@@ -139,6 +143,8 @@ def scale(args: argparse.Namespace, work: Path) -> dict:
                       f"{r['token_file_bytes']:,} B of token files", flush=True)
                 results.setdefault(key, []).append(r)  # type: ignore[union-attr]
     summary: dict[str, object] = {"runs": results}
+    if len(corpora) < 2:
+        return summary
     for key, runs in results.items():
         summary[f"{key}_tok_s_median"] = sorted(r["tok_s"] for r in runs)[len(runs) // 2]  # type: ignore[union-attr]
         summary[f"{key}_driver_peak_mib"] = max(r["driver_peak_rss"] for r in runs) / 2**20  # type: ignore[union-attr]
@@ -194,7 +200,7 @@ def model_vs_pipeline(args: argparse.Namespace, work: Path) -> dict:
         for executor in ("local", "ray"):
             actors = args.actors if executor == "ray" else 1
             r = run_child(model, corpus, work / "out", executor, actors, args.batch_tokens,
-                          threads=args.threads, tokenizer=args.tokenizer)
+                          threads=args.threads, tokenizer=args.tokenizer, shards=8)
             print(f"[{repeat}] {executor}: {r['tok_s']:,.0f} tok/s end to end", flush=True)
             results.setdefault(executor, []).append(r["tok_s"])  # type: ignore[union-attr]
     for key in ("model_only", "local", "ray"):
@@ -216,6 +222,11 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=2, help="Ray actors (1 CPU each)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads, local runs")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--sizes", default="small,large", help="scale scenario corpora")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="minimum item count (scale scenario; default 1: items of "
+                             "--item-tokens at both sizes, so peak RSS compares corpus sizes "
+                             "at one item size)")
     parser.add_argument("--tokenizer", help="default: elmo-store-ptb for the near-free model "
                                             "(as the issue's baseline), the model's own else")
     parser.add_argument("--json", help="write the results here too")
