@@ -235,6 +235,23 @@ def test_clustering_samples_many_contexts_and_says_so(index: str) -> None:
         cluster_senses(index, ["no-such-word"])
 
 
+def test_context_features_name_neighbours_and_content_words() -> None:
+    from pipeline.lookup.senses import Hit, context_features
+
+    def features(sentence: str, start: int) -> tuple[set[str], set[str]]:
+        end = start + 4
+        return context_features(Hit(1, 1.0, sentence[start:end], "a:1", 0, 0, sentence,
+                                    start, end))
+
+    text = "Hamlet said the play, which the actors rehearsed, was the thing."
+    assert features(text, text.index("play")) == ({"the play"}, {"hamlet", "said", "actors",
+                                                                 "rehearsed"})
+    text = "Let them play. Play, sirs, play the music!"
+    assert features(text, text.index("Play"))[0] == {"(start) play"}
+    assert features(text, text.rindex("play"))[0] == {"play the"}
+    assert features(text, text.index("play"))[0] == {"them play"}
+
+
 def test_typical_features_favour_the_cluster() -> None:
     from pipeline.lookup.senses import typical
 

@@ -265,15 +265,17 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
 # Context words: letters with inner apostrophes (the same regardless of tokenizer).
 WORD_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 CONTEXT_WINDOW = 6  # words either side of the occurrence
+SENTENCE_ENDS = set(".!?;:")
 # A content word names a cluster only if this share of its occurrences (and 2) have it:
 # rarer ones are chance co-occurrences (measured on the sample: "chosen" for "the play").
 MIN_WORD_SHARE = 0.05
 
 
 def context_features(hit: Hit, window: int = CONTEXT_WINDOW) -> tuple[set[str], set[str]]:
-    """``(phrases, words)`` around the occurrence: the word with its touching neighbour
-    (``the play``, ``play at``: stop words kept, they tell a noun from a verb), and the
-    lowercase content words within ``window`` words (stop words, one letter left out)."""
+    """``(phrases, words)`` around the occurrence: the word with the word touching it on
+    each side (``the play``, ``play at``; ``(start) play`` first in a sentence; stop words
+    kept, they tell a noun from a verb), and the lowercase content words within
+    ``window`` words (stop words, one letter left out)."""
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
     s = hit.sentence
@@ -282,8 +284,11 @@ def context_features(hit: Hit, window: int = CONTEXT_WINDOW) -> tuple[set[str], 
     after = [m for m in found if m.start() >= hit.end]
     word = s[hit.start:hit.end].lower()
     phrases = set()
-    if before and not s[before[-1].end():hit.start].strip():
+    gap = s[before[-1].end():hit.start] if before else s[:hit.start]
+    if before and not gap.strip():
         phrases.add(f"{before[-1].group().lower()} {word}")
+    elif not before or gap.strip()[-1:] in SENTENCE_ENDS:  # "Play, sirs." / "No. Play on"
+        phrases.add(f"(start) {word}")
     if after and not s[hit.end:after[0].start()].strip():
         phrases.add(f"{word} {after[0].group().lower()}")
     nearby = [m.group().lower() for m in before[-window:] + after[:window]]
