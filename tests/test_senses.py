@@ -295,6 +295,29 @@ def test_png_map_has_title_axes_and_a_legend_naming_each_sense(clusters: Cluster
         write_sense_map_png(clusters, tmp_path / "missing" / "play.png")
 
 
+def test_maps_draw_any_text(tmp_path: Path) -> None:
+    """Corpus text is text: dollars (matplotlib math), markup (HTML), one lone cluster."""
+    from pipeline.lookup.sense_maps import (
+        sense_map_figure,
+        write_sense_map_html,
+        write_sense_map_png,
+    )
+    from pipeline.lookup.senses import Hit, SenseCluster
+
+    sentence = "It cost $5 and $6 <b>to</b> play & win."
+    hits = [Hit(1, 1.0, "play", f"a.txt:{i}", 0, 7, sentence, 28, 32) for i in range(3)]
+    result = ClusterResult(["play"], 1, {}, [SenseCluster(0, 3, hits[:1], ["$5 play"], [])],
+                           np.zeros(3, np.int64), np.eye(3)[:, :2], hits, (0.5, 0.3),
+                           "top", n_rows=3, n_distinct=3)
+    legend = [t.get_text() for t in sense_map_figure(result).legends[0].get_texts()]
+    # "\$" is how matplotlib is told a dollar is a dollar, not the start of a formula.
+    assert legend == ['sense 1 (3): "\\$5 play"\n    e.g. It cost \\$5 and \\$6 <b>to</b> '
+                      '[play] & win.']
+    assert _png_size(write_sense_map_png(result, tmp_path / "m.png").read_bytes())[0] > 0
+    page = write_sense_map_html(result, tmp_path / "m.html").read_text()
+    assert any("&lt;b&gt;to&lt;/b&gt; <b>play</b> &amp; win." in t for t in _hover_texts(page))
+
+
 def _hover_texts(page: str) -> list[str]:
     """Every ``hovertext`` array in the plotly figure embedded in the page."""
     decoder, texts = json.JSONDecoder(), []

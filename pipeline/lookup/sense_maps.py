@@ -38,6 +38,11 @@ def _escape(text: str) -> str:
     return html.escape(text, quote=False)
 
 
+def _plain(text: str) -> str:
+    """Text for matplotlib, which reads ``$...$`` as math: a corpus's dollars stay dollars."""
+    return text.replace("$", r"\$")
+
+
 def colour(label: int) -> str:
     return COLOURS[label % len(COLOURS)]
 
@@ -91,9 +96,9 @@ def sense_map_figure(result: ClusterResult, width: float = 9.0, height: float = 
     for cluster, label in zip(result.clusters, legend_labels(result), strict=True):
         xy = result.points[result.labels == cluster.label]
         axes.scatter(xy[:, 0], xy[:, 1], s=18, alpha=0.75, color=colour(cluster.label),
-                     edgecolors="none", label=label)
-    figure.suptitle(map_title(result), fontsize=13, fontweight="bold")
-    axes.set_title(map_subtitle(result), fontsize=9, color="#555555")
+                     edgecolors="none", label=_plain(label))
+    figure.suptitle(_plain(map_title(result)), fontsize=13, fontweight="bold")
+    axes.set_title(_plain(map_subtitle(result)), fontsize=9, color="#555555")
     x_label, y_label = axis_labels(result)
     axes.set_xlabel(x_label)
     axes.set_ylabel(y_label)
