@@ -21,7 +21,7 @@ import torch
 
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
 from elmo_model.errors import ElmoUserError
-from elmo_model.model import BiLM, BiLMConfig, LstmState, PackPlan
+from elmo_model.model import LSTM_IMPLS, BiLM, BiLMConfig, LstmState, PackPlan
 
 StateMode = Literal["stateless", "stateful"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -102,6 +102,7 @@ class ElmoEmbedder:
         max_batch_tokens: int = 4096,
         warm_state: LstmState | None = None,
         fingerprint: str | None = None,
+        lstm_impl: str = "auto",
     ) -> None:
         if mode not in ("stateless", "stateful"):
             raise ElmoUserError(f"unknown state mode {mode!r}; use stateless or stateful")
@@ -109,10 +110,16 @@ class ElmoEmbedder:
             raise ElmoUserError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
         if max_batch_tokens < 1:
             raise ElmoUserError("max_batch_tokens must be at least 1")
+        if lstm_impl not in LSTM_IMPLS:
+            raise ElmoUserError(f"unknown lstm_impl {lstm_impl!r}; use one of "
+                                f"{', '.join(LSTM_IMPLS)}")
         self.device = select_device(device)
         if dtype == "float16" and self.device.type != "cuda":
             raise ElmoUserError("float16 compute needs a CUDA device; on the CPU use bfloat16")
         self.model = model.to(self.device).eval()
+        self.model.lstm_impl = lstm_impl
+        # (step, one-line reason): which LSTM step runs, e.g. why not the fused one
+        self.lstm_step = self.model.resolve_lstm_impl(self.device)
         self.mode: StateMode = mode
         self.dtype = dtype
         self.max_batch_tokens = max_batch_tokens
