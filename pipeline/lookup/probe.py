@@ -184,9 +184,17 @@ def fit_mix(dataset: str, labels_path: str, name: str, lam: float = 0.001, epoch
     layers = [torch.from_numpy(a) for a in layers_np]
     y = torch.from_numpy(y_np)
     train = ~held_out
-    mix_module, acc = _train_probe(layers, y, len(classes), train, None, lam, epochs, seed)
-    per_layer = [_train_probe(layers, y, len(classes), train, k, lam, epochs, seed)[1]
-                 for k in range(len(layers))]
+    # A probe's matrices are a few hundred rows: extra torch threads only fight over the
+    # cores (98 tokens took 52-60 s with the default threads on a busy 2-core machine,
+    # 6-10 s with one).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        mix_module, acc = _train_probe(layers, y, len(classes), train, None, lam, epochs, seed)
+        per_layer = [_train_probe(layers, y, len(classes), train, k, lam, epochs, seed)[1]
+                     for k in range(len(layers))]
+    finally:
+        torch.set_num_threads(threads)
     weights = torch.softmax(mix_module.scalars.detach(), 0).tolist()
     mix = Mix(name, tuple(weights), float(mix_module.gamma.detach()), False,
               {"fitted_on": str(labels_path), "lambda": lam, "classes": len(classes),
