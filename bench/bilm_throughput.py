@@ -147,7 +147,6 @@ def main() -> None:
         "fp32+cache": dict(dtype="float32", cache_size=200_000),
         "bf16": dict(dtype="bfloat16", cache_size=0),
         "bf16+cache": dict(dtype="bfloat16", cache_size=200_000),
-        "fp32 conv1d": dict(dtype="float32", cache_size=0),  # the char CNN before issue 12
     }
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
@@ -163,8 +162,7 @@ def main() -> None:
                         embedder.cache.lookup(
                             model, [t for s in history[i : i + 256] for t in s], embedder.device
                         )
-        for name, embedder in embedders.items():  # one untimed batch each: allocator, kernels
-            model.char_cnn.cpu_conv_as_matmul = name != "fp32 conv1d"
+        for embedder in embedders.values():  # one untimed batch each: allocator, kernels
             embedder.embed(batches[0][:4])
         times: dict[str, list[float]] = {name: [] for name in variants}
         outputs: dict[str, list[np.ndarray]] = {name: [] for name in variants}
@@ -172,7 +170,6 @@ def main() -> None:
         matmul: dict[torch.dtype, list[float]] = {torch.float32: [], torch.bfloat16: []}
         for batch in batches:
             for name, embedder in embedders.items():  # interleaved: same load for all
-                model.char_cnn.cpu_conv_as_matmul = name != "fp32 conv1d"
                 start = time.perf_counter()
                 out = embedder.embed(batch)
                 times[name].append(time.perf_counter() - start)
@@ -185,7 +182,6 @@ def main() -> None:
             name: statistics.median(n / t for n, t in zip(n_tokens, ts, strict=True))
             for name, ts in times.items()
         }
-        model.char_cnn.cpu_conv_as_matmul = True
         cos = cosines(outputs["fp32"], outputs["bf16+cache"])
         effective = rate["fp32"] * flops_per_token / 1e9
         rows.append((threads, rate, fp32_rate, bf16_rate, effective, cos))
@@ -198,8 +194,7 @@ def main() -> None:
         )
         print(
             f"  effective fp32 model rate {effective:.1f} GFLOP/s = "
-            f"{effective / fp32_rate:.2f} of the fp32 matmul rate (with the conv1d char CNN: "
-            f"{rate['fp32 conv1d'] * flops_per_token / 1e9 / fp32_rate:.2f})"
+            f"{effective / fp32_rate:.2f} of the fp32 matmul rate"
         )
         print(
             f"  cosine bf16+cache vs fp32 per token and layer: min {cos.min():.5f}, "
@@ -209,17 +204,15 @@ def main() -> None:
     print(
         "\n| threads | fp32 tok/s | fp32+cache | bf16 | bf16+cache | cache alone | bf16+cache "
         "vs fp32 | fp32 matmul GFLOP/s | bf16 matmul GFLOP/s | effective fp32 GFLOP/s "
-        "(fraction) | min cosine | fp32 conv1d char CNN (fraction) |"
+        "(fraction) | min cosine |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for threads, rate, fp32_rate, bf16_rate, effective, cos in rows:
-        conv1d = rate["fp32 conv1d"]
         print(
             f"| {threads} | {rate['fp32']:.0f} | {rate['fp32+cache']:.0f} | {rate['bf16']:.0f} | "
             f"{rate['bf16+cache']:.0f} | {rate['fp32+cache'] / rate['fp32']:.2f}x | "
             f"{rate['bf16+cache'] / rate['fp32']:.2f}x | {fp32_rate:.1f} | {bf16_rate:.1f} | "
-            f"{effective:.1f} ({effective / fp32_rate:.2f}) | {cos.min():.4f} | {conv1d:.0f} "
-            f"({conv1d * flops_per_token / 1e9 / fp32_rate:.2f}) |"
+            f"{effective:.1f} ({effective / fp32_rate:.2f}) | {cos.min():.4f} |"
         )
 
 

@@ -118,8 +118,6 @@ class CharCNN(nn.Module):
         )
         self.highways = nn.ModuleList(Highway(config.n_filters) for _ in range(config.n_highway))
         self.projection = nn.Linear(config.n_filters, config.projection_dim)
-        # CPU convolutions as matmuls over unfolded windows (see _conv_max); False: conv1d.
-        self.cpu_conv_as_matmul = True
 
     # Tokens go through in padded chunks of exactly this many: every matmul then has the
     # same shape whatever the batch, so a token's vector is bitwise the same in any batch
@@ -143,27 +141,10 @@ class CharCNN(nn.Module):
         with torch.autocast(char_ids.device.type, enabled=False):
             chars = self.char_embedding(char_ids).transpose(1, 2)  # [chunk, E, C]
             # max over char positions, then the activation (bilm-tf's order)
-            as_matmul = self.cpu_conv_as_matmul and chars.device.type == "cpu"
-            x = torch.cat([act(_conv_max(conv, chars, as_matmul)) for conv in self.convs],
-                          -1)  # [chunk, F]
+            x = torch.cat([act(conv(chars).amax(-1)) for conv in self.convs], -1)  # [chunk, F]
         for highway in self.highways:
             x = highway(x)
         return self.projection(x)
-
-
-def _conv_max(conv: nn.Conv1d, chars: torch.Tensor, as_matmul: bool) -> torch.Tensor:
-    """``conv(chars).amax(-1)``: [chunk, E, C] -> [chunk, n_filters].
-
-    ``as_matmul`` (the CPU's way): one matmul over unfolded char windows, which ran
-    1.15-1.5x faster here than oneDNN's conv1d on these shapes; the bias is added after the
-    max (max(y + b) = max(y) + b exactly, rounding being monotonic), saving a pass.
-    """
-    if not as_matmul:
-        return conv(chars).amax(-1)
-    windows = chars.unfold(2, conv.kernel_size[0], 1).transpose(1, 2)  # [chunk, L, E, w]
-    windows = windows.reshape(windows.shape[0], windows.shape[1], -1)  # [chunk, L, E * w]
-    scores = torch.matmul(windows, conv.weight.reshape(conv.out_channels, -1).t())
-    return scores.amax(1) + conv.bias
 
 
 @dataclass

@@ -157,19 +157,6 @@ def test_autograd_path_matches_in_place_inference_path(elmo_fixture_dir: Path) -
     assert model.layers[0].recurrent_weight.grad is not None
 
 
-def test_char_cnn_matmul_convolutions_match_conv1d(elmo_fixture_dir: Path) -> None:
-    """The CPU's unfolded-window matmuls against torch's conv1d (the previous path)."""
-    vocab = (elmo_fixture_dir / "vocab_test.txt").read_text(encoding="utf-8").splitlines()
-    model = elmo_model.build_model(elmo_fixture_dir / "options.json",
-                                   elmo_fixture_dir / "lm_weights.hdf5")
-    ids = torch.from_numpy(np.stack([token_char_ids(t) for t in vocab]))
-    with torch.inference_mode():
-        as_matmul = model.token_embedding(ids)
-        model.char_cnn.cpu_conv_as_matmul = False
-        as_conv1d = model.token_embedding(ids)
-    assert torch.allclose(as_matmul, as_conv1d, atol=1e-6, rtol=1e-5)
-
-
 def test_embedder_names_its_lstm_step(elmo_fixture_dir: Path) -> None:
     embedder = _fixture_embedder(elmo_fixture_dir, "stateless")
     step, reason = embedder.lstm_step
