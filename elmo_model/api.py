@@ -77,6 +77,7 @@ def load(
     cache_size: int = 100_000,
     max_batch_tokens: int = 4096,
     warm_state_path: str | Path | None = None,
+    lstm_impl: str = "auto",
 ) -> ElmoEmbedder:
     """Load a model for embedding: a model directory, as the CLI's ``--model DIR`` takes
     (``load("models/default")``), or ``options.json`` + weights (bilm-tf ``.hdf5`` or
@@ -89,10 +90,14 @@ def load(
     The original models were trained with carried state, and on the default model the
     warm start gave held-out perplexity 88.0 against 107.5 from zeros (MODEL_CARD.md).
     The chosen start is ``embedder.initial_state``.
+
+    ``lstm_impl``: ``auto`` (the fused Triton step on CUDA when triton imports, else the
+    reference step), ``reference``, ``triton`` or ``triton-graphs``; the step in use and
+    why is ``embedder.lstm_step``.
     """
     settings = {"mode": mode, "device": device, "dtype": dtype, "initial_state": initial_state,
                 "cache_size": cache_size, "max_batch_tokens": max_batch_tokens,
-                "warm_state_path": warm_state_path}
+                "warm_state_path": warm_state_path, "lstm_impl": lstm_impl}
     if weights is None:
         if Path(options).is_file():
             raise ElmoUserError(f"{options} is a file: pass its weights too, "
@@ -109,7 +114,7 @@ def load(
                 else compute_warm_state(model))
     return ElmoEmbedder(model, mode=mode, device=device, dtype=dtype, cache_size=cache_size,
                         max_batch_tokens=max_batch_tokens, warm_state=warm,
-                        fingerprint=model_fingerprint(options, weights))
+                        fingerprint=model_fingerprint(options, weights), lstm_impl=lstm_impl)
 
 
 def load_model_dir(model_dir: str | Path, **kwargs) -> ElmoEmbedder:

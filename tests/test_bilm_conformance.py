@@ -163,3 +163,13 @@ def test_embedder_names_its_lstm_step(elmo_fixture_dir: Path) -> None:
     assert step == "reference" and "CUDA" in reason  # the CPU runs the torch step
     with pytest.raises(elmo_model.ElmoUserError, match="unknown lstm_impl"):
         elmo_model.ElmoEmbedder(embedder.model, device="cpu", lstm_impl="cudnn")
+
+
+def test_load_passes_the_lstm_step_choice() -> None:
+    import elmo_model
+    from elmo_model.errors import ElmoUserError
+
+    embedder = elmo_model.load(elmo_model.default_model_dir(), device="cpu", lstm_impl="reference")
+    assert embedder.lstm_step[0] == "reference"
+    with pytest.raises(ElmoUserError, match="lstm_impl"):
+        elmo_model.load(elmo_model.default_model_dir(), device="cpu", lstm_impl="cudnn")
