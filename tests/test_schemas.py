@@ -42,3 +42,15 @@ def test_descriptor_round_trips_and_reports_incompatibilities() -> None:
     assert "dtype" in problems
     with pytest.raises(ValueError):
         DatasetDescriptor.from_json('{"format": "something-else"}')
+
+
+def test_version_2_shards_are_work_items_and_tokenizers_name_the_fix() -> None:
+    assert SCHEMA_VERSION == 2 and "work item" in descriptor().shard_hash
+    d = descriptor()
+    other = descriptor(tokenizer={"name": "moses", "version": "1"})
+    assert d.incompatibilities(other) == [
+        "tokenizer 'moses' != the dataset's 'elmo-store-ptb' (pass --tokenizer "
+        "elmo-store-ptb to add to it)"]
+    windows = descriptor(tokenizer={"name": "elmo-store-ptb", "version": "1",
+                                    "max_sentence_tokens": 100})
+    assert "tokenizer settings" in " ".join(d.incompatibilities(windows))
