@@ -6,7 +6,9 @@ name = "news"                          # default: the file name without extensio
 source = "s3://corpus/news/**/*.jsonl" # a glob URI, or a list of them
 output = "s3://datasets/news"          # the dataset; job state lives in its _jobs/
 model = "models/default"               # directory with options.json + weights
-shards = 8
+shards = 8                             # at least this many work items
+item_tokens = 262144                   # target tokens per work item
+# tokenizer = "moses"                  # default: the one the model declares
 dtype = "float16"                      # or "float32"
 compute_dtype = "float32"              # or "bfloat16" (faster on bf16 CPUs), "float16" (CUDA)
 device = "auto"                        # or "cpu", "cuda"
@@ -23,6 +25,7 @@ format = "jsonl"
 address = "auto"                       # empty: in-process, or local Ray for actors > 1
 actors = 4
 num_gpus = 1                           # per actor
+wait_for_resources = 900               # seconds an autoscaling cluster gets to add nodes
 
 [storage_options]                      # passed to fsspec for source and output
 anon = false
