@@ -27,6 +27,7 @@ import torch
 
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import BiLM, BiLMConfig
+from elmo_model.options_file import read_options_json
 
 OPTIONS_FILE = "options.json"
 SAFETENSORS_FILE = "weights.safetensors"
@@ -108,14 +109,7 @@ def options_from_config(config: BiLMConfig) -> dict[str, Any]:
 
 
 def read_options(path: str | Path) -> BiLMConfig:
-    path = Path(path)
-    if not path.is_file():
-        raise ElmoUserError(f"options file not found: {path}")
-    try:
-        options = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ElmoUserError(f"{path}: not valid JSON ({error})") from None
-    return config_from_options(options, str(path))
+    return config_from_options(read_options_json(path), str(path))
 
 
 # ---------------------------------------------------------------- bilm-tf hdf5

@@ -24,7 +24,6 @@ not invalidate a model, a rule change of ours does).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,16 +116,12 @@ def declared_tokenizer(options: dict[str, Any], source: str, check_version: bool
 def model_tokenizer(options_path: str) -> str:
     """The tokenizer name a model declares in its ``options.json`` (the file, or the model
     directory holding it); :data:`UNDECLARED` (``moses``) for weights that declare none."""
+    from elmo_model.options_file import read_options_json
+
     path = Path(options_path)
     if path.is_dir():
         path = path / "options.json"
-    if not path.is_file():
-        raise ElmoUserError(f"options file not found: {path}")
-    try:
-        options = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ElmoUserError(f"{path}: not valid JSON ({error})") from None
-    return declared_tokenizer(options, str(path))
+    return declared_tokenizer(read_options_json(path), str(path))
 
 
 __all__ = [
