@@ -77,8 +77,9 @@ def demo_steps(out: Path, corpus: str, model: str | None) -> list[tuple[str, lis
           "round(elmo_cosine(elmo_mix(t.layer_0, t.layer_1, t.layer_2, 'top'), q.v), 3) AS sim "
           "FROM tokens t, q WHERE lower(t.token) = $w ORDER BY sim DESC LIMIT 5",
           "--param", "w=play"]),
-        ("Sense search: 'plays' as making music; the nearest uses of play, plays, played, "
-         "playing (word forms match; --any-word would search every word)",
+        ("Sense search: the uses of play, plays, played nearest 'plays' in a music sentence "
+         "(word forms match; --any-word would search every word). The small bundled model "
+         "tells the verb from the noun better than music from acting: compare the next search",
          ["senses", "search", "He plays the guitar in a band", "--word", "plays", "-k", "5",
           "--index", index, *model_args]),
         ("Sense search: 'play' as a piece for the theatre",
