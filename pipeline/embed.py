@@ -42,9 +42,7 @@ from pipeline.config import (
 from pipeline.executors import make_executor
 from pipeline.plan import item_bytes, plan_items, plan_record
 from pipeline.work_item import (
-    ROW_GROUP_BYTES,
     ItemSettings,
-    embed_unit,
     peak_rss_bytes,
     reuse_models,
     token_file_compression,
@@ -53,8 +51,8 @@ from pipeline.work_item import (
 __all__ = [
     "COMPUTE_DTYPES", "DEFAULT_BATCH_TOKENS", "DEFAULT_ITEM_TOKENS",
     "DEFAULT_MAX_SENTENCE_TOKENS", "DEFAULT_SHARDS", "DEFAULT_WINDOW_OVERLAP", "DEVICES",
-    "EXECUTORS", "ROW_GROUP_BYTES", "EmbedConfig", "EmbedSummary", "ModelSpec",
-    "dataset_totals", "embed_corpus", "embed_unit", "reuse_models", "token_file_compression",
+    "EXECUTORS", "EmbedConfig", "EmbedSummary", "ModelSpec",
+    "dataset_totals", "embed_corpus", "reuse_models", "token_file_compression",
 ]
 
 

@@ -225,13 +225,6 @@ def cut_units(window_rows: list[tuple], unit_tokens: int) -> Iterator[list[tuple
 # --------------------------------------------------------------------------- embed
 
 
-def embed_unit(embedder: Any, unit: Any, dtype: str) -> Any:
-    """Token rows (schema ``token_schema``) for one unit's windows (a pyarrow table)."""
-    layers = embedder.embed(unit.column("tokens").to_pylist())
-    return unit_rows(unit, layers, embedder.config.n_layers + 1, embedder.config.output_dim,
-                     dtype)
-
-
 def unit_rows(unit: Any, layers: list[Any], n_out: int, dim: int, dtype: str) -> Any:
     """The stored rows of a unit given the model's ``layers`` (one array per window)."""
     import numpy as np
