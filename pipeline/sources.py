@@ -249,10 +249,10 @@ def _owned_lines(fs: Any, source: SourceFile, start: int, end: int, counter: Lin
         if newline < 0:
             return
         pos = newline + 1
-    number = counter.newlines_before(fs, source, base) + data.count(b"\n", 0, pos) + 1
+    before = counter.newlines_before(fs, source, base)
+    number = before + data.count(b"\n", 0, pos) + 1
     if end < source.size:  # the next item of this file starts counting here
-        counter.remember(source, end - 1, counter.newlines_before(fs, source, base)
-                         + data.count(b"\n", 0, max(0, end - 1 - base)))
+        counter.remember(source, end - 1, before + data.count(b"\n", 0, max(0, end - 1 - base)))
     limit = end - base
     while pos < limit and pos <= len(data):
         newline = data.find(b"\n", pos)
