@@ -14,17 +14,9 @@ from pathlib import Path
 
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN
 from elmo_model.errors import ElmoUserError
-from elmo_model.tokenizers.words import tokenize_words
 
 UNK_TOKEN = "<UNK>"
 SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
-
-
-def tokenize(line: str) -> list[str]:
-    """The ``elmo-store-words`` tokens of one line, as strings (what the bundled default
-    model was trained on). The tokenizers live in :mod:`elmo_model.tokenizers`; use
-    ``get_tokenizer(name).tokenize`` in new code."""
-    return [token.text for token in tokenize_words(line)]
 
 
 class Vocabulary:

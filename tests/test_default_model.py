@@ -23,7 +23,7 @@ SNIPPET_SOURCES = Path(__file__).resolve().parent / "fixtures" / "sense_snippet_
 CORPUS_FILES = ("austen.txt", "moby_dick.txt", "shakespeare.txt", "web_bible.txt")
 
 # word -> {sense: snippets}; each snippet holds the word once, lower case, tokenized
-# as the training corpus was (``elmo_model.vocab.tokenize``).
+# as the training corpus was (the ``elmo-store-words`` tokenizer the model declares).
 SENSES: dict[str, dict[str, list[str]]] = {
     "kind": {
         "sort": [
@@ -181,8 +181,9 @@ def test_snippets_come_from_the_training_text() -> None:
     """Each snippet's words (minus the tokenizer's spacing) occur in a line of the training
     corpora; the lines, with their ``file:line`` in ``../shared/corpora`` (MODEL_CARD.md),
     are kept in ``tests/fixtures`` so the check needs nothing outside the repository."""
-    from elmo_model.vocab import tokenize
+    from pipeline.tokenize import get_tokenizer
 
+    words = get_tokenizer("elmo-store-words")
     records = [json.loads(line) for line in SNIPPET_SOURCES.read_text(encoding="utf-8")
                .splitlines()]
     source_of = {r["snippet"]: r for r in records}
@@ -191,7 +192,8 @@ def test_snippets_come_from_the_training_text() -> None:
     for snippet in snippets:
         record = source_of[snippet]
         assert record["source"].split(":")[0] in CORPUS_FILES, record["source"]
-        assert snippet in " ".join(tokenize(record["line"])), record["source"]
+        tokens = [t.text for t in words.tokenize(record["line"])]
+        assert snippet in " ".join(tokens), record["source"]
 
 
 def test_top_layer_neighbours_share_sense_more_than_layer_0(
