@@ -91,8 +91,9 @@ def load(
     warm start gave held-out perplexity 88.0 against 107.5 from zeros (MODEL_CARD.md).
     The chosen start is ``embedder.initial_state``.
 
-    ``lstm_impl``: ``auto`` (the fused Triton step on CUDA when triton imports, else the
-    reference step), ``reference``, ``triton`` or ``triton-graphs``; the step in use and
+    ``lstm_impl``: ``auto`` (the fused Triton step on CUDA when triton imports; on the CPU
+    the oneDNN step, whose matmuls run on weights reordered once; else the reference torch
+    step), ``reference``, ``onednn``, ``triton`` or ``triton-graphs``; the step in use and
     why is ``embedder.lstm_step``.
     """
     settings = {"mode": mode, "device": device, "dtype": dtype, "initial_state": initial_state,

@@ -117,9 +117,13 @@ class ElmoEmbedder:
         if dtype == "float16" and self.device.type != "cuda":
             raise ElmoUserError("float16 compute needs a CUDA device; on the CPU use bfloat16")
         self.model = model.to(self.device).eval()
+        self.lstm_impl = lstm_impl
         self.model.lstm_impl = lstm_impl
         # (step, one-line reason): which LSTM step runs, e.g. why not the fused one
-        self.lstm_step = self.model.resolve_lstm_impl(self.device)
+        try:
+            self.lstm_step = self.model.resolve_lstm_impl(self.device)
+        except ValueError as error:  # e.g. onednn asked for on a GPU
+            raise ElmoUserError(str(error)) from None
         self.mode: StateMode = mode
         self.dtype = dtype
         self.max_batch_tokens = max_batch_tokens
@@ -168,6 +172,7 @@ class ElmoEmbedder:
     def _run_batch(self, sentences: list[list[str]]) -> list[np.ndarray]:
         flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
         plan = PackPlan.build(np.array([len(s) + 2 for s in sentences]), self.device)
+        self.model.lstm_impl = self.lstm_impl  # embedders sharing a model each run their own
         with self._autocast():
             tokens = self._token_vectors(flat)  # [N, P]
             lstm_layers, final_state = self.model.contextualize(

@@ -12,12 +12,18 @@ Sentences are processed "packed": sorted by length, time-major, with only the re
 tokens of each time step in the active batch, so no FLOP is spent on padding. The
 backward direction reads each sentence reversed in place, which gives it the same
 packing as the forward one; both directions then run as one batched matmul per step.
+
+Inference runs one of three versions of the same step (``LSTM_IMPLS``): the in-place torch
+step; the CPU's default, which makes the same calls through oneDNN on weights reordered
+once (``onednn.py``); and on CUDA the fused Triton step (``fused_lstm.py``). Training
+always runs the out-of-place torch step, which autograd can follow.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,10 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
+from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, PADDING, token_char_ids
 
 if TYPE_CHECKING:
     from elmo_model.fused_lstm import RecurrenceGraphs, StepWeights
+    from elmo_model.onednn import PackedLinear
 
 
 @dataclass(frozen=True)
@@ -96,8 +103,10 @@ class Highway(nn.Module):
         self.dim = dim
         self.linear = nn.Linear(dim, 2 * dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, d] -> [N, d]
-        transform, carry = self.linear(x).split(self.dim, dim=-1)
+    def forward(self, x: torch.Tensor, linear: PackedLinear | None = None) -> torch.Tensor:
+        """[N, d] -> [N, d]; ``linear``: this layer's affine map packed for oneDNN."""
+        affine = self.linear(x) if linear is None else linear(x.to(linear.dtype))
+        transform, carry = affine.split(self.dim, dim=-1)
         gate = torch.sigmoid(carry)
         return torch.lerp(x, F.relu(transform).to(x.dtype), gate.to(x.dtype))
 
@@ -130,21 +139,78 @@ class CharCNN(nn.Module):
     def chunk_size(self, device: torch.device) -> int:
         return self.cuda_chunk_tokens if device.type == "cuda" else self.chunk_tokens
 
-    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, P]
-        n_tokens, chunk = char_ids.shape[0], self.chunk_size(char_ids.device)
-        padded = F.pad(char_ids, (0, 0, 0, -n_tokens % chunk))  # [ceil(N/chunk)*chunk, C]
-        return torch.cat([self._chunk(part) for part in padded.split(chunk)])[:n_tokens]
+    def conv_widths(self, char_ids: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N]
+        """How many char positions each token's convolutions need to read.
 
-    def _chunk(self, char_ids: torch.Tensor) -> torch.Tensor:  # [chunk, C] -> [chunk, P]
+        Past a token's end-of-word marker every position is padding, and a conv window
+        that lies wholly in padding gives the same vector for every token. So the
+        max-pool over all C positions equals the max-pool over the windows that touch a
+        real char plus one all-padding window: the first ``real + widest filter``
+        positions. Rounded up to a multiple of 8, so a batch has only a few widths; a
+        token's width depends on its own chars alone, which keeps its vector the same in
+        any batch. On typical English, 9 tokens in 10 need 16 of the 50 positions: the
+        convolutions ran 5x faster on them here.
+        """
+        c = char_ids.shape[1]
+        real = (char_ids != PADDING + 1) & (char_ids != 0)
+        positions = torch.arange(1, c + 1, device=char_ids.device)
+        ends = (real * positions).amax(-1)  # [N] one past the last real char
+        widest = max(width for width, _ in self.config.filters)
+        return ((ends + widest + 7) // 8 * 8).clamp(max=c)
+
+    def forward(self, char_ids: torch.Tensor, onednn: bool = False) -> torch.Tensor:
+        """[N, C] -> [N, P]. ``onednn``: highway and projection matmuls through oneDNN on
+        weights reordered once (CPU inference; see ``onednn.py``)."""
+        n_tokens, chunk = char_ids.shape[0], self.chunk_size(char_ids.device)
+        if n_tokens == 0:
+            return self.projection.weight.new_zeros(0, self.config.projection_dim)
+        widths = self.conv_widths(char_ids)
+        pooled = []  # per conv width: (rows, [rows, F])
+        for width in widths.unique().tolist():
+            rows = (widths == width).nonzero().squeeze(1)
+            pooled.append((rows, _in_chunks(self._pooled, char_ids[rows, :width], chunk)))
+        features = pooled[0][1].new_empty(n_tokens, self.config.n_filters)  # [N, F]
+        for rows, values in pooled:
+            features[rows] = values
+        linears = self._packed_linears(chunk) if onednn else None
+        return _in_chunks(lambda part: self._dense(part, linears), features, chunk)
+
+    def _packed_linears(self, rows: int) -> list[PackedLinear]:
+        """The highways' and the projection's weights packed for oneDNN, in the autocast
+        dtype where autocast is on (as ``nn.Linear`` would cast them)."""
+        from elmo_model.onednn import PackedLinear, packed_for
+
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        dtype = dtype or torch.float32
+        linears = [*(h.linear for h in self.highways), self.projection]
+        return packed_for(self, dtype, lambda: [
+            PackedLinear(linear.weight.t(), linear.bias, dtype, rows) for linear in linears])
+
+    def _pooled(self, char_ids: torch.Tensor) -> torch.Tensor:  # [chunk, W] -> [chunk, F]
         act = torch.relu if self.config.activation == "relu" else fast_tanh
         # fp32 even under autocast: the max-pool over bf16 conv outputs ran 7x slower here.
         with torch.autocast(char_ids.device.type, enabled=False):
-            chars = self.char_embedding(char_ids).transpose(1, 2)  # [chunk, E, C]
+            chars = self.char_embedding(char_ids).transpose(1, 2)  # [chunk, E, W]
             # max over char positions, then the activation (bilm-tf's order)
-            x = torch.cat([act(conv(chars).amax(-1)) for conv in self.convs], -1)  # [chunk, F]
-        for highway in self.highways:
-            x = highway(x)
-        return self.projection(x)
+            return torch.cat([act(conv(chars).amax(-1)) for conv in self.convs], -1)
+
+    def _dense(self, x: torch.Tensor,
+               linears: list[PackedLinear] | None) -> torch.Tensor:  # [chunk, F] -> [chunk, P]
+        if linears is None:
+            for highway in self.highways:
+                x = highway(x)
+            return self.projection(x)
+        for highway, linear in zip(self.highways, linears, strict=False):
+            x = highway(x, linear)
+        return linears[-1](x.to(linears[-1].dtype))
+
+
+def _in_chunks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+               chunk: int) -> torch.Tensor:
+    """``fn`` over ``x`` ``[N, ...]`` in zero-padded chunks of exactly ``chunk`` rows."""
+    n = x.shape[0]
+    padded = F.pad(x, (0, 0, 0, -n % chunk))
+    return torch.cat([fn(part) for part in padded.split(chunk)])[:n]
 
 
 @dataclass
@@ -238,6 +304,9 @@ class BiLstmLayer(nn.Module):
         with torch.autocast(device_type, enabled=False):
             if impl in ("triton", "triton-graphs") and not torch.is_grad_enabled():
                 return self._fused(x, plan, h, c, low or torch.float32, graphs)
+            if (impl == "onednn" and not torch.is_grad_enabled()
+                    and low in (None, torch.bfloat16)):
+                return self._steps_onednn(x, plan, h.float(), c.float(), low or torch.float32)
             weights = (self.input_weight, self.recurrent_weight, self.projection)
             w_in, w_rec, w_proj = weights if low is None else (w.to(low) for w in weights)
             # All input projections in one matmul; only the recurrent product runs per step.
@@ -346,14 +415,8 @@ class BiLstmLayer(nn.Module):
                 widened = flat_pre[: 2 * n * 4 * d].view(2, n, 4 * d)
                 widened.copy_(pre[:, start : start + n])
                 gates.copy_(rec).add_(widened).add_(bias)
-            gates[..., : 3 * d].sigmoid_()
-            candidate = gates[..., 3 * d :].mul_(2).sigmoid_().mul_(2).sub_(1)  # tanh
-            c_n = c[:, :n]
-            c_n.mul_(gates[..., d : 2 * d]).addcmul_(gates[..., :d], candidate)
-            if self.cell_clip:
-                c_n.clamp_(-self.cell_clip, self.cell_clip)
-            cell = flat_cell[: 2 * n * d].view(2, n, d)
-            torch.mul(c_n, 2, out=cell).sigmoid_().mul_(2).sub_(1).mul_(gates[..., 2 * d : 3 * d])
+            cell = cell_update_(gates, c[:, :n], flat_cell[: 2 * n * d].view(2, n, d),
+                                self.cell_clip)
             h = flat_h[: 2 * n * p].view(2, n, p)
             if low is None:
                 torch.bmm(cell, w_proj, out=h)
@@ -367,6 +430,64 @@ class BiLstmLayer(nn.Module):
         final_h[:, : h.shape[1]] = h
         return out, final_h, c
 
+    def _steps_onednn(self, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
+                      c: torch.Tensor, dtype: torch.dtype):
+        """The in-place recurrence with oneDNN matmuls on weights reordered once (the CPU's
+        inference step, ``onednn.py``), one direction after the other: the matmuls are
+        per direction anyway, and only one direction's input projections are held."""
+        from elmo_model.onednn import PackedLinear, packed_for
+
+        low = dtype != torch.float32
+        batch, d, p = c.shape[1], c.shape[-1], self.projection.shape[-1]
+        directions = packed_for(self, dtype, lambda: [
+            (PackedLinear(self.input_weight[k], None if low else self.bias[k], dtype, 1024),
+             PackedLinear(self.recurrent_weight[k], None, dtype),
+             PackedLinear(self.projection[k], None, dtype))
+            for k in range(2)])
+        out = x.new_empty(2, x.shape[1], p, dtype=torch.float32)
+        c = c.clone()  # updated in place; rows that end keep their final value
+        final_h = h.clone()
+        flat_cell = x.new_empty(batch * d, dtype=torch.float32)
+        flat_gates = x.new_empty(batch * 4 * d, dtype=torch.float32) if low else None
+        for k, (w_in, w_rec, w_proj) in enumerate(directions):
+            # In low precision without the bias, as in _steps_in_place (rounding x W alone is
+            # more accurate); the bias is added in float32 at each step.
+            pre = w_in(x[k].to(dtype))  # [N, 4D]
+            h_k = h[k]
+            for t, n in enumerate(plan.batch_sizes):
+                if n < h_k.shape[0]:  # sentences of rank >= n just ended: keep their state
+                    final_h[k, n : h_k.shape[0]] = h_k[n:]
+                    h_k = h_k[:n]
+                start = plan.offsets[t]
+                if flat_gates is None:
+                    gates = w_rec(h_k, add=pre[start : start + n])  # [n, 4D]
+                else:
+                    gates = flat_gates[: n * 4 * d].view(n, 4 * d)
+                    gates.copy_(w_rec(h_k.to(dtype))).add_(pre[start : start + n])
+                    gates.add_(self.bias[k])
+                cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d),
+                                    self.cell_clip)
+                h_k = w_proj(cell.to(dtype)).float()  # [n, P]
+                if self.proj_clip:
+                    h_k.clamp_(-self.proj_clip, self.proj_clip)
+                out[k, start : start + n] = h_k
+            final_h[k, : h_k.shape[0]] = h_k
+        return out, final_h, c
+
+
+def cell_update_(gates: torch.Tensor, c: torch.Tensor, cell: torch.Tensor,
+                 cell_clip: float | None) -> torch.Tensor:
+    """The LSTM cell in place, on gates ``[..., 4D]`` (i, f, o, g): ``c = clip(sigmoid(f) c
+    + sigmoid(i) tanh(g))`` updates ``c`` ``[..., D]``; returns ``cell = sigmoid(o) tanh(c)``
+    written into ``cell``. Clobbers ``gates``."""
+    d = c.shape[-1]
+    gates[..., : 3 * d].sigmoid_()
+    candidate = gates[..., 3 * d :].mul_(2).sigmoid_().mul_(2).sub_(1)  # tanh
+    c.mul_(gates[..., d : 2 * d]).addcmul_(gates[..., :d], candidate)
+    if cell_clip:
+        c.clamp_(-cell_clip, cell_clip)
+    return torch.mul(c, 2, out=cell).sigmoid_().mul_(2).sub_(1).mul_(gates[..., 2 * d : 3 * d])
+
 
 @dataclass
 class BiLMOutput:
@@ -374,18 +495,20 @@ class BiLMOutput:
     mask: torch.Tensor  # [B, T] bool, True where a token is
 
 
-# The LSTM inference step. ``reference``: the in-place torch step (the CPU's);
-# ``triton``: the fused Triton step over the packed batch; ``triton-graphs``: the fused
-# step on bucketed padded shapes, captured as CUDA graphs (no per-step launch overhead),
-# for batches of similar sentence lengths (``RecurrenceGraphs.fits``; others run packed).
-# ``auto``: triton-graphs on CUDA when triton imports, else reference.
-LSTM_IMPLS = ("auto", "reference", "triton", "triton-graphs")
+# The LSTM inference step. ``reference``: the in-place torch step; ``onednn``: the same
+# step with oneDNN matmuls on weights reordered once, and the char CNN's highway and
+# projection matmuls too (CPU only, ``onednn.py``); ``triton``: the fused Triton step over
+# the packed batch; ``triton-graphs``: the fused step on bucketed padded shapes, captured
+# as CUDA graphs (no per-step launch overhead), for batches of similar sentence lengths
+# (``RecurrenceGraphs.fits``; others run packed). ``auto``: triton-graphs on CUDA when
+# triton imports, onednn on the CPU when oneDNN's ops run, else reference.
+LSTM_IMPLS = ("auto", "reference", "onednn", "triton", "triton-graphs")
 
 
 def fused_lstm_unavailable(device: torch.device | str) -> str | None:
     """Why ``auto`` does not pick the fused Triton step on ``device``; None when it does."""
     if torch.device(device).type != "cuda":
-        return "the fused Triton LSTM step is for CUDA devices; the CPU runs the torch step"
+        return "the fused Triton LSTM step is for CUDA devices"
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (pip install 'elmo-store[gpu]' for the fused step)"
     try:
@@ -414,6 +537,19 @@ class BiLM(nn.Module):
         if self.lstm_impl not in LSTM_IMPLS:
             raise ValueError(f"lstm_impl must be one of {', '.join(LSTM_IMPLS)}, "
                              f"got {self.lstm_impl!r}")
+        device = torch.device(device)
+        if self.lstm_impl in ("auto", "onednn"):
+            from elmo_model.onednn import onednn_unavailable
+
+            missing = onednn_unavailable() if device.type == "cpu" else "it is for the CPU"
+            if missing is None:
+                return "onednn", ("set explicitly" if self.lstm_impl == "onednn"
+                                  else "CPU: oneDNN matmuls on weights reordered once")
+            if self.lstm_impl == "onednn":
+                raise ValueError(f"lstm_impl onednn cannot run on {device}: {missing}; "
+                                 "use auto or reference")
+            if device.type == "cpu":
+                return "reference", missing
         if self.lstm_impl != "auto":
             return self.lstm_impl, "set explicitly"
         missing = fused_lstm_unavailable(device)
@@ -429,7 +565,9 @@ class BiLM(nn.Module):
         return self._graphs[device]
 
     def token_embedding(self, char_ids: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, P]
-        return self.char_cnn(char_ids)
+        onednn = (not torch.is_grad_enabled()
+                  and self.resolve_lstm_impl(char_ids.device)[0] == "onednn")
+        return self.char_cnn(char_ids, onednn)
 
     def zero_state(self, batch_size: int, device: torch.device | str = "cpu") -> LstmState:
         p, d = self.config.projection_dim, self.config.lstm_dim

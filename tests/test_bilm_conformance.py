@@ -13,15 +13,22 @@ import torch
 import elmo_model
 from elmo_model.char_ids import token_char_ids
 
+# The CPU's two inference steps: the torch step, and the oneDNN one that ``auto`` picks.
+CPU_STEPS = ["reference", "onednn"]
 
-def _fixture_embedder(fixture: Path, mode: str) -> elmo_model.ElmoEmbedder:
+
+def _fixture_embedder(fixture: Path, mode: str, lstm_impl: str = "auto",
+                      **options) -> elmo_model.ElmoEmbedder:
     return elmo_model.load(fixture / "options.json", fixture / "lm_weights.hdf5", mode=mode,
-                           device="cpu")
+                           device="cpu", lstm_impl=lstm_impl, **options)
 
 
-def test_stateful_mode_reproduces_bilm_tf_top_layer(elmo_fixture_dir: Path) -> None:
+@pytest.mark.parametrize("lstm_impl", CPU_STEPS)
+def test_stateful_mode_reproduces_bilm_tf_top_layer(elmo_fixture_dir: Path,
+                                                    lstm_impl: str) -> None:
     sentences = json.loads((elmo_fixture_dir / "sentences.json").read_text())
-    embedder = _fixture_embedder(elmo_fixture_dir, "stateful")
+    embedder = _fixture_embedder(elmo_fixture_dir, "stateful", lstm_impl)
+    assert embedder.lstm_step[0] == lstm_impl
     expected = [h5py.File(elmo_fixture_dir / f"lm_embeddings_{k}.hdf5", "r") for k in range(3)]
     checked = 0
     # As the fixture was made: batch i holds sentence i of each of the 3 lists, state carried.
@@ -48,10 +55,12 @@ def test_resetting_state_matches_only_the_first_batch(elmo_fixture_dir: Path) ->
         assert np.allclose(got, expected[str(i)][...], atol=1e-6, rtol=1e-5) == should_match
 
 
-def test_char_cnn_reproduces_token_embeddings(elmo_fixture_dir: Path) -> None:
+@pytest.mark.parametrize("lstm_impl", CPU_STEPS)
+def test_char_cnn_reproduces_token_embeddings(elmo_fixture_dir: Path, lstm_impl: str) -> None:
     vocab = (elmo_fixture_dir / "vocab_test.txt").read_text(encoding="utf-8").splitlines()
     model = elmo_model.build_model(elmo_fixture_dir / "options.json",
                                    elmo_fixture_dir / "lm_weights.hdf5")
+    model.lstm_impl = lstm_impl  # onednn also runs the highway and projection matmuls
     ids = torch.from_numpy(np.stack([token_char_ids(t) for t in vocab]))
     with torch.inference_mode():
         got = model.token_embedding(ids).numpy()
@@ -67,20 +76,21 @@ def test_layer_zero_is_the_token_vector_for_both_directions(elmo_fixture_dir: Pa
     assert np.array_equal(layers[0, :, :16], layers[0, :, 16:])
 
 
+@pytest.mark.parametrize("lstm_impl", CPU_STEPS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_stateless_vectors_do_not_depend_on_batch(elmo_fixture_dir: Path, dtype: str) -> None:
+def test_stateless_vectors_do_not_depend_on_batch(elmo_fixture_dir: Path, dtype: str,
+                                                  lstm_impl: str) -> None:
     sentences = json.loads((elmo_fixture_dir / "sentences.json").read_text())
     target = sentences[1][3].split()
-    alone = _fixture_embedder(elmo_fixture_dir, "stateless").embed([target])[0]
+    alone = _fixture_embedder(elmo_fixture_dir, "stateless", lstm_impl).embed([target])[0]
     others = [s.split() for s in sentences[0]] + [s.split()[:3] for s in sentences[2]]
-    embedder = _fixture_embedder(elmo_fixture_dir, "stateless")
+    embedder = _fixture_embedder(elmo_fixture_dir, "stateless", lstm_impl)
     embedder.embed(others)  # history must not matter
     batched = embedder.embed([*others[:7], target, *others[7:]])[7]
     if dtype == "float32":
         assert np.abs(alone - batched).max() <= 1e-5
-    small_batches = elmo_model.load(
-        elmo_fixture_dir / "options.json", elmo_fixture_dir / "lm_weights.hdf5",
-        device="cpu", dtype=dtype, max_batch_tokens=16)
+    small_batches = _fixture_embedder(elmo_fixture_dir, "stateless", lstm_impl, dtype=dtype,
+                                      max_batch_tokens=16)
     regrouped = small_batches.embed([others[0], target, others[-1]])[1]
     tolerance = 1e-5 if dtype == "float32" else 5e-2
     assert np.abs(alone - regrouped).max() <= tolerance
@@ -160,7 +170,7 @@ def test_autograd_path_matches_in_place_inference_path(elmo_fixture_dir: Path) -
 def test_embedder_names_its_lstm_step(elmo_fixture_dir: Path) -> None:
     embedder = _fixture_embedder(elmo_fixture_dir, "stateless")
     step, reason = embedder.lstm_step
-    assert step == "reference" and "CUDA" in reason  # the CPU runs the torch step
+    assert step == "onednn" and "oneDNN" in reason  # auto on this CPU
     with pytest.raises(elmo_model.ElmoUserError, match="unknown lstm_impl"):
         elmo_model.ElmoEmbedder(embedder.model, device="cpu", lstm_impl="cudnn")
 

@@ -113,3 +113,26 @@ def test_token_vectors_are_bitwise_independent_of_batch(tiny_model_dir) -> None:
         everything = model.token_embedding(ids)
         for subset in ([3], [5, 99, 7], list(range(10, 140, 3))):
             assert torch.equal(model.token_embedding(ids[subset]), everything[subset])
+
+
+def test_char_cnn_reads_only_the_char_positions_it_needs() -> None:
+    """Cutting each token's convolutions to its real chars + the widest filter (rounded up
+    to 8) gives the vectors of convolving all 50 positions, at every token length."""
+    import torch.nn.functional as F
+
+    from elmo_model.char_ids import BOS_TOKEN, token_char_ids
+    from elmo_model.model import BiLMConfig, CharCNN
+
+    torch.manual_seed(0)
+    cnn = CharCNN(BiLMConfig(projection_dim=8, filters=((1, 4), (3, 8), (7, 16)),
+                             n_highway=1)).eval()
+    words = [BOS_TOKEN, "", "a", "né", "日本語"] + ["x" * n for n in range(1, 61)]
+    ids = torch.from_numpy(np.stack([token_char_ids(w) for w in words]))
+    widths = cnn.conv_widths(ids)
+    assert widths[:3].tolist() == [16, 16, 16] and widths[-1] == 50
+    assert (widths % 8 == 0).logical_or(widths == 50).all()
+    with torch.inference_mode():
+        got = cnn(ids)
+        padded = F.pad(ids, (0, 0, 0, -len(words) % 64))
+        full = torch.cat([cnn._dense(cnn._pooled(part), None) for part in padded.split(64)])
+    assert torch.allclose(got, full[: len(words)], atol=1e-6)

@@ -198,7 +198,7 @@ def check_auto_picks_the_fused_step_on_cuda(fixture_dir: Path) -> None:
     model = BiLM(CONFIG)
     assert model.resolve_lstm_impl("cuda") == ("triton-graphs", "CUDA device and triton importable")
     impl, reason = model.resolve_lstm_impl("cpu")
-    assert impl == "reference" and "CUDA" in reason
+    assert impl == "onednn" and "oneDNN" in reason  # never the fused step on the CPU
 
 
 def check_buckets(fixture_dir: Path) -> None:
@@ -268,21 +268,26 @@ def test_unknown_lstm_impl_is_refused() -> None:
         model.resolve_lstm_impl("cpu")
 
 
-def test_auto_runs_the_reference_step_on_cpu() -> None:
-    impl, reason = BiLM(CONFIG).resolve_lstm_impl("cpu")
-    assert impl == "reference" and "CUDA" in reason
+def test_auto_never_runs_the_fused_step_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert BiLM(CONFIG).resolve_lstm_impl("cpu")[0] == "onednn"
+    from elmo_model import onednn  # a torch build without oneDNN: the torch step
+
+    monkeypatch.setattr(onednn, "onednn_unavailable", lambda: "no oneDNN in this build")
+    assert BiLM(CONFIG).resolve_lstm_impl("cpu") == ("reference", "no oneDNN in this build")
 
 
-def test_training_ignores_the_fused_step() -> None:
-    """Autograd always takes the out-of-place reference recurrence (the kernels have no
-    backward), whatever ``lstm_impl`` says; nothing here needs triton."""
+@pytest.mark.parametrize("impl", ["triton-graphs", "onednn"])
+def test_training_ignores_the_inference_steps(impl: str) -> None:
+    """Autograd always takes the out-of-place reference recurrence (the Triton kernels and
+    the oneDNN ops have no backward), whatever ``lstm_impl`` says; nothing here needs
+    triton."""
     torch.manual_seed(0)
     model = BiLM(CONFIG)
     plan = PackPlan.build(LENGTHS)
     tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
     model.lstm_impl = "reference"
     want, _ = model.contextualize(tokens, plan)
-    model.lstm_impl = "triton-graphs"
+    model.lstm_impl = impl
     got, _ = model.contextualize(tokens, plan)
     got.sum().backward()
     assert torch.equal(got, want)
