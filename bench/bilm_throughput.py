@@ -1,4 +1,5 @@
-"""biLM inference throughput: fp32 vs bf16, token cache on/off, 1 and 2 threads, in one run.
+"""biLM inference throughput: CPU step, fp32 vs bf16, token cache on/off, 1 and 2 threads,
+in one run.
 
     .venv/bin/python bench/bilm_throughput.py                 # standard ELMo config
     .venv/bin/python bench/bilm_throughput.py --config small --batches 5
@@ -7,10 +8,12 @@ Random weights (speed does not depend on their values). Sentences are running te
 ../shared/corpora, taken in order. Configurations are interleaved round-robin so that
 load from other processes hits them alike; medians and ratios are what to quote.
 
-Reported per thread count: tokens/s per variant; the machine's matmul GFLOP/s for the
-shapes the model multiplies (fp32 and bf16); the model's effective GFLOP/s (forward
-FLOPs per token from the config x tokens/s) as a fraction of the fp32 matmul rate;
-cosine of bf16 to fp32 vectors per token and layer.
+Reported per thread count: tokens/s per variant (``torch step``: ``lstm_impl="reference"``,
+the step before the oneDNN one; the others run ``auto``, the oneDNN step); the machine's
+matmul GFLOP/s for the shapes the model multiplies, as torch ``matmul`` runs them (fp32,
+bf16) and as oneDNN runs them on weights reordered once (fp32), the faster of the two
+here; the model's effective GFLOP/s (forward FLOPs per token from the config x tokens/s)
+as a fraction of each fp32 rate; cosine of bf16 to fp32 vectors per token and layer.
 
 With ``--device cuda`` (one run, on a GPU machine):
 
@@ -86,6 +89,61 @@ def matmul_seconds_per_flop(
     return total
 
 
+def onednn_seconds_per_flop(
+    shapes: list[tuple[tuple[int, ...], tuple[int, ...], float]]
+) -> float:
+    """As ``matmul_seconds_per_flop`` in fp32, through oneDNN on weights reordered once
+    (one ``PackedLinear`` per direction, as the model's oneDNN step calls them)."""
+    from elmo_model.onednn import PackedLinear
+
+    total = 0.0
+    for a_shape, b_shape, share in shapes:
+        a, b = torch.randn(a_shape), torch.randn(b_shape)
+        pairs = ([(a, PackedLinear(b, rows=a_shape[0]))] if a.dim() == 2 else
+                 [(a[k], PackedLinear(b[k], rows=a_shape[1])) for k in range(a.shape[0])])
+        for x, linear in pairs:  # warm
+            linear(x)
+        start = time.perf_counter()
+        for x, linear in pairs:
+            linear(x)
+        total += share * (time.perf_counter() - start) / (2 * a.numel() * b_shape[-1])
+    return total
+
+
+def onednn_gemm_seconds(config: BiLMConfig, lengths: list[int]) -> float:
+    """Seconds for exactly the matmuls the oneDNN step runs on one batch, alone: the char
+    CNN's highway and projection in 64-token chunks, each layer's and direction's input
+    projection, and its recurrent and output projections at each step's real row count
+    (which falls as sentences end). What the model spends beyond this is everything else:
+    convolutions, the cell's pointwise work, copies."""
+    from elmo_model.onednn import PackedLinear
+
+    p, d, f = config.projection_dim, config.lstm_dim, config.n_filters
+    plan = PackPlan.build(np.array(lengths))
+    chunks = -(-plan.n_tokens // 64)
+    calls = [(PackedLinear(torch.randn(f, 2 * f) / 50, rows=64), 64,
+              chunks * config.n_highway),
+             (PackedLinear(torch.randn(f, p) / 50, rows=64), 64, chunks),
+             (PackedLinear(torch.randn(p, 4 * d) / 30, rows=1024), plan.n_tokens,
+              2 * config.n_layers)]
+    w_rec = PackedLinear(torch.randn(p, 4 * d) / 30)
+    w_proj = PackedLinear(torch.randn(d, p) / 60)
+    inputs = {rows: torch.randn(rows, max(f, d)) for rows in {64, plan.n_tokens,
+                                                              *plan.batch_sizes}}
+    for linear, rows, _ in calls:  # warm
+        linear(inputs[rows][:, : linear.in_features].contiguous())
+    start = time.perf_counter()
+    for linear, rows, repeats in calls:
+        x = inputs[rows][:, : linear.in_features].contiguous()
+        for _ in range(repeats):
+            linear(x)
+    for _ in range(2 * config.n_layers):
+        for n in plan.batch_sizes:
+            w_rec(inputs[n][:, :p].contiguous())
+            w_proj(inputs[n][:, :d].contiguous())
+    return time.perf_counter() - start
+
+
 def model_matmul_shapes(config: BiLMConfig, batch: int, tokens: int):
     """The biLM's dominant matmuls for a batch, with their share of its FLOPs."""
     p, d, f = config.projection_dim, config.lstm_dim, config.n_filters
@@ -143,8 +201,10 @@ def main() -> None:
     )
 
     variants = {
+        "fp32 torch step": dict(dtype="float32", cache_size=0, lstm_impl="reference"),
         "fp32": dict(dtype="float32", cache_size=0),
         "fp32+cache": dict(dtype="float32", cache_size=200_000),
+        "bf16 torch step": dict(dtype="bfloat16", cache_size=0, lstm_impl="reference"),
         "bf16": dict(dtype="bfloat16", cache_size=0),
         "bf16+cache": dict(dtype="bfloat16", cache_size=200_000),
     }
@@ -155,8 +215,10 @@ def main() -> None:
             name: ElmoEmbedder(model, device="cpu", max_batch_tokens=1 << 20, **kw)
             for name, kw in variants.items()
         }
+        print(f"\nthreads={threads}: the fp32 step is {embedders['fp32'].lstm_step}")
         for embedder in embedders.values():
             if embedder.cache is not None:
+                model.lstm_impl = embedder.lstm_impl
                 with torch.inference_mode(), embedder._autocast():
                     for i in range(0, len(history), 256):
                         embedder.cache.lookup(
@@ -168,6 +230,8 @@ def main() -> None:
         outputs: dict[str, list[np.ndarray]] = {name: [] for name in variants}
         shapes = model_matmul_shapes(config, args.batch_size, int(statistics.mean(n_tokens)))
         matmul: dict[torch.dtype, list[float]] = {torch.float32: [], torch.bfloat16: []}
+        onednn: list[float] = []
+        gemm_share: list[float] = []
         for batch in batches:
             for name, embedder in embedders.items():  # interleaved: same load for all
                 start = time.perf_counter()
@@ -176,43 +240,56 @@ def main() -> None:
                 outputs[name].extend(out)
             for dtype, samples in matmul.items():  # the matmul rate under the same load
                 samples.append(matmul_seconds_per_flop(shapes, dtype))
+            onednn.append(onednn_seconds_per_flop(shapes))
+            gemm_share.append(onednn_gemm_seconds(config, [len(s) + 2 for s in batch])
+                              / times["fp32"][-1])
         fp32_rate = 1e-9 / statistics.median(matmul[torch.float32])
         bf16_rate = 1e-9 / statistics.median(matmul[torch.bfloat16])
+        onednn_rate = 1e-9 / statistics.median(onednn)
         rate = {
             name: statistics.median(n / t for n, t in zip(n_tokens, ts, strict=True))
             for name, ts in times.items()
         }
         cos = cosines(outputs["fp32"], outputs["bf16+cache"])
+        step_diff = max(float(np.abs(a - b).max())
+                        for a, b in zip(outputs["fp32"], outputs["fp32 torch step"], strict=True))
         effective = rate["fp32"] * flops_per_token / 1e9
-        rows.append((threads, rate, fp32_rate, bf16_rate, effective, cos))
-        print(f"\nthreads={threads}")
+        rows.append((threads, rate, fp32_rate, bf16_rate, onednn_rate, effective, cos))
         for name, value in rate.items():
-            print(f"  {name:<11} {value:8.0f} tokens/s  ({value / rate['fp32']:.2f}x fp32)")
+            print(f"  {name:<15} {value:8.0f} tokens/s  ({value / rate['fp32']:.2f}x fp32)")
         print(
-            f"  matmul rate for the model's shapes: fp32 {fp32_rate:.1f} GFLOP/s, "
-            f"bf16 {bf16_rate:.1f} GFLOP/s"
+            f"  matmul rate for the model's shapes: fp32 {fp32_rate:.1f} GFLOP/s (torch), "
+            f"{onednn_rate:.1f} (oneDNN, reordered weights); bf16 {bf16_rate:.1f} (torch)"
         )
         print(
             f"  effective fp32 model rate {effective:.1f} GFLOP/s = "
-            f"{effective / fp32_rate:.2f} of the fp32 matmul rate"
+            f"{effective / fp32_rate:.2f} of the torch fp32 matmul rate, "
+            f"{effective / onednn_rate:.2f} of the oneDNN one; the torch step ran "
+            f"{rate['fp32 torch step'] * flops_per_token / 1e9 / fp32_rate:.2f} of torch's"
         )
+        print(f"  fp32 oneDNN step vs torch step: largest difference {step_diff:.1e}")
+        print(f"  the oneDNN step's own matmuls, timed alone at this batch's exact shapes: "
+              f"{statistics.median(gemm_share):.2f} of the fp32 model's time")
         print(
             f"  cosine bf16+cache vs fp32 per token and layer: min {cos.min():.5f}, "
             f"p01 {np.quantile(cos, 0.01):.5f}, mean {cos.mean():.5f}"
         )
 
     print(
-        "\n| threads | fp32 tok/s | fp32+cache | bf16 | bf16+cache | cache alone | bf16+cache "
-        "vs fp32 | fp32 matmul GFLOP/s | bf16 matmul GFLOP/s | effective fp32 GFLOP/s "
-        "(fraction) | min cosine |"
+        "\n| threads | fp32 torch step tok/s | fp32 | fp32 vs torch step | fp32+cache | "
+        "bf16 torch step | bf16 | bf16+cache | cache alone | bf16+cache vs fp32 | "
+        "fp32 matmul GFLOP/s torch / oneDNN | bf16 matmul (torch) | effective fp32 GFLOP/s "
+        "(of torch; of oneDNN) | min cosine |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for threads, rate, fp32_rate, bf16_rate, effective, cos in rows:
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for threads, rate, fp32_rate, bf16_rate, onednn_rate, effective, cos in rows:
         print(
-            f"| {threads} | {rate['fp32']:.0f} | {rate['fp32+cache']:.0f} | {rate['bf16']:.0f} | "
-            f"{rate['bf16+cache']:.0f} | {rate['fp32+cache'] / rate['fp32']:.2f}x | "
-            f"{rate['bf16+cache'] / rate['fp32']:.2f}x | {fp32_rate:.1f} | {bf16_rate:.1f} | "
-            f"{effective:.1f} ({effective / fp32_rate:.2f}) | {cos.min():.4f} |"
+            f"| {threads} | {rate['fp32 torch step']:.0f} | {rate['fp32']:.0f} | "
+            f"{rate['fp32'] / rate['fp32 torch step']:.2f}x | {rate['fp32+cache']:.0f} | "
+            f"{rate['bf16 torch step']:.0f} | {rate['bf16']:.0f} | {rate['bf16+cache']:.0f} | "
+            f"{rate['fp32+cache'] / rate['fp32']:.2f}x | {rate['bf16+cache'] / rate['fp32']:.2f}x "
+            f"| {fp32_rate:.1f} / {onednn_rate:.1f} | {bf16_rate:.1f} | {effective:.1f} "
+            f"({effective / fp32_rate:.2f}; {effective / onednn_rate:.2f}) | {cos.min():.4f} |"
         )
 
 
