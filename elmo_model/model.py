@@ -304,8 +304,7 @@ class BiLstmLayer(nn.Module):
         with torch.autocast(device_type, enabled=False):
             if impl in ("triton", "triton-graphs") and not torch.is_grad_enabled():
                 return self._fused(x, plan, h, c, low or torch.float32, graphs)
-            if (impl == "onednn" and not torch.is_grad_enabled()
-                    and low in (None, torch.bfloat16)):
+            if impl == "onednn" and not torch.is_grad_enabled() and onednn_runs(low):
                 return self._steps_onednn(x, plan, h.float(), c.float(), low or torch.float32)
             weights = (self.input_weight, self.recurrent_weight, self.projection)
             w_in, w_rec, w_proj = weights if low is None else (w.to(low) for w in weights)
@@ -475,6 +474,16 @@ class BiLstmLayer(nn.Module):
         return out, final_h, c
 
 
+def onednn_runs(low: torch.dtype | None) -> bool:
+    """Whether the oneDNN step can run its matmuls in ``low`` (None: float32) here; where
+    it cannot (float16, or bfloat16 on a CPU oneDNN refuses it on), the torch step runs."""
+    if low not in (None, torch.bfloat16):
+        return False
+    from elmo_model.onednn import onednn_unavailable
+
+    return onednn_unavailable(low or torch.float32) is None
+
+
 def cell_update_(gates: torch.Tensor, c: torch.Tensor, cell: torch.Tensor,
                  cell_clip: float | None) -> torch.Tensor:
     """The LSTM cell in place, on gates ``[..., 4D]`` (i, f, o, g): ``c = clip(sigmoid(f) c
@@ -565,7 +574,10 @@ class BiLM(nn.Module):
         return self._graphs[device]
 
     def token_embedding(self, char_ids: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, P]
-        onednn = (not torch.is_grad_enabled()
+        device_type = char_ids.device.type
+        low = (torch.get_autocast_dtype(device_type)
+               if torch.is_autocast_enabled(device_type) else None)
+        onednn = (not torch.is_grad_enabled() and onednn_runs(low)
                   and self.resolve_lstm_impl(char_ids.device)[0] == "onednn")
         return self.char_cnn(char_ids, onednn)
 

@@ -35,18 +35,18 @@ _PACKINGS: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, tuple[tuple, o
 
 
 @functools.cache
-def onednn_unavailable() -> str | None:
-    """Why oneDNN's linear ops cannot run here; None when they can."""
+def onednn_unavailable(dtype: torch.dtype = torch.float32) -> str | None:
+    """Why oneDNN's linear ops cannot run here in ``dtype``; None when they can."""
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (mkldnn)"
     try:
-        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 3), 2)
-        product = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 3), weight, None,
-                                                     "none", [], "")
+        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 3, dtype=dtype), 2)
+        product = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 3, dtype=dtype), weight,
+                                                     None, "none", [], "")
     except (AttributeError, RuntimeError) as error:
-        return f"oneDNN's linear ops failed here ({type(error).__name__}: {error})"
-    if not torch.equal(product, torch.full((2, 4), 3.0)):
-        return "oneDNN's linear ops gave a wrong product here"
+        return f"oneDNN's {dtype} linear ops failed here ({type(error).__name__}: {error})"
+    if not torch.equal(product.float(), torch.full((2, 4), 3.0)):
+        return f"oneDNN's {dtype} linear ops gave a wrong product here"
     return None
 
 

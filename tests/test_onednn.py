@@ -125,3 +125,22 @@ def test_onednn_is_refused_off_the_cpu() -> None:
     assert model.resolve_lstm_impl("cpu") == ("onednn", "set explicitly")
     with pytest.raises(ValueError, match="lstm_impl onednn cannot run on cuda: it is for the CPU"):
         model.resolve_lstm_impl("cuda")
+
+
+def test_a_dtype_onednn_refuses_falls_back_to_the_torch_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where oneDNN cannot run bf16 (a CPU without the instructions it wants), the bf16
+    matmuls take the torch step instead of failing mid-embed."""
+    from elmo_model import onednn
+
+    layer, plan, x, state = _layer_plan_input(seed=6)
+    want = _run(layer, plan, x, state, "reference", torch.bfloat16)
+    monkeypatch.setattr(onednn, "onednn_unavailable",
+                        lambda dtype=torch.float32: "no bf16 here" if dtype != torch.float32
+                        else None)
+    monkeypatch.setattr(onednn.PackedLinear, "__init__", _refuse)
+    assert torch.equal(_run(layer, plan, x, state, "onednn", torch.bfloat16)[0], want[0])
+
+
+def _refuse(*args: object, **kwargs: object) -> None:
+    raise AssertionError("no oneDNN packing may be built for a refused dtype")
