@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -37,6 +38,8 @@ from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, PADDING, token_char_ids
 if TYPE_CHECKING:
     from elmo_model.fused_lstm import RecurrenceGraphs, StepWeights
     from elmo_model.onednn import PackedLinear
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,38 @@ def fast_tanh(x: torch.Tensor) -> torch.Tensor:
     if s.requires_grad:  # training: autograd needs sigmoid's output unmodified
         return s * 2 - 1
     return s.mul_(2).sub_(1)
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The matmul dtype autocast imposes on ``device_type``; None when autocast is off."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+# Per module and dtype: (stamp of the parameters' versions, what was derived from them).
+# Beside the module, not on it: a oneDNN reordered weight cannot be pickled, and a model
+# must stay picklable and copyable.
+_DERIVED: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, tuple[tuple, object]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def derived_weights(module: nn.Module, dtype: torch.dtype, build: Callable[[], T]) -> T:
+    """``build()``'s result (weights cast or reordered for inference) for ``module`` at
+    ``dtype``, built again only when a parameter of ``module`` changed (training,
+    ``load_state_dict``); kept while they are unchanged, which a CUDA graph reading them
+    by address relies on. One is kept per dtype, so embedders in float32 and bfloat16 can
+    share a model without rebuilding. Parameters made under ``torch.inference_mode`` have
+    no version counter; for them only a new tensor is seen as a change."""
+    stamp = tuple((p.data_ptr(), 0 if p.is_inference() else p._version)
+                  for p in module.parameters())
+    by_dtype = _DERIVED.setdefault(module, {})
+    cached = by_dtype.get(dtype)
+    if cached is None or cached[0] != stamp:
+        cached = (stamp, build())
+        by_dtype[dtype] = cached
+    return cached[1]  # type: ignore[return-value]
 
 
 class Highway(nn.Module):
@@ -158,9 +193,10 @@ class CharCNN(nn.Module):
         widest = max(width for width, _ in self.config.filters)
         return ((ends + widest + 7) // 8 * 8).clamp(max=c)
 
-    def forward(self, char_ids: torch.Tensor, onednn: bool = False) -> torch.Tensor:
-        """[N, C] -> [N, P]. ``onednn``: highway and projection matmuls through oneDNN on
-        weights reordered once (CPU inference; see ``onednn.py``)."""
+    def forward(self, char_ids: torch.Tensor,
+                onednn: torch.dtype | None = None) -> torch.Tensor:  # [N, C] -> [N, P]
+        """``onednn``: run the highway and projection matmuls through oneDNN on weights
+        reordered once, in this dtype (CPU inference; see ``onednn.py``)."""
         n_tokens, chunk = char_ids.shape[0], self.chunk_size(char_ids.device)
         if n_tokens == 0:
             return self.projection.weight.new_zeros(0, self.config.projection_dim)
@@ -172,18 +208,15 @@ class CharCNN(nn.Module):
         features = pooled[0][1].new_empty(n_tokens, self.config.n_filters)  # [N, F]
         for rows, values in pooled:
             features[rows] = values
-        linears = self._packed_linears(chunk) if onednn else None
+        linears = None if onednn is None else self._packed_linears(chunk, onednn)
         return _in_chunks(lambda part: self._dense(part, linears), features, chunk)
 
-    def _packed_linears(self, rows: int) -> list[PackedLinear]:
-        """The highways' and the projection's weights packed for oneDNN, in the autocast
-        dtype where autocast is on (as ``nn.Linear`` would cast them)."""
-        from elmo_model.onednn import PackedLinear, packed_for
+    def _packed_linears(self, rows: int, dtype: torch.dtype) -> list[PackedLinear]:
+        """The highways' and the projection's weights packed for oneDNN in ``dtype``."""
+        from elmo_model.onednn import PackedLinear
 
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
-        dtype = dtype or torch.float32
         linears = [*(h.linear for h in self.highways), self.projection]
-        return packed_for(self, dtype, lambda: [
+        return derived_weights(self, dtype, lambda: [
             PackedLinear(linear.weight.t(), linear.bias, dtype, rows) for linear in linears])
 
     def _pooled(self, char_ids: torch.Tensor) -> torch.Tensor:  # [chunk, W] -> [chunk, F]
@@ -299,8 +332,7 @@ class BiLstmLayer(nn.Module):
         # Under autocast the matmuls run in bf16/fp16 with the weights cast once per call
         # (autocast itself recasts them at every step), while gates, cell state and
         # outputs stay float32, so the recurrence does not round its state every step.
-        low = (torch.get_autocast_dtype(device_type)
-               if torch.is_autocast_enabled(device_type) else None)
+        low = autocast_dtype(device_type)
         with torch.autocast(device_type, enabled=False):
             if impl in ("triton", "triton-graphs") and not torch.is_grad_enabled():
                 return self._fused(x, plan, h, c, low or torch.float32, graphs)
@@ -340,16 +372,13 @@ class BiLstmLayer(nn.Module):
         unchanged (a CUDA graph reads them by address, so they must stay put)."""
         from elmo_model.fused_lstm import StepWeights
 
-        params = (self.input_weight, self.recurrent_weight, self.projection, self.bias)
-        stamp = (dtype, *((p.data_ptr(), p._version) for p in params))
-        cached = self.__dict__.get("_cast_weights")
-        if cached is None or cached[0] != stamp:
-            w_in, w_rec, w_proj = (p.detach().to(dtype) for p in params[:3])
-            weights = StepWeights(w_rec, w_proj, self.bias.detach().float().contiguous(),
-                                  self.cell_clip, self.proj_clip)
-            cached = (stamp, w_in, weights)
-            self.__dict__["_cast_weights"] = cached  # a cache, not module state
-        return cached[1], cached[2]
+        def cast() -> tuple[torch.Tensor, StepWeights]:
+            w_in, w_rec, w_proj = (p.detach().to(dtype) for p in
+                                   (self.input_weight, self.recurrent_weight, self.projection))
+            return w_in, StepWeights(w_rec, w_proj, self.bias.detach().float().contiguous(),
+                                     self.cell_clip, self.proj_clip)
+
+        return derived_weights(self, dtype, cast)
 
     def _steps(self, pre: torch.Tensor, plan: PackPlan, h: torch.Tensor, c: torch.Tensor,
                w_rec: torch.Tensor, w_proj: torch.Tensor):
@@ -434,11 +463,11 @@ class BiLstmLayer(nn.Module):
         """The in-place recurrence with oneDNN matmuls on weights reordered once (the CPU's
         inference step, ``onednn.py``), one direction after the other: the matmuls are
         per direction anyway, and only one direction's input projections are held."""
-        from elmo_model.onednn import PackedLinear, packed_for
+        from elmo_model.onednn import PackedLinear
 
         low = dtype != torch.float32
         batch, d, p = c.shape[1], c.shape[-1], self.projection.shape[-1]
-        directions = packed_for(self, dtype, lambda: [
+        directions = derived_weights(self, dtype, lambda: [
             (PackedLinear(self.input_weight[k], None if low else self.bias[k], dtype, 1024),
              PackedLinear(self.recurrent_weight[k], None, dtype),
              PackedLinear(self.projection[k], None, dtype))
@@ -574,12 +603,10 @@ class BiLM(nn.Module):
         return self._graphs[device]
 
     def token_embedding(self, char_ids: torch.Tensor) -> torch.Tensor:  # [N, C] -> [N, P]
-        device_type = char_ids.device.type
-        low = (torch.get_autocast_dtype(device_type)
-               if torch.is_autocast_enabled(device_type) else None)
+        low = autocast_dtype(char_ids.device.type)
         onednn = (not torch.is_grad_enabled() and onednn_runs(low)
                   and self.resolve_lstm_impl(char_ids.device)[0] == "onednn")
-        return self.char_cnn(char_ids, onednn)
+        return self.char_cnn(char_ids, (low or torch.float32) if onednn else None)
 
     def zero_state(self, batch_size: int, device: torch.device | str = "cpu") -> LstmState:
         p, d = self.config.projection_dim, self.config.lstm_dim

@@ -12,26 +12,15 @@ The ops are torch's own (``torch.ops.mkldnn``, which inductor's CPU backend uses
 way), but private, so ``onednn_unavailable`` tries them once before the model relies on
 them; where they are missing (a torch built without oneDNN) the model runs the torch step.
 
-A reordered weight is an opaque oneDNN tensor that cannot be pickled, so the packings live
-in a weak table beside their module, not on it: a model stays picklable and copyable.
+The model keeps its packings with ``model.derived_weights``, rebuilt when a weight
+changes.
 """
 
 from __future__ import annotations
 
 import functools
-import weakref
-from collections.abc import Callable
-from typing import TypeVar
 
 import torch
-from torch import nn
-
-T = TypeVar("T")
-
-# Per module and dtype: (stamp of the parameter versions, what was built from them).
-_PACKINGS: weakref.WeakKeyDictionary[nn.Module, dict[torch.dtype, tuple[tuple, object]]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 @functools.cache
@@ -75,20 +64,3 @@ class PackedLinear:
                                                       "none", [], "")
         return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), add.contiguous(),
                                                          self.weight, self.bias, "add")
-
-
-def packed_for(module: nn.Module, dtype: torch.dtype, build: Callable[[], T]) -> T:
-    """``build()``'s result for ``module`` at ``dtype``, built again only when a parameter
-    of ``module`` changed (training, ``load_state_dict``). One packing is kept per dtype,
-    so embedders in float32 and bfloat16 can share a model without rebuilding.
-
-    Parameters made under ``torch.inference_mode`` have no version counter; for them only
-    a new tensor is seen as a change."""
-    stamp = tuple((p.data_ptr(), 0 if p.is_inference() else p._version)
-                  for p in module.parameters())
-    by_dtype = _PACKINGS.setdefault(module, {})
-    cached = by_dtype.get(dtype)
-    if cached is None or cached[0] != stamp:
-        cached = (stamp, build())
-        by_dtype[dtype] = cached
-    return cached[1]  # type: ignore[return-value]
