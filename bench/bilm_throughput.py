@@ -76,36 +76,29 @@ def running_text(
 
 
 def matmul_seconds_per_flop(
-    shapes: list[tuple[tuple[int, ...], tuple[int, ...], float]], dtype: torch.dtype
+    shapes: list[tuple[tuple[int, ...], tuple[int, ...], float]], dtype: torch.dtype,
+    onednn: bool = False,
 ) -> float:
-    """One timing of the FLOP-weighted seconds per FLOP over (a_shape, b_shape, share)."""
-    total = 0.0
-    for a_shape, b_shape, share in shapes:
-        a, b = torch.randn(a_shape, dtype=dtype), torch.randn(b_shape, dtype=dtype)
-        torch.matmul(a, b)  # warm: allocation, kernel selection
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        total += share * (time.perf_counter() - start) / (2 * a.numel() * b_shape[-1])
-    return total
-
-
-def onednn_seconds_per_flop(
-    shapes: list[tuple[tuple[int, ...], tuple[int, ...], float]]
-) -> float:
-    """As ``matmul_seconds_per_flop`` in fp32, through oneDNN on weights reordered once
-    (one ``PackedLinear`` per direction, as the model's oneDNN step calls them)."""
+    """One timing of the FLOP-weighted seconds per FLOP over (a_shape, b_shape, share):
+    torch ``matmul``, or with ``onednn`` oneDNN on weights reordered once (one
+    ``PackedLinear`` per direction, as the model's oneDNN step calls them)."""
     from elmo_model.onednn import PackedLinear
 
     total = 0.0
     for a_shape, b_shape, share in shapes:
-        a, b = torch.randn(a_shape), torch.randn(b_shape)
-        pairs = ([(a, PackedLinear(b, rows=a_shape[0]))] if a.dim() == 2 else
-                 [(a[k], PackedLinear(b[k], rows=a_shape[1])) for k in range(a.shape[0])])
-        for x, linear in pairs:  # warm
-            linear(x)
+        a, b = torch.randn(a_shape, dtype=dtype), torch.randn(b_shape, dtype=dtype)
+        if not onednn:
+            pairs = [(a, lambda x, b=b: torch.matmul(x, b))]
+        elif a.dim() == 2:
+            pairs = [(a, PackedLinear(b, None, dtype, a_shape[0]))]
+        else:
+            pairs = [(a[k], PackedLinear(b[k], None, dtype, a_shape[1]))
+                     for k in range(a.shape[0])]
+        for x, multiply in pairs:  # warm: allocation, kernel selection
+            multiply(x)
         start = time.perf_counter()
-        for x, linear in pairs:
-            linear(x)
+        for x, multiply in pairs:
+            multiply(x)
         total += share * (time.perf_counter() - start) / (2 * a.numel() * b_shape[-1])
     return total
 
@@ -240,7 +233,7 @@ def main() -> None:
                 outputs[name].extend(out)
             for dtype, samples in matmul.items():  # the matmul rate under the same load
                 samples.append(matmul_seconds_per_flop(shapes, dtype))
-            onednn.append(onednn_seconds_per_flop(shapes))
+            onednn.append(matmul_seconds_per_flop(shapes, torch.float32, onednn=True))
             gemm_share.append(onednn_gemm_seconds(config, [len(s) + 2 for s in batch])
                               / times["fp32"][-1])
         fp32_rate = 1e-9 / statistics.median(matmul[torch.float32])
