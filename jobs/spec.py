@@ -19,6 +19,7 @@ from typing import Any
 
 from elmo_model.errors import ElmoUserError
 from jobs.example_spec import EXAMPLE_SPEC
+from pipeline.config import DEFAULT_ITEM_TOKENS
 
 SPEC_SUFFIXES = (".toml", ".yaml", ".yml")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -64,7 +65,7 @@ class JobSpec:
     options: str | None = None
     weights: str | None = None
     shards: int = 8  # at least this many work items per embedded file
-    item_tokens: int = 262_144  # target tokens per work item
+    item_tokens: int = DEFAULT_ITEM_TOKENS  # target tokens per work item
     tokenizer: str | None = None  # None: the one the model declares
     dtype: str = "float16"
     device: str = "auto"
@@ -270,7 +271,7 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
     elif bool(options) != bool(weights):
         c.bad("options" if weights else "weights", "options and weights go together")
     shards = c.integer(data, "shards", 8, 1)
-    item_tokens = c.integer(data, "item_tokens", 262_144, 1)
+    item_tokens = c.integer(data, "item_tokens", DEFAULT_ITEM_TOKENS, 1)
     tokenizer = c.string(data, "tokenizer")
     if tokenizer is not None:
         from pipeline.tokenize import tokenizer_names

@@ -46,8 +46,7 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, cfg: EmbedConfig, settings: ItemSettings,
-                 in_flight: int = IN_FLIGHT_PER_ACTOR) -> None:
+    def __init__(self, settings: ItemSettings, in_flight: int = IN_FLIGHT_PER_ACTOR) -> None:
         self.worker = ItemWorker(settings)
         self.in_flight = in_flight
 
@@ -143,9 +142,8 @@ class RayExecutor:
         """A Ray started here has this machine's GPUs: refuse a GPU request it cannot
         serve before paying for Ray's start-up."""
         cfg = self.cfg
-        wanted = cfg.gpus_per_actor if cfg.gpus_per_actor is not None else (
-            1.0 if cfg.device == "cuda" else 0.0)
-        if not wanted or cfg.device == "cpu":
+        wanted = self._wants_gpus(0.0)
+        if not wanted:
             return
         import torch
 
@@ -361,4 +359,4 @@ def choose_executor(cfg: EmbedConfig) -> str:
 
 def make_executor(cfg: EmbedConfig, settings: ItemSettings) -> LocalExecutor | RayExecutor:
     return RayExecutor(cfg, settings) if choose_executor(cfg) == "ray" else LocalExecutor(
-        cfg, settings)
+        settings)

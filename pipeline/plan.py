@@ -40,10 +40,6 @@ class WorkItem:
     end: int
 
     @property
-    def est_tokens(self) -> int:
-        return max(1, (self.end - self.start) // BYTES_PER_TOKEN)
-
-    @property
     def input_bytes(self) -> int:
         return self.end - self.start
 

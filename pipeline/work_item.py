@@ -52,18 +52,18 @@ class ItemSettings:
     out: str
     part: str
     run_id: str
-    dtype: str = "float16"
-    n_output_layers: int = 3
-    dim: int = 1024
-    batch_tokens: int = 4096
-    unit_tokens: int = 4 * 4096
-    compute_dtype: str = "float32"
-    device: str = "auto"
-    max_sentence_tokens: int = 256
-    window_overlap: int = 32
-    read: ReadOptions = field(default_factory=ReadOptions)
-    storage_options: dict | None = None
-    crash_marker: str | None = None
+    dtype: str
+    n_output_layers: int
+    dim: int
+    batch_tokens: int
+    unit_tokens: int
+    compute_dtype: str
+    device: str
+    max_sentence_tokens: int
+    window_overlap: int
+    read: ReadOptions
+    storage_options: dict | None
+    crash_marker: str | None
 
 
 @dataclass
@@ -133,8 +133,9 @@ class ItemContent:
     documents: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
     sentences: list[dict] = field(default_factory=list)
-    windows: list[tuple] = field(default_factory=list)  # see _unit_table
-    tokens: int = 0
+    # (doc_id, sent_idx, start, own_start, own_end, tokens, char_starts, char_ends) per
+    # window; see unit_rows
+    windows: list[tuple] = field(default_factory=list)
 
 
 def _pretokenized_sentences(doc: Document) -> list[Sentence]:
@@ -183,29 +184,12 @@ def tokenize_item(docs: Iterator[Document | DocError], settings: ItemSettings) -
                                         [t.text for t in piece], [t.start for t in piece],
                                         [t.end for t in piece]))
             n_tokens += len(toks)
-        content.tokens += n_tokens
         content.documents.append({
             "doc_id": doc.doc_id, "source": doc.source, "line": doc.line,
             "n_sentences": len(sentences), "n_tokens": n_tokens,
             "metadata": _json_or_none(doc.metadata),
         })
     return content
-
-
-def _unit_table(rows: list[tuple]) -> Any:
-    import pyarrow as pa
-
-    cols = list(zip(*rows, strict=True))
-    return pa.table({
-        "doc_id": pa.array(cols[0], pa.string()),
-        "sent_idx": pa.array(cols[1], pa.int32()),
-        "start": pa.array(cols[2], pa.int32()),
-        "own_start": pa.array(cols[3], pa.int32()),
-        "own_end": pa.array(cols[4], pa.int32()),
-        "tokens": pa.array(cols[5], pa.list_(pa.string())),
-        "char_start": pa.array(cols[6], pa.list_(pa.int32())),
-        "char_end": pa.array(cols[7], pa.list_(pa.int32())),
-    })
 
 
 def cut_units(window_rows: list[tuple], unit_tokens: int) -> Iterator[list[tuple]]:
@@ -225,36 +209,35 @@ def cut_units(window_rows: list[tuple], unit_tokens: int) -> Iterator[list[tuple
 # --------------------------------------------------------------------------- embed
 
 
-def unit_rows(unit: Any, layers: list[Any], n_out: int, dim: int, dtype: str) -> Any:
-    """The stored rows of a unit given the model's ``layers`` (one array per window)."""
+def unit_rows(rows: list[tuple], layers: list[Any], n_out: int, dim: int, dtype: str) -> Any:
+    """The stored rows of a unit (window rows, see ``ItemContent.windows``) given the
+    model's ``layers`` (one array per window)."""
     import numpy as np
     import pyarrow as pa
 
-    starts = unit.column("start").to_numpy()
-    own_start = unit.column("own_start").to_numpy()
-    own_end = unit.column("own_end").to_numpy()
+    cols = list(zip(*rows, strict=True))
+    starts, own_start, own_end = (np.array(col, np.int32) for col in cols[2:5])
     lo, hi = own_start - starts, own_end - starts
     np_dtype = np.float16 if dtype == "float16" else np.float32
     stacked = np.concatenate([arr[:, a:b] for arr, a, b in zip(layers, lo, hi, strict=True)],
                              axis=1) if layers else np.zeros((n_out, 0, dim), np.float32)
     counts = hi - lo
-    doc_ids = np.repeat(np.array(unit.column("doc_id").to_pylist(), dtype=object), counts)
-    sent_idx = np.repeat(unit.column("sent_idx").to_numpy(), counts)
+    doc_ids = np.repeat(np.array(cols[0], dtype=object), counts)
+    sent_idx = np.repeat(np.array(cols[1], np.int32), counts)
     tok_idx = np.concatenate([np.arange(a, b) for a, b in zip(own_start, own_end, strict=True)]
                              ) if len(counts) else np.zeros(0, np.int64)
 
-    def pick(col: str) -> list:
-        return [v for vals, a, b in zip(unit.column(col).to_pylist(), lo, hi, strict=True)
-                for v in vals[a:b]]
+    def pick(col: tuple) -> list:
+        return [v for vals, a, b in zip(col, lo, hi, strict=True) for v in vals[a:b]]
 
     value_type = pa.float16() if dtype == "float16" else pa.float32()
     columns: dict[str, Any] = {
         "doc_id": pa.array(doc_ids, pa.string()),
         "sent_idx": pa.array(sent_idx, pa.int32()),
         "tok_idx": pa.array(tok_idx, pa.int32()),
-        "token": pa.array(pick("tokens"), pa.string()),
-        "char_start": pa.array(pick("char_start"), pa.int32()),
-        "char_end": pa.array(pick("char_end"), pa.int32()),
+        "token": pa.array(pick(cols[5]), pa.string()),
+        "char_start": pa.array(pick(cols[6]), pa.int32()),
+        "char_end": pa.array(pick(cols[7]), pa.int32()),
     }
     for k in range(n_out):
         values = pa.array(np.ascontiguousarray(stacked[k]).astype(np_dtype).reshape(-1),
@@ -456,10 +439,9 @@ class ItemWorker:
         tokens = TokenWriter(files, s)
         model_tokens = 0
         for rows in cut_units(content.windows, s.unit_tokens):
-            unit = _unit_table(rows)
             with self.model_lock:  # one model call at a time; reading and writing overlap it
-                layers = self.embedder.embed(unit.column("tokens").to_pylist())
-            tokens.add(unit_rows(unit, layers, s.n_output_layers, s.dim, s.dtype))
+                layers = self.embedder.embed([r[5] for r in rows])
+            tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
             model_tokens += sum(len(r[5]) for r in rows)
         content.windows = []
         counts = {"tokens": tokens.finish(), "sentences": len(content.sentences),
