@@ -30,6 +30,19 @@ SPEC_HELP = "job spec file (TOML or YAML; see `elmo jobs --help`)"
 SPECS_HELP = "job spec files (TOML or YAML; see `elmo jobs --help`)"
 
 
+def _verb(verbs: Any, name: str, *, help: str, description: str, epilog: str,
+          many: bool) -> argparse.ArgumentParser:
+    """Add a ``jobs`` verb: its parser (raw description and epilog) with the SPEC
+    positional, one spec or (``many``) one or more."""
+    p = verbs.add_parser(name, help=help, description=description, epilog=epilog,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    if many:
+        p.add_argument("specs", nargs="+", metavar="SPEC", help=SPECS_HELP)
+    else:
+        p.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
+    return p
+
+
 def register(subparsers: Any) -> None:
     jobs = subparsers.add_parser(
         "jobs", help="scheduled, incremental corpus embedding jobs",
@@ -40,28 +53,24 @@ def register(subparsers: Any) -> None:
     verbs = jobs.add_subparsers(dest="jobs_command", metavar="VERB")
     jobs.set_defaults(handler=lambda args: (jobs.print_help(), 2)[1])
 
-    p = verbs.add_parser(
-        "validate", help="check job specs and report every problem",
+    p = _verb(
+        verbs, "validate", many=True, help="check job specs and report every problem",
         description="Check job specs without running anything: every unknown key, bad\n"
                     "value and missing field of every spec is reported at once, with the\n"
                     "file and the key.",
         epilog="examples:\n  elmo jobs validate examples/job.toml\n"
-               "  elmo jobs validate jobs/*.toml",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("specs", nargs="+", metavar="SPEC", help=SPECS_HELP)
+               "  elmo jobs validate jobs/*.toml")
     p.set_defaults(handler=_validate)
 
-    p = verbs.add_parser(
-        "run", help="one incremental run of a job now",
+    p = _verb(
+        verbs, "run", many=False, help="one incremental run of a job now",
         description="Run a job once, now: embed the source files that are new or changed\n"
                     "since the last run, swap their rows in atomically, then refresh the\n"
                     "indexes of the spec's mixes.",
         epilog="examples:\n  elmo jobs run examples/job.toml\n"
                "  elmo jobs run jobs/news.toml --ray-address auto   # on a Ray cluster\n\n"
                "Exit status: 0 on success (also when nothing changed), 1 when the run or\n"
-               "an index refresh failed, 2 on a bad spec or when the job is already running.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
+               "an index refresh failed, 2 on a bad spec or when the job is already running.")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="override the spec's ray.address (e.g. auto inside a Ray job)")
     p.add_argument("--trigger", default="manual", choices=("manual", "submit"),
@@ -69,8 +78,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--progress", action="store_true", help="show the embedding progress bar")
     p.set_defaults(handler=_run)
 
-    p = verbs.add_parser(
-        "schedule", help="run due jobs by their cron schedules",
+    p = _verb(
+        verbs, "schedule", many=True, help="run due jobs by their cron schedules",
         description="Run each job whenever its cron schedule makes it due, forever (or one\n"
                     "pass with --once). A job is due when no run has started since its\n"
                     "latest cron time; missed times are caught up by one incremental run.",
@@ -81,29 +90,25 @@ def register(subparsers: Any) -> None:
                "With --once it prints one line per job: what ran, or why not, and when it\n"
                "is next due. Jobs run one after another in this process. A job whose\n"
                "previous run is still going (here or in another scheduler) is skipped; any\n"
-               "number of schedulers may watch one spec, and one run at a time happens.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("specs", nargs="+", metavar="SPEC", help=SPECS_HELP)
+               "number of schedulers may watch one spec, and one run at a time happens.")
     p.add_argument("--once", action="store_true", help="one pass over the specs, then exit")
     p.add_argument("--max-sleep", type=float, default=60.0, metavar="S",
                    help="wake at least every S seconds (default 60)")
     p.set_defaults(handler=_schedule)
 
-    p = verbs.add_parser(
-        "status", help="last runs, next due time and lag of jobs",
+    p = _verb(
+        verbs, "status", many=True, help="last runs, next due time and lag of jobs",
         description="Show each job's recent runs (status, trigger, duration, files,\n"
                     "documents, tokens, errors), when it is next due and how late a due run\n"
                     "is.",
         epilog="examples:\n  elmo jobs status examples/job.toml\n"
-               "  elmo jobs status jobs/*.toml --runs 10 --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("specs", nargs="+", metavar="SPEC", help=SPECS_HELP)
+               "  elmo jobs status jobs/*.toml --runs 10 --json")
     p.add_argument("--runs", type=int, default=5, help="runs to show per job (default 5)")
     p.add_argument("--json", action="store_true", help="JSON for machines")
     p.set_defaults(handler=_status)
 
-    p = verbs.add_parser(
-        "submit", help="run a job on a Ray cluster via the Job Submission API",
+    p = _verb(
+        verbs, "submit", many=False, help="run a job on a Ray cluster via the Job Submission API",
         description="Submit `elmo jobs run SPEC` to a Ray cluster through its Job\n"
                     "Submission API, so the run happens on the cluster; --wait follows it\n"
                     "to the end.",
@@ -113,9 +118,7 @@ def register(subparsers: Any) -> None:
                "--working-dir jobs/\n"
                "      # uploads the directory holding the spec\n\n"
                "The cluster must have this project installed (see ray_cluster.yaml); paths\n"
-               "in the spec are read on the cluster, so use URIs there.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
+               "in the spec are read on the cluster, so use URIs there.")
     p.add_argument("--address", required=True, metavar="URL",
                    help="Ray dashboard URL, e.g. http://HEAD:8265")
     p.add_argument("--working-dir", metavar="DIR",

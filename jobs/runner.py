@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import posixpath
 import sys
 import time
 from collections.abc import Callable
@@ -125,28 +126,29 @@ def _embed_config(spec: JobSpec, source: Any, part: str, progress: bool) -> Any:
     )
 
 
-def drop_part(fs: Any, root: str, part: str) -> None:
-    """Remove one part: its manifest first (it stops being committed), then its files,
-    in every shard folder (a crashed run may have moved files it never recorded)."""
+def drop_parts(fs: Any, root: str, parts: list[str]) -> None:
+    """Remove parts: their manifests first (they stop being committed, so a run killed
+    half-way never leaves a committed part with missing files), then their files, in
+    every shard folder (a crashed run may have moved files it never recorded). Each
+    table's tree is listed once, whatever the number of parts."""
     from pipeline.store import MANIFEST_DIR
     from schemas import PARTITION_COLUMN, TABLES
 
-    with contextlib.suppress(FileNotFoundError):
-        fs.rm(f"{root}/{MANIFEST_DIR}/{part}", recursive=True)
+    for part in parts:
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(f"{root}/{MANIFEST_DIR}/{part}", recursive=True)
+    names = {f"{part}.parquet" for part in parts}
     for table in TABLES:
-        for path in fs.glob(f"{root}/{table}/{PARTITION_COLUMN}=*/{part}.parquet"):
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm(path)
+        for path in fs.glob(f"{root}/{table}/{PARTITION_COLUMN}=*/*.parquet"):
+            if posixpath.basename(path) in names:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm(path)
 
 
 def _part_counts(fs: Any, root: str, part: str) -> dict[str, int]:
-    from pipeline.store import committed_shards
+    from pipeline.store import committed_shards, sum_counts
 
-    totals: dict[str, int] = {}
-    for entry in committed_shards(fs, root, part).values():
-        for key, value in entry.get("counts", {}).items():
-            totals[key] = totals.get(key, 0) + int(value)
-    return totals
+    return sum_counts(committed_shards(fs, root, part).values())
 
 
 def _embed_file(spec: JobSpec, fs: Any, root: str, source: Any, part: str,
@@ -166,7 +168,7 @@ def _embed_file(spec: JobSpec, fs: Any, root: str, source: Any, part: str,
         from pipeline.store import DatasetLock
 
         with DatasetLock(fs, root):
-            drop_part(fs, root, part)
+            drop_parts(fs, root, [part])
         return embed_corpus(cfg)
 
 
@@ -371,8 +373,7 @@ def _collect_garbage(fs: Any, root: str, keep: set[str]) -> None:
     if garbage:
         # The dataset lock too: an `elmo embed` into this output must not see half a part.
         with DatasetLock(fs, root):
-            for part in garbage:
-                drop_part(fs, root, part)
+            drop_parts(fs, root, garbage)
 
 
 def _refresh(spec: JobSpec, fs: Any, root: str, state: JobState, record: RunRecord,

@@ -77,10 +77,6 @@ class EmbedSummary:
     returned_bytes: int = 0
 
     @property
-    def shards_written(self) -> int:  # a shard is a work item (schema version 2)
-        return self.items_written
-
-    @property
     def shards_already_committed(self) -> int:
         return self.items_resumed
 
@@ -108,14 +104,10 @@ class EmbedSummary:
 
 def dataset_totals(fs: Any, root: str) -> dict[str, int]:
     """Row counts of the live view (what readers see), from the manifest."""
-    from pipeline.store import committed_shards, live_parts
+    from pipeline.store import committed_shards, live_parts, sum_counts
 
-    totals: dict[str, int] = {}
-    for part in live_parts(fs, root):
-        for entry in committed_shards(fs, root, part).values():
-            for key, value in entry.get("counts", {}).items():
-                totals[key] = totals.get(key, 0) + int(value)
-    return totals
+    return sum_counts(entry for part in live_parts(fs, root)
+                      for entry in committed_shards(fs, root, part).values())
 
 
 def describe_dataset(cfg: EmbedConfig, tokenizer: Any) -> Any:
@@ -169,6 +161,7 @@ def _undo(fs: Any, root: str, part: str, made: _Made) -> None:
         PLAN_FILE,
         committed_shards,
         has_committed_data,
+        remove_if_empty,
     )
 
     if made.commits or committed_shards(fs, root, part):
@@ -177,13 +170,12 @@ def _undo(fs: Any, root: str, part: str, made: _Made) -> None:
         if made.plan:
             fs.rm(f"{root}/{MANIFEST_DIR}/{part}/{PLAN_FILE}")
             for folder in (f"{root}/{MANIFEST_DIR}/{part}", f"{root}/{MANIFEST_DIR}"):
-                if fs.exists(folder) and not fs.ls(folder, detail=False):
-                    fs.rm(folder, recursive=True)
+                remove_if_empty(fs, folder)
         if made.descriptor and not has_committed_data(fs, root):
             fs.rm(f"{root}/{DESCRIPTOR_FILE}")
     with contextlib.suppress(FileNotFoundError, OSError):
-        if not made.root_existed and fs.exists(root) and not fs.ls(root, detail=False):
-            fs.rm(root, recursive=True)
+        if not made.root_existed:
+            remove_if_empty(fs, root)
 
 
 def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
@@ -233,6 +225,7 @@ def _write(fs: Any, root: str, cfg: EmbedConfig, descriptor: Any, sources: list[
         clear_staging,
         committed_shards,
         ensure_descriptor,
+        sum_counts,
     )
 
     with DatasetLock(fs, root):
@@ -241,9 +234,9 @@ def _write(fs: Any, root: str, cfg: EmbedConfig, descriptor: Any, sources: list[
         clear_staging(fs, root)  # attempts of dead runs: never committed, never will be
         done = committed_shards(fs, root, cfg.part)
         summary.items_resumed = len(done)
-        for entry in done.values():
-            summary.documents_resumed += int(entry.get("counts", {}).get("documents", 0))
-            summary.tokens_resumed += int(entry.get("counts", {}).get("tokens", 0))
+        resumed = sum_counts(done.values())
+        summary.documents_resumed += resumed.get("documents", 0)
+        summary.tokens_resumed += resumed.get("tokens", 0)
         # Two passes over the plan (a generator; no text read): the bar's total, the work.
         total = sum(i.input_bytes for i in plan_items(sources, cfg.read, target)
                     if i.index not in done)

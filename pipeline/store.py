@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -288,6 +288,16 @@ def committed_shards(fs: Any, root: str, part: str) -> dict[int, dict]:
     return out
 
 
+def sum_counts(entries: Iterable[dict]) -> dict[str, int]:
+    """The manifest entries' ``counts`` summed by key (an entry without counts adds
+    nothing; a key missing from some entries is summed over the others)."""
+    totals: dict[str, int] = {}
+    for entry in entries:
+        for key, value in entry.get("counts", {}).items():
+            totals[key] = totals.get(key, 0) + int(value)
+    return totals
+
+
 def committed_files(uri: str, table: str = "tokens", storage_options: dict | None = None
                     ) -> list[str]:
     """URIs of the live files of one table: what a strict reader reads (see live_shards)."""
@@ -331,8 +341,14 @@ def clear_staging(fs: Any, root: str, run_id: str | None = None) -> None:
         fs.rm(path, recursive=True)
     if run_id:  # the staging folder itself goes when no other run's is in it
         with contextlib.suppress(FileNotFoundError, OSError):
-            if not fs.ls(f"{root}/{STAGING_DIR}", detail=False):
-                fs.rm(f"{root}/{STAGING_DIR}", recursive=True)
+            remove_if_empty(fs, f"{root}/{STAGING_DIR}")
+
+
+def remove_if_empty(fs: Any, path: str) -> None:
+    """Remove the folder ``path`` when it exists and holds nothing. Errors (a race with
+    another writer, say) are the caller's to handle."""
+    if fs.exists(path) and not fs.ls(path, detail=False):
+        fs.rm(path, recursive=True)
 
 
 def iter_parts(fs: Any, root: str) -> Iterator[str]:
