@@ -10,8 +10,8 @@ from elmo_model.model import BiLM, BiLMConfig
 from elmo_model.weights import (
     OPTIONS_FILE,
     WARM_STATE_FILE,
-    find_weights,
     load_weights,
+    model_dir_files,
     model_fingerprint,
     read_options,
 )
@@ -128,9 +128,7 @@ def load_model_dir(model_dir: str | Path, **kwargs) -> ElmoEmbedder:
         raise ElmoUserError(f"model directory not found: {model_dir} (a model directory holds "
                             f"{OPTIONS_FILE} and weights.safetensors or weights.hdf5, like "
                             "models/default)")
-    options = model_dir / OPTIONS_FILE
-    if not options.is_file():
-        raise ElmoUserError(f"{model_dir}: no {OPTIONS_FILE} in the model directory")
+    options, weights = model_dir_files(model_dir)
     if kwargs.get("warm_state_path") is None:
         kwargs["warm_state_path"] = model_dir / WARM_STATE_FILE
-    return load(options, find_weights(model_dir), **kwargs)
+    return load(options, weights, **kwargs)

@@ -168,7 +168,7 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _model_files(model: str, weights: str | None) -> tuple[Path, Path]:
     """(options.json, weights) of a model directory, or of explicit files."""
-    from elmo_model.weights import OPTIONS_FILE, find_weights
+    from elmo_model.weights import model_dir_files
 
     path = Path(model)
     if weights is not None:
@@ -177,9 +177,7 @@ def _model_files(model: str, weights: str | None) -> tuple[Path, Path]:
                                 "options.json and its weights file")
         return path, Path(weights)
     if path.is_dir():
-        if not (path / OPTIONS_FILE).is_file():
-            raise ElmoUserError(f"{path}: no {OPTIONS_FILE} in the model directory")
-        return path / OPTIONS_FILE, find_weights(path)
+        return model_dir_files(path)
     if path.is_file():
         raise ElmoUserError(f"{path} is a file: give its weights file after it, or the model "
                             "directory")

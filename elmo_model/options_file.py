@@ -7,6 +7,8 @@ from pathlib import Path
 
 from elmo_model.errors import ElmoUserError
 
+OPTIONS_FILE = "options.json"
+
 
 def read_options_json(path: str | Path) -> dict:
     """The parsed ``options.json``; an ElmoUserError naming the file when it is missing or bad."""

@@ -27,9 +27,8 @@ import torch
 
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import BiLM, BiLMConfig
-from elmo_model.options_file import read_options_json
+from elmo_model.options_file import OPTIONS_FILE, read_options_json
 
-OPTIONS_FILE = "options.json"
 SAFETENSORS_FILE = "weights.safetensors"
 HDF5_FILE = "weights.hdf5"
 WARM_STATE_FILE = "warm_state.safetensors"
@@ -309,6 +308,15 @@ def find_weights(model_dir: str | Path) -> Path:
             return model_dir / name
     raise ElmoUserError(f"{model_dir}: no {SAFETENSORS_FILE} or {HDF5_FILE} in the model "
                         "directory")
+
+
+def model_dir_files(model_dir: str | Path) -> tuple[Path, Path]:
+    """``(options, weights)`` of a model directory: its ``options.json`` (an ElmoUserError
+    when missing) and ``find_weights``'s weights file."""
+    model_dir = Path(model_dir)
+    if not (model_dir / OPTIONS_FILE).is_file():
+        raise ElmoUserError(f"{model_dir}: no {OPTIONS_FILE} in the model directory")
+    return model_dir / OPTIONS_FILE, find_weights(model_dir)
 
 
 def save_model_dir(model: BiLM, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:

@@ -40,15 +40,14 @@ class ModelSpec:
                 if not Path(path).is_file():
                     raise ElmoUserError(f"model file not found: {path}")
             return cls(str(Path(options).resolve()), str(Path(weights).resolve()))
+        from elmo_model.weights import model_dir_files
+
         directory = Path(model_dir) if model_dir else elmo_model.default_model_dir()
-        if not (directory / elmo_model.OPTIONS_FILE).is_file():
-            if model_dir is None:
-                raise ElmoUserError(f"no bundled model in {directory} yet; pass --model DIR "
-                                    "or --options FILE --weights FILE")
-            raise ElmoUserError(f"{directory}: no {elmo_model.OPTIONS_FILE} in the model directory")
-        weights_path = elmo_model.find_weights(directory)
-        options_path = (directory / elmo_model.OPTIONS_FILE).resolve()
-        return cls(str(options_path), str(weights_path.resolve()))
+        if model_dir is None and not (directory / elmo_model.OPTIONS_FILE).is_file():
+            raise ElmoUserError(f"no bundled model in {directory} yet; pass --model DIR "
+                                "or --options FILE --weights FILE")
+        options_path, weights_path = model_dir_files(directory)
+        return cls(str(options_path.resolve()), str(weights_path.resolve()))
 
 
 @dataclass(frozen=True)

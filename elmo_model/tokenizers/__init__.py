@@ -44,15 +44,9 @@ class Tokenizer:
 
     name: str
     version: str
-    split: Callable[[str], list[Sentence]]
-    split_words: Callable[[str], list[Token]]
-
-    def split_sentences(self, text: str) -> list[Sentence]:
-        return self.split(text)
-
-    def tokenize(self, text: str) -> list[Token]:
-        """The tokens of ``text`` without sentence splitting (training reads lines)."""
-        return self.split_words(text)
+    split_sentences: Callable[[str], list[Sentence]]
+    # The tokens of a text without sentence splitting (training reads lines).
+    tokenize: Callable[[str], list[Token]]
 
     def record(self) -> dict[str, str]:
         """What a dataset records of its tokenizer (``_dataset.json``) and a model declares."""
@@ -116,11 +110,11 @@ def declared_tokenizer(options: dict[str, Any], source: str, check_version: bool
 def model_tokenizer(options_path: str) -> str:
     """The tokenizer name a model declares in its ``options.json`` (the file, or the model
     directory holding it); :data:`UNDECLARED` (``moses``) for weights that declare none."""
-    from elmo_model.options_file import read_options_json
+    from elmo_model.options_file import OPTIONS_FILE, read_options_json
 
     path = Path(options_path)
     if path.is_dir():
-        path = path / "options.json"
+        path = path / OPTIONS_FILE
     return declared_tokenizer(read_options_json(path), str(path))
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import re
-from importlib.metadata import version
 from typing import TYPE_CHECKING
 
 from elmo_model.tokenizers.text import Sentence, Token, blank_out_controls, group_sentences
@@ -39,6 +38,8 @@ _CHUNK_RE = re.compile(r"\S+")
 
 
 def full_version() -> str:
+    from importlib.metadata import version  # ~40 ms: not on every elmo start-up
+
     return f"{RULES_VERSION}+sacremoses-{version('sacremoses')}"
 
 

@@ -29,10 +29,16 @@ _TOKEN_RE = re.compile(r"\w+(?:['’\-]\w+)*|[^\w\s]")
 _LINE_RE = re.compile(r"[^\r\n]+")
 
 
+def _tokens(text: str, scan: str, start: int, end: int) -> list[Token]:
+    """The tokens of ``text[start:end]``, found in ``scan`` (its controls blanked out)."""
+    return [Token(text[m.start():m.end()], m.start(), m.end())
+            for m in _TOKEN_RE.finditer(scan, start, end)]
+
+
 def tokenize_words(text: str) -> list[Token]:
     """Word and punctuation tokens of ``text``, with offsets."""
     scan = blank_out_controls(text)
-    return [Token(text[m.start():m.end()], m.start(), m.end()) for m in _TOKEN_RE.finditer(scan)]
+    return _tokens(text, scan, 0, len(scan))
 
 
 def split_sentences(text: str) -> list[Sentence]:
@@ -40,8 +46,7 @@ def split_sentences(text: str) -> list[Sentence]:
     scan = blank_out_controls(text)
     sentences: list[Sentence] = []
     for line in _LINE_RE.finditer(scan):
-        tokens = tuple(Token(text[m.start():m.end()], m.start(), m.end())
-                       for m in _TOKEN_RE.finditer(scan, line.start(), line.end()))
+        tokens = tuple(_tokens(text, scan, line.start(), line.end()))
         if tokens:
             sentences.append(Sentence(tokens))
     return sentences

@@ -389,7 +389,12 @@ def run_senses_search(args: argparse.Namespace) -> int:
 
 def run_senses_cluster(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
-    from pipeline.lookup.sense_maps import check_writable
+    from pipeline.lookup.sense_maps import (
+        check_writable,
+        occurrence_count,
+        write_sense_map_html,
+        write_sense_map_png,
+    )
     from pipeline.lookup.senses import cluster_senses
 
     for path in (args.plot, args.html):
@@ -403,8 +408,6 @@ def run_senses_cluster(args: argparse.Namespace) -> int:
             raise ElmoUserError(f"--k must be a number or auto, not {args.k!r}") from None
     result = cluster_senses(_need_index(args), args.words, k=k, examples=args.examples)
     left, right = _highlight()
-    from pipeline.lookup.sense_maps import occurrence_count
-
     print(f"{' / '.join(result.words)}: {occurrence_count(result)}, mix {result.mix}")
     if result.auto:
         scores = ", ".join(f"k={kk}: {s:.3f}" for kk, s in result.silhouettes.items())
@@ -414,13 +417,9 @@ def run_senses_cluster(args: argparse.Namespace) -> int:
         for h in c.examples:
             print(f"    {h.doc_id}#{h.sent_idx}  {h.highlighted(left, right)}")
     if args.plot:
-        from pipeline.lookup.sense_maps import write_sense_map_png
-
         print(f"wrote {write_sense_map_png(result, args.plot)} (sense map picture)",
               file=sys.stderr)
     if args.html:
-        from pipeline.lookup.sense_maps import write_sense_map_html
-
         print(f"wrote {write_sense_map_html(result, args.html)} (interactive sense map: open "
               "it in a browser)", file=sys.stderr)
     return 0

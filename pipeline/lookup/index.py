@@ -204,13 +204,20 @@ def quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def token_filter(words: Sequence[str], column: str = "token_lower") -> str:
-    """``column = 'w'`` / ``column IN (...)``: ``token_lower`` lowercases the words,
+def column_words(words: Sequence[str], column: str) -> Sequence[str]:
+    """``words`` as ``column`` stores them: ``token_lower`` lowercases the words,
     ``token_stem`` stems them, ``token`` takes them as they are."""
     if column == "token_lower":
-        words = [w.lower() for w in words]
-    elif column == "token_stem":
-        words = stem_words(words)
+        return [w.lower() for w in words]
+    if column == "token_stem":
+        return stem_words(words)
+    return words
+
+
+def token_filter(words: Sequence[str], column: str = "token_lower") -> str:
+    """``column = 'w'`` / ``column IN (...)``, the words as ``column`` stores them
+    (``column_words``)."""
+    words = column_words(words, column)
     if len(words) == 1:
         return f"{column} = {quote(words[0])}"
     return f"{column} IN ({', '.join(quote(w) for w in words)})"
@@ -508,8 +515,8 @@ class SenseIndex:
         counts = self._word_counts()
         if counts is None or column not in counts.column_names:
             return self.table.count_rows(token_filter(words, column))
-        wanted = [w.lower() for w in words] if column == "token_lower" else stem_words(words)
-        hits = pc.is_in(counts.column(column), value_set=pa.array(wanted, pa.string()))
+        wanted = pa.array(column_words(words, column), pa.string())
+        hits = pc.is_in(counts.column(column), value_set=wanted)
         return int(pc.sum(counts.column("rows").filter(hits)).as_py() or 0)
 
     @property

@@ -127,15 +127,12 @@ def dataset_tokenizer(descriptor: DatasetDescriptor) -> Tokenizer:
     return get_tokenizer(name)
 
 
-def locate_word(sentence: str, word: str, occurrence: int = 1,
-                tokenizer: Tokenizer | None = None) -> QueryToken:
-    """Tokenize ``sentence`` (default: the pipeline's tokenizer) and find ``word``: the
-    same text, else in any case, else the same stem (``--word play`` finds *plays*)."""
-    from pipeline.tokenize import TOKENIZER_NAME, get_tokenizer
-
+def locate_word(sentence: str, word: str, occurrence: int = 1, *,
+                tokenizer: Tokenizer) -> QueryToken:
+    """Tokenize ``sentence`` with ``tokenizer`` and find ``word``: the same text, else in
+    any case, else the same stem (``--word play`` finds *plays*)."""
     if occurrence < 1:
         raise ElmoUserError(f"--occurrence must be at least 1, not {occurrence}")
-    tokenizer = tokenizer or get_tokenizer(TOKENIZER_NAME)
     tokens = [t.text for s in tokenizer.split_sentences(sentence) for t in s.tokens]
     if not tokens:
         raise ElmoUserError("the query sentence has no tokens")
@@ -254,7 +251,8 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
     if match == "forms":
         ix.require_stems()  # before the model loads: the fix is a rebuild
     descriptor = read_dataset_descriptor(ix.meta.dataset)
-    query = locate_word(sentence, word, occurrence, dataset_tokenizer(descriptor))
+    query = locate_word(sentence, word, occurrence,
+                        tokenizer=dataset_tokenizer(descriptor))
     vector = embed_query(ix, query, model_dir, embedder, descriptor)
     words = None if match == "any" else [query.word]
     return nearest_distinct(ix, vector, k, words=words, forms=match == "forms", exact=exact)
