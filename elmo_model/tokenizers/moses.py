@@ -50,7 +50,7 @@ def _moses() -> MosesTokenizer:
     class _FasterPredicates(MosesTokenizer):  # type: ignore[misc]
         """sacremoses rebuilds a set of every lowercase (or alphabetic) code point on each
         ``islower``/``isanyalpha`` call, a quarter of its time on English prose. The same
-        tests against sets built once; ``tests/test_tokenizers.py`` checks the tokens
+        tests against sets built once; ``tests/model/test_tokenizers.py`` checks the tokens
         against plain sacremoses."""
 
         _lower = frozenset(MosesTokenizer.IsLower)

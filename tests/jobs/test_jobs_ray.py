@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-REPO = Path(__file__).resolve().parent.parent
+from helpers import REPO
 
 
 def ray_schema() -> dict:

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 SCRIPT_SECTION = "## Using it"
 # A line with one of these needs a bucket or a GPU -> the test file that covers it.
@@ -135,7 +135,7 @@ def test_only_bucket_and_gpu_lines_are_left_out_and_each_has_its_own_test() -> N
     skipped = {kind: [c for c in commands if skipped_kind(c) == kind] for kind in SKIPPED_KINDS}
     assert all(skipped.values()), skipped  # the README shows both
     tests = {path.name: path.read_text(encoding="utf-8")
-             for path in (REPO / "tests").glob("test_*.py") if path.name != "test_readme.py"}
+             for path in (REPO / "tests").rglob("test_*.py") if path.name != "test_readme.py"}
     s3 = [name for name, text in tests.items() if "moto" in text and "s3://" in text]
     assert s3, "no test runs S3 through moto"
     gpu = [name for name, text in tests.items() if re.search(r'"--device",\s*"cuda"', text)]

@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from test_pipeline import config
-from test_pipeline_ray import assert_same_dataset
+from helpers import assert_same_dataset, config
 
 from pipeline.embed import embed_corpus
 

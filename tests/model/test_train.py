@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import write_tiny_options, write_toy_corpus
 from safetensors.torch import load_file
-from test_train_helpers import write_tiny_options, write_toy_corpus
 
 from elmo_model.char_ids import token_char_ids
 from elmo_model.errors import ElmoUserError

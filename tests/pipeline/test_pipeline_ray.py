@@ -6,10 +6,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from test_pipeline import config, dataset_files, write_corpus
+from helpers import assert_same_dataset, config, write_corpus
 
 from pipeline.embed import embed_corpus
 
@@ -33,21 +32,6 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
              log_to_driver=False, _temp_dir=str(temp))
     yield
     ray.shutdown()
-
-
-def assert_same_dataset(a: Path, b: Path) -> None:
-    """Same files, same rows in the same order; layers equal up to float16 rounding of
-    float32 results computed with another torch thread count."""
-    fa, fb = dataset_files(a), dataset_files(b)
-    assert fa.keys() == fb.keys()
-    for key, table in fa.items():
-        other = fb[key]
-        layers = [n for n in table.column_names if n.startswith("layer_")]
-        assert table.drop_columns(layers).equals(other.drop_columns(layers)), key
-        for name in layers:
-            x = np.stack(table[name].to_numpy(zero_copy_only=False)).astype(np.float32)
-            y = np.stack(other[name].to_numpy(zero_copy_only=False)).astype(np.float32)
-            np.testing.assert_allclose(x, y, rtol=2e-3, atol=2e-3)
 
 
 def test_ray_matches_local_across_actor_counts_and_survives_a_killed_actor(

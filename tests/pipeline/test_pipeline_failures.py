@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_pipeline import REPO, config, write_corpus
+from helpers import REPO, config, write_corpus
 
 from elmo_model.errors import ElmoUserError
 from pipeline.embed import embed_corpus

@@ -7,11 +7,12 @@ listed one Austen sentence as ``austen.txt:121`` and again as ``play.txt:1``).
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
+
+from helpers import REPO
 
 from pipeline.tokenize import get_tokenizer
 
-SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sample"
+SAMPLE = REPO / "data" / "sample"
 # Shorter sentences recur in the books themselves ("God saw that it was good.", "Ready.").
 MIN_REPEATED_SENTENCE_TOKENS = 8
 

@@ -10,16 +10,16 @@ top biLSTM layer should do clearly better.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import FIXTURES
 
 import elmo_model
 
 MODEL_DIR = elmo_model.default_model_dir()
-SNIPPET_SOURCES = Path(__file__).resolve().parent / "fixtures" / "sense_snippet_sources.jsonl"
+SNIPPET_SOURCES = FIXTURES / "sense_snippet_sources.jsonl"
 CORPUS_FILES = ("austen.txt", "moby_dick.txt", "shakespeare.txt", "web_bible.txt")
 
 # word -> {sense: snippets}; each snippet holds the word once, lower case, tokenized

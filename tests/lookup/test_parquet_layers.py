@@ -145,7 +145,7 @@ def _all_mixed(ds_path: Path, mix: str, **kwargs) -> tuple[pa.Table, np.ndarray]
 
 
 def _embed_test_corpus(model_dir: Path, root: Path, **options: object) -> Path:
-    from test_pipeline import config, write_corpus
+    from helpers import config, write_corpus
 
     from pipeline.embed import embed_corpus
 

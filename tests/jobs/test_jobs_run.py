@@ -19,12 +19,12 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from helpers import REPO
 
 from jobs.runner import run_job
 from jobs.spec import JobSpec, load_spec
 from jobs.state import iter_runs, live_files, read_live_table
 
-REPO = Path(__file__).resolve().parent.parent
 KEYS = {"tokens": ["doc_id", "sent_idx", "tok_idx"], "sentences": ["doc_id", "sent_idx"],
         "documents": ["doc_id"], "errors": ["doc_id", "reason"]}
 

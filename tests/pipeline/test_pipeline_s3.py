@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_pipeline import config, write_corpus
+from helpers import config, write_corpus
 
 from pipeline.embed import embed_corpus
 from pipeline.lookup.mixes import iter_mixed, open_dataset

@@ -10,13 +10,13 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 from sacremoses import MosesTokenizer
 
 from elmo_model.errors import ElmoUserError
 from elmo_model.tokenizers import moses
 from pipeline.tokenize import Token, get_tokenizer, model_tokenizer, tokenizer_names
 
-REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "models" / "default"
 
 TRICKY = (

@@ -250,7 +250,7 @@ def interpreter_outcomes(elmo_fixture_dir: Path) -> dict[str, str]:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     child = subprocess.run(
         [sys.executable, __file__, str(elmo_fixture_dir)], env=env, capture_output=True,
-        text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent,
+        text=True, timeout=600, cwd=Path(__file__).resolve().parents[2],
     )
     assert child.returncode == 0, child.stderr[-4000:]
     return json.loads(child.stdout.strip().splitlines()[-1])
@@ -302,5 +302,5 @@ def test_char_cnn_takes_larger_chunks_on_a_gpu() -> None:
     assert char_cnn.chunk_size(torch.device("cuda")) == 4096
 
 
-if __name__ == "__main__":  # the interpreter child: python tests/test_fused_lstm.py FIXTURE
+if __name__ == "__main__":  # the interpreter child: python tests/model/test_fused_lstm.py FIXTURE
     print(json.dumps(_run_checks(Path(sys.argv[1]))))

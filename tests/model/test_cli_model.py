@@ -8,13 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_train_helpers import write_tiny_options, write_toy_corpus
+from helpers import REPO, write_tiny_options, write_toy_corpus
 
 from elmo_model.weights import read_options
 from pipeline.cli import main
-
-REPO = Path(__file__).resolve().parent.parent
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

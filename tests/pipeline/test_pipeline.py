@@ -14,59 +14,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from helpers import REPO, TEXT_A, TEXT_B, config, dataset_files, read_table, run_cli, write_corpus
 
 from elmo_model.errors import ElmoUserError
-from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
+from pipeline.embed import embed_corpus
 from pipeline.sources import ReadOptions
 from pipeline.tokenize import get_tokenizer, model_tokenizer
-
-REPO = Path(__file__).resolve().parent.parent
-TEXT_A = [
-    "The cat sat on the mat. It was happy!",
-    "",
-    "Mr. Smith didn't go to Washington; he stayed home.",
-    "A third line with numbers 3.14 and 1,000 in it.",
-]
-TEXT_B = ["One more file. Two sentences here.", "Short"]
-
-
-def write_corpus(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "a.txt").write_text("\n".join(TEXT_A) + "\n")
-    (folder / "b.txt").write_text("\n".join(TEXT_B))
-    records = [{"id": "j1", "text": "JSON lines work too. Yes.", "lang": "en"},
-               {"id": "j2", "text": "Another record."}]
-    (folder / "c.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    pq.write_table(pa.table({"id": ["p1", "p2"], "text": ["Parquet text.", "And more of it."]}),
-                   folder / "d.parquet")
-    return folder
-
-
-def config(model_dir: Path, sources: list[str], out: Path | str, **kw: object) -> EmbedConfig:
-    kw.setdefault("progress", False)
-    kw.setdefault("executor", "local")
-    return EmbedConfig(sources=sources, out=str(out), model=ModelSpec.resolve(str(model_dir)),
-                       **kw)  # type: ignore[arg-type]
-
-
-def read_table(out: Path | str, table: str) -> pa.Table:
-    return pq.read_table(f"{out}/{table}")
-
-
-def run_cli(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:
-    from pipeline import cli
-
-    # Only our verb: the test must not depend on other areas' registrars.
-    monkeypatch.setattr(cli, "REGISTRARS", ("pipeline.embed_cli",))
-    return cli.main(argv)
-
-
-def dataset_files(out: Path) -> dict[str, pa.Table]:
-    files = sorted(out.glob("*/shard=*/*.parquet"))
-    return {str(p.relative_to(out)): pq.read_table(p) for p in files}
 
 
 def test_round_trip_every_token_once_and_vectors_match_the_model(tiny_model_dir: Path,

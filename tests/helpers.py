@@ -1,0 +1,111 @@
+"""Helpers shared by the tests (no tests here): the repository's paths, a small mixed
+corpus and embed config for the pipeline tests, a tiny biLM config and a toy corpus for the
+training tests, and a dataset comparison."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.embed import EmbedConfig, ModelSpec
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+TEXT_A = [
+    "The cat sat on the mat. It was happy!",
+    "",
+    "Mr. Smith didn't go to Washington; he stayed home.",
+    "A third line with numbers 3.14 and 1,000 in it.",
+]
+TEXT_B = ["One more file. Two sentences here.", "Short"]
+
+
+def write_corpus(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "a.txt").write_text("\n".join(TEXT_A) + "\n")
+    (folder / "b.txt").write_text("\n".join(TEXT_B))
+    records = [{"id": "j1", "text": "JSON lines work too. Yes.", "lang": "en"},
+               {"id": "j2", "text": "Another record."}]
+    (folder / "c.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    pq.write_table(pa.table({"id": ["p1", "p2"], "text": ["Parquet text.", "And more of it."]}),
+                   folder / "d.parquet")
+    return folder
+
+
+def config(model_dir: Path, sources: list[str], out: Path | str, **kw: object) -> EmbedConfig:
+    kw.setdefault("progress", False)
+    kw.setdefault("executor", "local")
+    return EmbedConfig(sources=sources, out=str(out), model=ModelSpec.resolve(str(model_dir)),
+                       **kw)  # type: ignore[arg-type]
+
+
+def read_table(out: Path | str, table: str) -> pa.Table:
+    return pq.read_table(f"{out}/{table}")
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:
+    from pipeline import cli
+
+    # Only our verb: the test must not depend on other areas' registrars.
+    monkeypatch.setattr(cli, "REGISTRARS", ("pipeline.embed_cli",))
+    return cli.main(argv)
+
+
+def dataset_files(out: Path) -> dict[str, pa.Table]:
+    files = sorted(out.glob("*/shard=*/*.parquet"))
+    return {str(p.relative_to(out)): pq.read_table(p) for p in files}
+
+
+
+def assert_same_dataset(a: Path, b: Path) -> None:
+    """Same files, same rows in the same order; layers equal up to float16 rounding of
+    float32 results computed with another torch thread count."""
+    fa, fb = dataset_files(a), dataset_files(b)
+    assert fa.keys() == fb.keys()
+    for key, table in fa.items():
+        other = fb[key]
+        layers = [n for n in table.column_names if n.startswith("layer_")]
+        assert table.drop_columns(layers).equals(other.drop_columns(layers)), key
+        for name in layers:
+            x = np.stack(table[name].to_numpy(zero_copy_only=False)).astype(np.float32)
+            y = np.stack(other[name].to_numpy(zero_copy_only=False)).astype(np.float32)
+            np.testing.assert_allclose(x, y, rtol=2e-3, atol=2e-3)
+
+TINY_OPTIONS = {
+    "lstm": {"n_layers": 2, "dim": 32, "projection_dim": 16, "cell_clip": 3, "proj_clip": 3,
+             "use_skip_connections": True},
+    "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 8], [2, 8], [3, 16]], "n_highway": 1,
+                 "n_characters": 262, "max_characters_per_token": 50, "activation": "relu"},
+    "training": {"batch_size": 16, "unroll_steps": 10, "n_tokens_vocab": 40,
+                 "n_negative_samples": 0, "dropout": 0.0, "lr": 0.015, "clip_norm": 1.0,
+                 "warmup_steps": 1,
+                 "heldout_percent": 10.0},
+}
+
+SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the bird"]
+VERBS = ["sat on", "looked at", "ran to", "slept near"]
+OBJECTS = ["the mat", "a tree", "the house", "the river", "a chair"]
+
+
+def write_tiny_options(directory: Path, **training: object) -> Path:
+    options = json.loads(json.dumps(TINY_OPTIONS))
+    options["training"].update(training)
+    path = directory / "tiny.json"
+    path.write_text(json.dumps(options))
+    return path
+
+
+def write_toy_corpus(directory: Path, n_lines: int = 300, seed: int = 0) -> str:
+    """A regular little language: a trainable LM drops far below uniform perplexity."""
+    rng = random.Random(seed)
+    lines = [f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} ."
+             for _ in range(n_lines)]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "toy.txt").write_text("\n".join(lines) + "\n")
+    return str(directory / "*.txt")
