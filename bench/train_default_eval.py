@@ -30,14 +30,11 @@ def main() -> None:
 
     import elmo_model
     from elmo_model.tokenizers import get_tokenizer, model_tokenizer
-    from elmo_model.train import (
-        Softmax,
-        TrainParams,
-        heldout_perplexity,
-        load_corpus,
-        read_softmax,
-        split_options,
-    )
+    from elmo_model.training.config import read_split_options
+    from elmo_model.training.data import load_corpus
+    from elmo_model.training.evaluation import heldout_perplexity
+    from elmo_model.training.lm_head import Softmax
+    from elmo_model.training.packaging import read_softmax
     from elmo_model.vocab import Vocabulary
 
     model_dir = Path(args.model_dir)
@@ -45,11 +42,10 @@ def main() -> None:
     torch.set_num_threads(1)
     model = elmo_model.build_model(model_dir / "options.json",
                                    model_dir / "weights.safetensors")
-    _, params = split_options(json.loads((model_dir / "options.json").read_text()), "options")
+    _, params = read_split_options(model_dir / "options.json")
     vocab = Vocabulary.load(model_dir / "vocab.txt")
     tokenizer = get_tokenizer(model_tokenizer(str(model_dir)))
-    corpus, _ = load_corpus(args.corpus, TrainParams(**{**params.__dict__}), vocab=vocab,
-                            tokenizer=tokenizer)
+    corpus, _ = load_corpus(args.corpus, params, vocab=vocab, tokenizer=tokenizer)
     if not args.skip_perplexity:
         softmax = Softmax(len(vocab), model.config.projection_dim)
         softmax.load_state_dict(read_softmax(model_dir))

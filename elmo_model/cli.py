@@ -27,6 +27,9 @@ examples:
   elmo train 'examples/corpus/*.txt' --config examples/tiny_options.json --out runs/tiny-lm \\
       --max-steps 50                                  # a toy model, in seconds
   elmo train 'corpus/*.txt' --config small --out runs/small --max-minutes 60
+      # stops within the hour with a checkpoint; the same command again resumes it
+  elmo train 'corpus/*.txt' --config standard --out runs/big --device cuda \\
+      --set precision=bfloat16 --max-minutes 240
   elmo train 'my_domain/*.txt' --init-from models/default --out runs/domain --max-steps 2000
   elmo train 'data/*.txt' --config my_options.json --out runs/custom --checkpoint-minutes 2
   elmo train 'corpus/*.txt' --config small --out runs/words --tokenizer elmo-store-words
@@ -92,7 +95,9 @@ def register(subparsers: Any) -> None:
                             "weights.hdf5); its shape wins over --config")
     train.add_argument("--max-steps", type=int, help="stop at this total step count; also the "
                        "horizon of the learning-rate decay")
-    train.add_argument("--max-minutes", type=float, help="stop after this many minutes")
+    train.add_argument("--max-minutes", type=float,
+                       help="stop within this many minutes, with a checkpoint; run the same "
+                            "command again to resume")
     train.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
                        help="save a checkpoint (and evaluate) every M minutes (default 5)")
     train.add_argument("--eval-lines", type=int, default=300,
@@ -106,6 +111,9 @@ def register(subparsers: Any) -> None:
                        help="cuts each line into words: moses | elmo-store-words | "
                             "elmo-store-ptb (default: the --init-from model's declared one, "
                             "else moses, as the original ELMo); written into options.json")
+    train.add_argument("--device", default="auto",
+                       help="auto (default: CUDA when available), cpu, cuda or cuda:N; a "
+                            "checkpoint resumes on any device")
     train.add_argument("--no-progress", action="store_true",
                        help="no progress bar (for logs); checkpoints are still reported")
     train.set_defaults(handler=_train)
@@ -202,7 +210,7 @@ def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
 def _train(args: argparse.Namespace) -> int:
     import torch
 
-    from elmo_model.train import train
+    from elmo_model.training import train
 
     torch.set_num_threads(max(1, args.threads))
     command = "elmo " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -212,7 +220,7 @@ def _train(args: argparse.Namespace) -> int:
         checkpoint_minutes=args.checkpoint_minutes, eval_lines=args.eval_lines,
         progress=not args.no_progress, command=command,
         overrides=_parse_overrides(args.set) or None,
-        tokenizer=args.tokenizer,
+        tokenizer=args.tokenizer, device=args.device,
     )
     ppl = result.last_perplexity
     if ppl:
@@ -324,7 +332,7 @@ def _model_export(args: argparse.Namespace) -> int:
 def _model_package(args: argparse.Namespace) -> int:
     import torch
 
-    from elmo_model.train import package_model
+    from elmo_model.training import package_model
 
     source = Path(args.checkpoint)
     if not (source / "options.json").is_file() or not (source / "vocab.txt").is_file():

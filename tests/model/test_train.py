@@ -15,19 +15,11 @@ from safetensors.torch import load_file
 from elmo_model.char_ids import token_char_ids
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import BiLM, BiLMConfig
-from elmo_model.train import (
-    Corpus,
-    Softmax,
-    StreamBatches,
-    TrainParams,
-    heldout_perplexity,
-    is_heldout,
-    load_corpus,
-    load_trained,
-    perplexity,
-    resolve_config,
-    train,
-)
+from elmo_model.training import load_trained, package_model, train
+from elmo_model.training.config import TrainParams, resolve_config
+from elmo_model.training.data import Corpus, StreamBatches, is_heldout, load_corpus
+from elmo_model.training.evaluation import heldout_perplexity
+from elmo_model.training.lm_head import Softmax, perplexity
 from elmo_model.vocab import Vocabulary
 from pipeline.tokenize import get_tokenizer, model_tokenizer
 
@@ -323,7 +315,6 @@ def test_init_from_bilm_tf_weights_trains_with_moses(tmp_path: Path,
 
 
 def test_package_then_fine_tune_from_ours_and_from_allennlp(tmp_path: Path) -> None:
-    from elmo_model.train import package_model
     from pipeline.cli import main
 
     corpus = write_toy_corpus(tmp_path / "text")

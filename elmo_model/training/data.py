@@ -1,0 +1,144 @@
+"""Training data: lines cut into words, the fixed held-out split, and the per-step
+windows of the parallel text streams that truncated back-propagation reads.
+
+Every training line becomes ``<S> w1 .. wn </S>``; each epoch shuffles the lines,
+concatenates them and cuts the result into ``batch_size`` long streams read in windows
+of ``unroll_steps`` tokens. The backward LM gets its own shuffle of the lines, reversed,
+as bilm-tf's reversed dataset does, so both directions always continue the text they
+were reading.
+"""
+
+from __future__ import annotations
+
+import glob
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
+from elmo_model.errors import ElmoUserError
+from elmo_model.model import BiLM
+from elmo_model.tokenizers import TRAIN_DEFAULT, Tokenizer, get_tokenizer
+from elmo_model.training.config import TrainParams
+from elmo_model.vocab import Vocabulary
+
+
+@dataclass
+class Corpus:
+    """Every line as type ids (``<S>`` ... ``</S>``) over all token strings seen.
+
+    The char CNN reads every type, so rare words keep their spelling as input; only the
+    softmax target maps them to ``<UNK>`` (``softmax_ids``).
+    """
+
+    types: list[str]
+    train: list[np.ndarray]
+    heldout: list[np.ndarray]
+    char_ids: np.ndarray = field(repr=False)  # [n_types, max_chars] int16
+    softmax_ids: np.ndarray = field(repr=False)  # [n_types] int64 vocabulary id per type
+
+    @property
+    def n_train_tokens(self) -> int:
+        return sum(len(x) for x in self.train)
+
+
+def is_heldout(line: str, percent: float) -> bool:
+    """A fixed split by content hash: the same line is always on the same side, whatever
+    the file order, and duplicates never straddle the split."""
+    return zlib.crc32(line.encode("utf-8")) % 10_000 < percent * 100
+
+
+def read_lines(pattern: str) -> Iterator[str]:
+    """The non-empty, stripped lines of the files ``pattern`` matches, in path order."""
+    paths = sorted(glob.glob(pattern))
+    if not paths:
+        raise ElmoUserError(f"no files match {pattern!r}")
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                for line in handle:
+                    line = line.strip()
+                    if line:
+                        yield line
+        except UnicodeDecodeError as error:
+            raise ElmoUserError(f"{path}: not UTF-8 text ({error})") from None
+
+
+def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
+                vocab: Vocabulary | None = None, tokenizer: Tokenizer | None = None
+                ) -> tuple[Corpus, Vocabulary]:
+    """Tokenize the files (one sequence per line, ``tokenizer`` default
+    :data:`~elmo_model.tokenizers.TRAIN_DEFAULT`), split off the held-out lines, and build
+    (or reuse) the vocabulary."""
+    tokenizer = tokenizer or get_tokenizer(TRAIN_DEFAULT)
+    type_ids: dict[str, int] = {BOS_TOKEN: 0, EOS_TOKEN: 1}
+    train_tokens: list[list[str]] = []
+    train, heldout = [], []
+    for line in read_lines(pattern):
+        tokens = [token.text for token in tokenizer.tokenize(line)]
+        if not tokens:
+            continue
+        ids = [0] + [type_ids.setdefault(t, len(type_ids)) for t in tokens] + [1]
+        if is_heldout(line, params.heldout_percent):
+            heldout.append(np.array(ids, dtype=np.int64))
+        else:
+            train.append(np.array(ids, dtype=np.int64))
+            train_tokens.append(tokens)
+    if not train:
+        raise ElmoUserError(f"{pattern}: no training text (all lines empty or held out)")
+    if vocab is None:
+        vocab = Vocabulary.build(train_tokens, params.n_tokens_vocab)
+    types = list(type_ids)
+    char_ids = np.stack([token_char_ids(t, max_chars) for t in types]).astype(np.int16)
+    softmax_ids = np.array(vocab.ids(types), dtype=np.int64)
+    return Corpus(types, train, heldout, char_ids, softmax_ids), vocab
+
+
+class StreamBatches:
+    """Epoch-deterministic windows: step -> (forward ids, backward ids), each ``[B, U + 1]``.
+
+    Row ``r`` of step ``s`` continues row ``r`` of step ``s - 1`` (state is carried).
+    The backward array holds the backward stream in *reading* order (text reversed).
+    """
+
+    def __init__(self, corpus: Corpus, params: TrainParams) -> None:
+        self.lines = corpus.train
+        self.batch_size = params.batch_size
+        self.unroll = params.unroll_steps
+        self.seed = params.seed
+        total = sum(len(x) for x in self.lines)
+        self.stream_length = total // self.batch_size
+        self.steps_per_epoch = (self.stream_length - 1) // self.unroll
+        if self.steps_per_epoch < 1:
+            raise ElmoUserError(f"corpus too small: {total} tokens for batch_size "
+                                f"{self.batch_size} x unroll_steps {self.unroll}")
+        self._epoch = -1
+        self._forward = self._backward = np.empty((0, 0), np.int64)
+
+    def _streams(self, epoch: int, direction: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, epoch, direction])
+        ids = np.concatenate([self.lines[i] for i in rng.permutation(len(self.lines))])
+        if direction == 1:
+            ids = ids[::-1]  # each line reversed and the lines in reverse order
+        return ids[: self.batch_size * self.stream_length].reshape(self.batch_size, -1)
+
+    def window(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        epoch, index = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch:
+            self._forward, self._backward = self._streams(epoch, 0), self._streams(epoch, 1)
+            self._epoch = epoch
+        start = index * self.unroll
+        cut = slice(start, start + self.unroll + 1)
+        return self._forward[:, cut], self._backward[:, cut]
+
+
+def embed_types(model: BiLM, corpus: Corpus, ids: np.ndarray) -> torch.Tensor:
+    """Token vectors ``[len(ids), P]`` for type ids, on the model's device, running the
+    char CNN once per distinct type."""
+    device = next(model.parameters()).device
+    unique, inverse = np.unique(ids, return_inverse=True)
+    chars = torch.from_numpy(corpus.char_ids[unique].astype(np.int64)).to(device)
+    return model.token_embedding(chars)[torch.from_numpy(inverse.reshape(-1)).to(device)]
