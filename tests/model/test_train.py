@@ -97,6 +97,92 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path,
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
 
 
+def test_time_limited_runs_resume_on_the_uninterrupted_trajectory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Runs of at most N minutes: each stops with a checkpoint, and the same command again
+    continues with the same steps, losses, weights, optimizer moments and carried state."""
+    from pipeline.cli import main
+
+    corpus = write_toy_corpus(tmp_path / "text")
+    options = write_tiny_options(tmp_path, dropout=0.1, n_negative_samples=8, warmup_steps=3)
+    straight = train(corpus, tmp_path / "straight", str(options), max_steps=6, **QUIET)
+    assert straight.stopped_by == "max_steps" and len(straight.losses) == 6
+
+    # a limit already passed once the corpus is loaded: every run takes one step and stops
+    pieces = []
+    while not pieces or pieces[-1].stopped_by == "max_minutes":
+        pieces.append(train(corpus, tmp_path / "limited", str(options), max_steps=6,
+                            max_minutes=1e-9, **QUIET))
+    assert [p.state.step for p in pieces] == [1, 2, 3, 4, 5, 6]
+    assert [p.stopped_by for p in pieces] == ["max_minutes"] * 5 + ["max_steps"]
+    losses = [loss for p in pieces for loss in p.losses]
+    np.testing.assert_allclose(losses, straight.losses, rtol=0, atol=1e-5)
+    assert [r["step"] for r in pieces[-1].state.resumes] == [1, 2, 3, 4, 5]
+    a = load_file(str(tmp_path / "straight" / "weights.safetensors"))
+    b = load_file(str(tmp_path / "limited" / "weights.safetensors"))
+    assert a.keys() == b.keys()
+    assert {k.split(".")[0] for k in a} >= {"optimizer", "carry", "softmax"}
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
+
+    # the command line: the same command twice, each within its limit, the second resumes
+    command = ["train", corpus, "--config", str(options), "--out", str(tmp_path / "cli"),
+               "--max-minutes", "0.000001", "--device", "cpu", "--no-progress"]
+    assert main(command) == 0 and main(command) == 0
+    saved = json.loads((tmp_path / "cli" / "training_state.json").read_text())
+    assert saved["step"] == 2 and [r["step"] for r in saved["resumes"]] == [1]
+    assert "stopped (max_minutes) at step 2" in capsys.readouterr().err
+
+
+def test_missing_or_malformed_options_are_one_line_user_errors(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import main
+
+    corpus = write_toy_corpus(tmp_path / "text")
+    options = write_tiny_options(tmp_path)
+    out = tmp_path / "run"
+    train(corpus, out, str(options), max_steps=1, **QUIET)
+    (out / "options.json").write_text('{"lstm": {"dim": ')
+    with pytest.raises(ElmoUserError, match=r"options\.json: not valid JSON"):
+        train(corpus, out, str(options), max_steps=2, **QUIET)
+    with pytest.raises(ElmoUserError, match="not valid JSON"):
+        load_trained(out)
+    (out / "options.json").unlink()
+    with pytest.raises(ElmoUserError, match="options file not found"):
+        train(corpus, out, str(options), max_steps=2, **QUIET)
+    with pytest.raises(ElmoUserError, match="options file not found"):
+        package_model(out, tmp_path / "shipped")
+    broken = tmp_path / "broken.json"
+    broken.write_bytes(b"\xff{")
+    with pytest.raises(ElmoUserError, match=r"broken\.json: not valid JSON"):
+        resolve_config(str(broken))
+    capsys.readouterr()
+    assert main(["train", corpus, "--config", str(broken), "--out", str(tmp_path / "x")]) == 2
+    assert main(["train", corpus, "--config", str(options), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "not valid JSON" in err[0] and "options file not found" in err[1]
+    assert "Traceback" not in "".join(err)
+
+
+def test_device_is_checked_before_any_work(tmp_path: Path) -> None:
+    corpus = write_toy_corpus(tmp_path / "text")
+    options = write_tiny_options(tmp_path)
+    with pytest.raises(ElmoUserError, match="unknown device"):
+        train(corpus, tmp_path / "tpu", str(options), max_steps=1, device="tpu", **QUIET)
+    assert not (tmp_path / "tpu").exists()
+    if not torch.cuda.is_available():
+        with pytest.raises(ElmoUserError, match="use --device cpu"):
+            train(corpus, tmp_path / "gpu", str(options), max_steps=1, device="cuda", **QUIET)
+        assert not (tmp_path / "gpu").exists()
+        return
+    # with a GPU: train there, resume on the CPU, and come back
+    on_gpu = train(corpus, tmp_path / "gpu", str(options), max_steps=3, device="cuda", **QUIET)
+    on_cpu = train(corpus, tmp_path / "gpu", str(options), max_steps=5, device="cpu", **QUIET)
+    again = train(corpus, tmp_path / "gpu", str(options), max_steps=7, device="cuda", **QUIET)
+    assert (on_gpu.state.step, on_cpu.state.step, again.state.step) == (3, 5, 7)
+    assert again.last_perplexity is not None and math.isfinite(again.last_perplexity["mean"])
+
+
 def test_init_from_fine_tunes_and_keeps_the_vocabulary(tmp_path: Path) -> None:
     corpus = write_toy_corpus(tmp_path / "text")
     options = write_tiny_options(tmp_path)
