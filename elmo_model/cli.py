@@ -7,6 +7,7 @@ model code are imported inside the handlers. User mistakes raise ``ElmoUserError
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -193,8 +194,6 @@ def _model_files(model: str, weights: str | None) -> tuple[Path, Path]:
 
 
 def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    import json
-
     overrides: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -302,8 +301,6 @@ def _embed_sentences(args: argparse.Namespace) -> int:
 
 
 def _model_export(args: argparse.Namespace) -> int:
-    import json
-
     from elmo_model import build_model
     from elmo_model.weights import (
         HDF5_FILE,
@@ -334,11 +331,7 @@ def _model_package(args: argparse.Namespace) -> int:
 
     from elmo_model.training import package_model
 
-    source = Path(args.checkpoint)
-    if not (source / "options.json").is_file() or not (source / "vocab.txt").is_file():
-        raise ElmoUserError(f"{source}: not a training checkpoint (needs options.json, vocab.txt "
-                            "and weights.safetensors)")
-    out = package_model(source, args.out, dtype=getattr(torch, args.dtype))
+    out = package_model(args.checkpoint, args.out, dtype=getattr(torch, args.dtype))
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"wrote {out} ({size / 1e6:.1f} MB)")
     return 0

@@ -147,11 +147,14 @@ def load_trained(out: str | Path) -> tuple[BiLM, Softmax, Vocabulary, TrainState
     """A checkpoint directory's biLM, softmax, vocabulary and training state, on the CPU in
     eval mode (for evaluation, packaging and export)."""
     out = Path(out)
+    files = (OPTIONS_FILE, VOCAB_FILE, SAFETENSORS_FILE)
+    if not all((out / name).is_file() for name in files):
+        raise ElmoUserError(f"{out}: not a training checkpoint (needs {', '.join(files)}); give "
+                            "an `elmo train --out` directory")
     config, _ = read_split_options(out / OPTIONS_FILE)
     vocab = Vocabulary.load(out / VOCAB_FILE)
     checkpoint = read_checkpoint(out)
-    if checkpoint is None:
-        raise ElmoUserError(f"{out}: no {SAFETENSORS_FILE}; give an `elmo train --out` directory")
+    assert checkpoint is not None  # its file is there
     tensors, state = checkpoint
     model = BiLM(config)
     load_weights(model, out / SAFETENSORS_FILE)  # checks every tensor's name and shape

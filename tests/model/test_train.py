@@ -150,7 +150,7 @@ def test_missing_or_malformed_options_are_one_line_user_errors(
     (out / "options.json").unlink()
     with pytest.raises(ElmoUserError, match="options file not found"):
         train(corpus, out, str(options), max_steps=2, **QUIET)
-    with pytest.raises(ElmoUserError, match="options file not found"):
+    with pytest.raises(ElmoUserError, match="not a training checkpoint"):
         package_model(out, tmp_path / "shipped")
     broken = tmp_path / "broken.json"
     broken.write_bytes(b"\xff{")
