@@ -64,7 +64,7 @@ def _resumed_start(out: Path, resumed: tuple[dict[str, torch.Tensor], TrainState
     log(f"resuming {out} from step {resumed[1].step} (its options.json rules; --config, "
         "--init-from and --set apply to new runs only)")
     return Start(config, params, BiLM(config), get_tokenizer(trained_with),
-                  Vocabulary.load(out / VOCAB_FILE), resumed=resumed)
+                 Vocabulary.load(out / VOCAB_FILE), resumed=resumed)
 
 
 def _fine_tune_start(init_from: str, config_spec: str, tokenizer: str | None) -> Start:
@@ -74,7 +74,7 @@ def _fine_tune_start(init_from: str, config_spec: str, tokenizer: str | None) ->
     config = with_extra(with_params(model.config, params),
                         {DECLARATION_KEY: line_tokenizer.record()})
     return Start(config, params, _with_config(model, config), line_tokenizer, vocab,
-                  init_softmax)
+                 init_softmax)
 
 
 def _new_start(config_spec: str, tokenizer: str | None) -> Start:
@@ -88,7 +88,10 @@ def _new_start(config_spec: str, tokenizer: str | None) -> Start:
 
 
 def starting_point(out: Path, config_spec: str, init_from: str | None, tokenizer: str | None,
-                    overrides: dict[str, Any] | None, log: Log) -> Start:
+                   overrides: dict[str, Any] | None, log: Log) -> Start:
+    """The checkpoint in ``out`` when there is one (its own options rule), else the
+    ``init_from`` model, else a new model of ``config_spec``; ``overrides`` (``--set``)
+    apply to new runs only."""
     if tokenizer is not None:
         get_tokenizer(tokenizer)  # fail fast on an unknown name, before any work
     resumed = read_checkpoint(out) if out.is_dir() else None
