@@ -83,42 +83,7 @@ examples:
 
 
 def register(subparsers: Any) -> None:
-    train = subparsers.add_parser("train", help="train or fine-tune a biLM on plain text",
-                                  description=TRAIN_HELP, formatter_class=_RAW)
-    train.add_argument("corpus", metavar="CORPUS_GLOB",
-                       help="text files, one paragraph per line (quote the glob)")
-    train.add_argument("--config", default="small",
-                       help="small | medium | standard | an options JSON file (default small)")
-    train.add_argument("--out", required=True, metavar="DIR",
-                       help="checkpoint directory; resumed when it already holds one")
-    train.add_argument("--init-from", metavar="MODEL_DIR",
-                       help="fine-tune: start from this model (ours, or options.json + "
-                            "weights.hdf5); its shape wins over --config")
-    train.add_argument("--max-steps", type=int, help="stop at this total step count; also the "
-                       "horizon of the learning-rate decay")
-    train.add_argument("--max-minutes", type=float,
-                       help="stop within this many minutes, with a checkpoint; run the same "
-                            "command again to resume")
-    train.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
-                       help="save a checkpoint (and evaluate) every M minutes (default 5)")
-    train.add_argument("--eval-lines", type=int, default=300,
-                       help="held-out lines evaluated at intermediate checkpoints (the final "
-                            "one uses all)")
-    train.add_argument("--threads", type=int, default=1,
-                       help="torch threads (default 1: two under CPU contention are far slower)")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a training key, e.g. --set lr=0.002 --set dropout=0")
-    train.add_argument("--tokenizer", metavar="NAME",
-                       help="cuts each line into words: moses | elmo-store-words | "
-                            "elmo-store-ptb (default: the --init-from model's declared one, "
-                            "else moses, as the original ELMo); written into options.json")
-    train.add_argument("--device", default="auto",
-                       help="auto (default: CUDA when available), cpu, cuda or cuda:N; a "
-                            "checkpoint resumes on any device")
-    train.add_argument("--no-progress", action="store_true",
-                       help="no progress bar (for logs); checkpoints are still reported")
-    train.set_defaults(handler=_train)
-
+    _register_train(subparsers)
     model = subparsers.add_parser("model", help="inspect, export or package a biLM",
                                   description=MODEL_HELP, formatter_class=_RAW)
     verbs = model.add_subparsers(dest="model_command", metavar="VERB")
@@ -165,6 +130,44 @@ def register(subparsers: Any) -> None:
     embed.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                        help="model arithmetic (default float32; float16 needs CUDA)")
     embed.set_defaults(handler=_embed_sentences)
+
+
+def _register_train(subparsers: Any) -> None:
+    train = subparsers.add_parser("train", help="train or fine-tune a biLM on plain text",
+                                  description=TRAIN_HELP, formatter_class=_RAW)
+    train.add_argument("corpus", metavar="CORPUS_GLOB",
+                       help="text files, one paragraph per line (quote the glob)")
+    train.add_argument("--config", default="small",
+                       help="small | medium | standard | an options JSON file (default small)")
+    train.add_argument("--out", required=True, metavar="DIR",
+                       help="checkpoint directory; resumed when it already holds one")
+    train.add_argument("--init-from", metavar="MODEL_DIR",
+                       help="fine-tune: start from this model (ours, or options.json + "
+                            "weights.hdf5); its shape wins over --config")
+    train.add_argument("--max-steps", type=int, help="stop at this total step count; also the "
+                       "horizon of the learning-rate decay")
+    train.add_argument("--max-minutes", type=float,
+                       help="stop within this many minutes, with a checkpoint; run the same "
+                            "command again to resume")
+    train.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
+                       help="save a checkpoint (and evaluate) every M minutes (default 5)")
+    train.add_argument("--eval-lines", type=int, default=300,
+                       help="held-out lines evaluated at intermediate checkpoints (the final "
+                            "one uses all)")
+    train.add_argument("--threads", type=int, default=1,
+                       help="torch threads (default 1: two under CPU contention are far slower)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a training key, e.g. --set lr=0.002 --set dropout=0")
+    train.add_argument("--tokenizer", metavar="NAME",
+                       help="cuts each line into words: moses | elmo-store-words | "
+                            "elmo-store-ptb (default: the --init-from model's declared one, "
+                            "else moses, as the original ELMo); written into options.json")
+    train.add_argument("--device", default="auto",
+                       help="auto (default: CUDA when available), cpu, cuda or cuda:N; a "
+                            "checkpoint resumes on any device")
+    train.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (for logs); checkpoints are still reported")
+    train.set_defaults(handler=_train)
 
 
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
