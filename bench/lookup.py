@@ -136,16 +136,16 @@ def best_rate(fn, n: int, repeat: int) -> tuple[float, float]:
 def _force_pyarrow_reader() -> contextlib.AbstractContextManager:
     """Mix on read with pyarrow decoding every layer column (the reader before
     ``pipeline.lookup.parquet_layers``): the direct reader declines every column."""
-    import pipeline.lookup.parquet_layers as direct
+    import pipeline.lookup.mixes as mixes
 
     @contextlib.contextmanager
     def patched() -> Iterator[None]:
-        original = direct.vector_columns
-        direct.vector_columns = lambda *args, **kwargs: {}  # type: ignore[assignment]
+        original = mixes.vector_columns
+        mixes.vector_columns = lambda *args, **kwargs: {}  # type: ignore[assignment]
         try:
             yield
         finally:
-            direct.vector_columns = original  # type: ignore[assignment]
+            mixes.vector_columns = original  # type: ignore[assignment]
 
     return patched()
 

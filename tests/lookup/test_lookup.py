@@ -585,8 +585,8 @@ def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
 # --------------------------------------------------------------------------- layout
 
 
-LOOKUP_MODULES = ("mixes", "parquet_layers", "sql", "index", "senses", "sense_maps", "probe",
-                  "cli")
+LOOKUP_MODULES = ("dataset", "mix_specs", "mixes", "parquet_layers", "sql", "index", "senses",
+                  "sense_maps", "probe", "cli")
 
 
 def test_read_path_lives_in_pipeline_lookup() -> None:
