@@ -31,14 +31,16 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import Dataset, open_dataset
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mixes import iter_mixed, mix_arrays
+from schemas import PARTITION_COLUMN, TABLE_SCHEMAS
 
 if TYPE_CHECKING:
     import duckdb
-    import numpy as np
     import pyarrow as pa
 
 VIEWS = ("tokens", "sentences", "documents", "errors")
@@ -46,7 +48,6 @@ VIEWS = ("tokens", "sentences", "documents", "errors")
 
 def _list_values(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
     """``[n, dim]`` float32 view of a DuckDB ``FLOAT[]``/``FLOAT[dim]`` argument."""
-    import numpy as np
     import pyarrow as pa
 
     if isinstance(column, pa.ChunkedArray):
@@ -66,7 +67,6 @@ def _list_values(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
 
 def _register_functions(con: duckdb.DuckDBPyConnection, ds: Dataset) -> None:
     import duckdb
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -128,8 +128,6 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
     """A DuckDB connection with the dataset's views and the ``elmo_*`` functions."""
     import duckdb
     import pyarrow as pa
-
-    from schemas import PARTITION_COLUMN, TABLE_SCHEMAS
 
     ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, storage_options)
     con = con or duckdb.connect()
