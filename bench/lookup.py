@@ -45,8 +45,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.embed import token_file_compression
+from pipeline.lookup.dataset import open_dataset
 from pipeline.lookup.index import SenseIndex, build_index, token_filter
-from pipeline.lookup.mixes import iter_mixed, open_dataset
+from pipeline.lookup.mixes import iter_mixed
 from pipeline.lookup.senses import nearest_distinct
 from schemas import DatasetDescriptor, token_schema
 
@@ -135,16 +136,16 @@ def best_rate(fn, n: int, repeat: int) -> tuple[float, float]:
 def _force_pyarrow_reader() -> contextlib.AbstractContextManager:
     """Mix on read with pyarrow decoding every layer column (the reader before
     ``pipeline.lookup.parquet_layers``): the direct reader declines every column."""
-    import pipeline.lookup.parquet_layers as direct
+    import pipeline.lookup.mixes as mixes
 
     @contextlib.contextmanager
     def patched() -> Iterator[None]:
-        original = direct.vector_columns
-        direct.vector_columns = lambda *args, **kwargs: {}  # type: ignore[assignment]
+        original = mixes.vector_columns
+        mixes.vector_columns = lambda *args, **kwargs: {}  # type: ignore[assignment]
         try:
             yield
         finally:
-            direct.vector_columns = original  # type: ignore[assignment]
+            mixes.vector_columns = original  # type: ignore[assignment]
 
     return patched()
 
@@ -391,7 +392,7 @@ def main() -> int:
 
     if args.dataset:
         ds = open_dataset(args.dataset)
-        n = sum(pq.read_metadata(path).num_rows for path in ds.files("tokens"))
+        n = sum(pq.read_metadata(path).num_rows for path in ds.paths("tokens"))
         print(f"lookup bench, mix on read: {args.dataset}, {n:,} tokens, dim "
               f"{ds.descriptor.dim}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}")
         results = bench_mix(args.dataset, n, args.repeat)

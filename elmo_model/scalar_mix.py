@@ -1,18 +1,23 @@
-"""ELMo's task-specific mix of biLM layers (Peters et al. 2018, eq. 1):
+"""ELMo's task-specific mix of biLM layers (Peters et al. 2018, eq. 1): the reference.
 
     ELMo_k = gamma * sum_{j=0..L} softmax(s)_j * h_{k,j}
 
-``s`` are free scalars (softmax-normalised layer weights) and ``gamma`` scales the whole
-vector. With ``layer_norm`` each layer is first normalised to zero mean and unit variance
-over all of its unmasked values (the paper's remark that layer normalisation can help).
+``h_{k,j}`` is layer ``j`` of the biLM at token ``k`` (``j = 0``: the context-free
+char-CNN layer), ``s`` are free scalars (softmax-normalised into the layer weights) and
+``gamma`` scales the whole vector. With ``layer_norm`` each layer ``h_{.,j}`` is first
+normalised to zero mean and unit variance over all of its unmasked values, one mean and
+one variance per layer (the paper's remark that layer normalisation can help; AllenNLP's
+``ScalarMix(do_layer_norm=True)``).
 
-``ScalarMix`` is the trainable torch module; ``layer_mix`` is its numpy twin, used to mix
-stored layers on read without torch.
+``ScalarMix`` is the trainable torch module; ``layer_mix`` computes the same equation in
+plain numpy and is the reference the fast readers of stored layers
+(``pipeline.lookup.mixes``) are tested against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +27,10 @@ _EPS = 1e-12
 
 
 class ScalarMix(nn.Module):
-    """``gamma * sum_j softmax(s)_j * h_j`` over ``n_layers`` equally shaped tensors."""
+    """``gamma * sum_j softmax(s)_j * h_j`` over ``n_layers`` equally shaped tensors.
+
+    ``initial_weights`` are the scalars ``s`` (default all 0: an equal mix); with
+    ``trainable=False`` neither ``s`` nor ``gamma`` is learned."""
 
     def __init__(
         self,
@@ -51,6 +59,7 @@ class ScalarMix(nn.Module):
         mask: ``[...]`` bool, True where a token is (used by ``layer_norm`` only)."""
         if len(layers) != self.n_layers:
             raise ValueError(f"ScalarMix built for {self.n_layers} layers was given {len(layers)}")
+        _check_shapes([tuple(layer.shape) for layer in layers], mask)
         if self.layer_norm and mask is None:
             raise ValueError("ScalarMix(layer_norm=True) needs the mask")
         weights = torch.softmax(self.scalars, dim=0)
@@ -71,6 +80,16 @@ def _masked_layer_norm(layer: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (layer - mean) / torch.sqrt(var + _EPS)
 
 
+def _check_shapes(shapes: Sequence[tuple[int, ...]], mask: Any) -> None:
+    """Every layer ``[..., dim]`` of one shape, and a mask, if any, of shape ``[...]``."""
+    for j, shape in enumerate(shapes):
+        if shape != shapes[0]:
+            raise ValueError(f"layer {j} has shape {shape} but layer 0 has {shapes[0]}")
+    if mask is not None and tuple(mask.shape) != shapes[0][:-1]:
+        raise ValueError(f"mask has shape {tuple(mask.shape)} but the layers' tokens are "
+                         f"{shapes[0][:-1]}")
+
+
 def softmax_weights(scalars: Sequence[float]) -> np.ndarray:
     s = np.asarray(scalars, dtype=np.float64)
     e = np.exp(s - s.max())
@@ -84,13 +103,16 @@ def layer_mix(
     layer_norm: bool = False,
     mask: np.ndarray | None = None,
 ) -> np.ndarray:
-    """numpy twin of ``ScalarMix``: ``gamma * sum_j softmax(scalars)_j * layers[j]``.
+    """``gamma * sum_j softmax(scalars)_j * layers[j]`` in numpy: the reference equation.
 
     ``layers`` is a sequence of ``[..., dim]`` arrays (any float dtype; float16 storage is
-    widened to float32 as it is mixed). Returns float32.
+    widened to float32 as it is mixed). ``layer_norm`` normalises each layer over the
+    tokens where ``mask`` (``[...]`` bool) is True, or over all tokens without a mask.
+    Returns float32.
     """
     if len(layers) != len(scalars):
         raise ValueError(f"layer_mix got {len(layers)} layers but {len(scalars)} weights")
+    _check_shapes([np.shape(layer) for layer in layers], mask)
     weights = softmax_weights(scalars)
     out: np.ndarray | None = None
     for weight, layer in zip(weights, layers, strict=True):

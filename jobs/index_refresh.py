@@ -1,8 +1,10 @@
 """Refresh the LanceDB index of each mix in a job spec after a run, incrementally.
 
-After a run, each mix's index is brought to the dataset's live view with the lookup
-layer's incremental ``pipeline.lookup.index.refresh_index`` (delete the rows of removed
-documents, add the new parts' token files, ``optimize``), never a full rebuild.
+After a run, each mix's index is brought to the dataset's live view by a delta
+(``refresh_index``): the rows of the documents of parts that left the view are deleted,
+the token files of parts that joined it are mixed and added (LanceDB ``delete`` /
+``add``), then ``optimize`` folds the new rows into the existing indexes; never a full
+rebuild, except for an index that does not exist yet.
 
 Crash safety: ``_jobs/index/<mix>.json`` records the parts the index reflects. The delta
 of a refresh is computed from that record and the live view (not from the run that just
@@ -14,13 +16,40 @@ dropped its rows (its ``documents`` table names the doc ids to delete).
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from elmo_model.errors import ElmoUserError
 from jobs.spec import JobSpec
 from jobs.state import jobs_root
+from pipeline.lookup.dataset import (
+    Dataset,
+    ShardFile,
+    list_files,
+    open_dataset,
+    read_json,
+    write_bytes_atomic,
+)
+
+# The index's own building blocks: how a token file becomes index rows, which rows a
+# shard owns, and how LanceDB is opened.
+from pipeline.lookup.index import (
+    STEMMER,
+    TABLE,
+    BuildSummary,
+    _lance_options,
+    _rows_for_file,
+    _shard_filter,
+    build_index,
+    finish_index,
+    quote,
+    read_meta,
+)
 
 INDEX_STATE_DIR = "index"
+DELETE_BATCH_IDS = 500  # doc ids per delete: bounds the filter text
 
 
 def _state_path(root: str, mix: str) -> str:
@@ -28,8 +57,6 @@ def _state_path(root: str, mix: str) -> str:
 
 
 def read_index_state(fs: Any, root: str, mix: str) -> dict | None:
-    from pipeline.store import read_json
-
     return read_json(fs, _state_path(root, mix))
 
 
@@ -43,31 +70,19 @@ def referenced_parts(fs: Any, root: str, mixes: tuple[str, ...]) -> set[str]:
     return parts
 
 
-def _part_files(fs: Any, root: str, table: str, part: str) -> list[str]:
-    from pipeline.store import part_files
-
-    return [fs.unstrip_protocol(path) for path in part_files(fs, root, part, table)]
-
-
-def _doc_ids(fs: Any, root: str, part: str) -> list[str]:
+def _doc_ids(fs: Any, root: str, parts: Sequence[str]) -> list[str]:
     import pyarrow.parquet as pq
 
-    ids: list[str] = []
-    for uri in _part_files(fs, root, "documents", part):
-        with fs.open(fs._strip_protocol(uri), "rb") as handle:
-            ids += pq.read_table(handle, columns=["doc_id"]).column("doc_id").to_pylist()
-    return ids
+    ids: set[str] = set()
+    for file in list_files(fs, root, "documents", parts):
+        with fs.open(file.path, "rb") as handle:
+            ids.update(pq.read_table(handle, columns=["doc_id"]).column("doc_id").to_pylist())
+    return sorted(ids)
 
 
 def refresh_indexes(spec: JobSpec, fs: Any, root: str, live: set[str]) -> dict[str, str]:
     """Bring every mix's index to the live view; mix -> a one-line result."""
-    from pipeline.store import write_bytes_atomic
-
     results: dict[str, str] = {}
-    if not spec.mixes:
-        return results
-    from pipeline.lookup.index import refresh_index
-
     for mix in spec.mixes:
         state = read_index_state(fs, root, mix)
         indexed = set(state.get("parts", [])) if state else set()
@@ -75,9 +90,8 @@ def refresh_indexes(spec: JobSpec, fs: Any, root: str, live: set[str]) -> dict[s
             results[mix] = "up to date"
             continue
         added = sorted(live - indexed)
-        removed = sorted(indexed - live)
-        add_files = [f for part in added for f in _part_files(fs, root, "tokens", part)]
-        remove_ids = sorted({i for part in removed for i in _doc_ids(fs, root, part)})
+        add_files = [f.path for f in list_files(fs, root, "tokens", added)]
+        remove_ids = _doc_ids(fs, root, sorted(indexed - live))
         try:
             refresh_index(spec.output, mix=mix, index_uri=spec.index_uri(mix),
                           add_files=add_files, remove_doc_ids=remove_ids,
@@ -92,3 +106,67 @@ def refresh_indexes(spec: JobSpec, fs: Any, root: str, live: set[str]) -> dict[s
         results[mix] = (f"refreshed: +{len(add_files)} files, -{len(remove_ids)} documents "
                         f"({spec.index_uri(mix)})")
     return results
+
+
+def _named_files(ds: Dataset, live: Sequence[ShardFile], names: Sequence[str]
+                 ) -> list[ShardFile]:
+    """The files of ``live`` that ``names`` (paths of the dataset's file system, or URIs)
+    name, in the order given."""
+    by_name: dict[str, ShardFile] = {}
+    for file in live:
+        by_name[file.path] = by_name[ds.uri_of(file.path)] = file
+    missing = [name for name in names if name not in by_name]
+    if missing:
+        raise ElmoUserError(f"{missing[0]} is not a live token file of {ds.uri}; refresh "
+                            "with the files its live view lists")
+    return [by_name[name] for name in dict.fromkeys(names)]
+
+
+def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence[str] = (),
+                  remove_doc_ids: Sequence[str] = (), storage_options: dict | None = None,
+                  ) -> BuildSummary:
+    """Apply a delta to the sense index at ``index_uri``: delete the rows of
+    ``remove_doc_ids``, add the rows of the token files ``add_files`` (live files of the
+    dataset, as paths or URIs) and nothing else, then update the indexes and metadata.
+
+    An index that does not exist yet, was built without word stems, or holds another
+    mix goes to ``build_index`` (which builds it in full, or says to rebuild)."""
+    os.environ.setdefault("LANCEDB_LOG", "error")  # as build_index: no k-means warnings
+    import lancedb
+
+    ds = open_dataset(dataset, storage_options)
+    the_mix = ds.mix(mix)
+    meta = read_meta(index_uri, storage_options)
+    db = lancedb.connect(index_uri, storage_options=_lance_options(storage_options))
+    if (meta is None or meta.stemmer != STEMMER or not meta.the_mix().same_vectors(the_mix)
+            or TABLE not in db.list_tables().tables):
+        return build_index(dataset, mix, index_uri, storage_options=storage_options)
+    live = ds.shard_files("tokens")
+    adding = _named_files(ds, live, add_files)
+    table = db.open_table(TABLE)
+    summary = BuildSummary(out=index_uri)
+    ids = sorted(set(remove_doc_ids))
+    for start in range(0, len(ids), DELETE_BATCH_IDS):
+        batch = ids[start:start + DELETE_BATCH_IDS]
+        table.delete(f"doc_id IN ({', '.join(quote(i) for i in batch)})")
+    live_keys = {f.key for f in live}
+    for key in [k for k in meta.indexed if k not in live_keys]:
+        table.delete(_shard_filter(key))  # whatever the doc ids missed of a file gone
+        meta.indexed.remove(key)
+        summary.removed_files += 1
+    sentences = {f.key: f.path for f in ds.shard_files("sentences")}
+    for file in adding:
+        # Rows a killed refresh added without recording them go first: no row twice.
+        table.delete(_shard_filter(file.key))
+        t0 = time.perf_counter()
+        for rows in _rows_for_file(ds, the_mix, file.path, file.key, sentences.get(file.key)):
+            t1 = time.perf_counter()
+            summary.seconds_read += t1 - t0
+            table.add(rows)
+            t0 = time.perf_counter()
+            summary.seconds_add += t0 - t1
+            summary.added_rows += rows.num_rows
+        summary.added_files += 1
+        if file.key not in meta.indexed:
+            meta.indexed.append(file.key)
+    return finish_index(table, meta, summary, index_uri, storage_options)

@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import json
 import os
-import posixpath
 import socket
 import time
 import uuid
@@ -32,6 +31,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
+from pipeline.lookup.dataset import (
+    list_files,
+    open_fs,
+    read_dataset_descriptor,
+    read_json,
+    read_live,
+    write_bytes_atomic,
+)
+from pipeline.store import DatasetLock
+from schemas import PARTITION_COLUMN, TABLE_SCHEMAS
 
 JOBS_DIR = "_jobs"
 STATE_FILE = "state.json"
@@ -117,8 +126,6 @@ class JobState:
 
 
 def read_state(fs: Any, root: str, job: str) -> JobState:
-    from pipeline.store import read_json
-
     path = f"{jobs_root(root)}/{STATE_FILE}"
     data = read_json(fs, path)
     if data is None:
@@ -132,8 +139,6 @@ def read_state(fs: Any, root: str, job: str) -> JobState:
 
 def write_state(fs: Any, root: str, state: JobState) -> None:
     """The commit point of a run: one atomic replace of ``state.json``."""
-    from pipeline.store import write_bytes_atomic
-
     state.generation += 1
     state.updated_at = time.time()
     write_bytes_atomic(fs, f"{jobs_root(root)}/{STATE_FILE}", state.to_json())
@@ -144,20 +149,17 @@ def write_state(fs: Any, root: str, state: JobState) -> None:
 
 def live_parts(uri: str, storage_options: dict | None = None) -> set[str] | None:
     """Parts in the dataset's published live view, or None when none is published."""
-    from pipeline.store import open_output, read_live
-
-    fs, root = open_output(uri, storage_options)
+    fs, root = open_fs(uri, storage_options)
     live = read_live(fs, root)
     return None if live is None else set(live.get("parts", []))
 
 
 def live_files(uri: str, table: str = "tokens", storage_options: dict | None = None
                ) -> list[str]:
-    """URIs of the files a reader should read; kept for callers of the jobs API, it is
-    ``pipeline.store.committed_files`` (the store's live view, ``_live.json``)."""
-    from pipeline.store import committed_files
-
-    return committed_files(uri, table, storage_options)
+    """URIs of the live files of one table (``pipeline.lookup.dataset.list_files``): the
+    jobs API's view of what readers read."""
+    fs, root = open_fs(uri, storage_options)
+    return [fs.unstrip_protocol(f.path) for f in list_files(fs, root, table)]
 
 
 def read_live_table(uri: str, table: str = "tokens", storage_options: dict | None = None
@@ -166,18 +168,15 @@ def read_live_table(uri: str, table: str = "tokens", storage_options: dict | Non
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.store import open_output, read_descriptor
-    from schemas import PARTITION_COLUMN, TABLE_SCHEMAS
-
-    fs, _ = open_output(uri, storage_options)
-    schema = TABLE_SCHEMAS.get(table) or read_descriptor(uri, storage_options).token_schema()
+    fs, root = open_fs(uri, storage_options)
+    schema = TABLE_SCHEMAS.get(table) or read_dataset_descriptor(uri, storage_options
+                                                                 ).token_schema()
     pieces = []
-    for file_uri in live_files(uri, table, storage_options):
-        with fs.open(fs._strip_protocol(file_uri), "rb") as handle:
+    for file in list_files(fs, root, table):
+        with fs.open(file.path, "rb") as handle:
             piece = pq.read_table(handle)
-        shard = int(posixpath.basename(posixpath.dirname(file_uri)).split("=", 1)[1])
         pieces.append(piece.append_column(PARTITION_COLUMN,
-                                          pa.array([shard] * piece.num_rows, pa.int32())))
+                                          pa.array([file.shard] * piece.num_rows, pa.int32())))
     if not pieces:
         return schema.empty_table().append_column(PARTITION_COLUMN, pa.array([], pa.int32()))
     return pa.concat_tables(pieces)
@@ -219,8 +218,6 @@ class RunRecord:
 
 
 def write_run(fs: Any, root: str, record: RunRecord) -> None:
-    from pipeline.store import write_bytes_atomic
-
     # One file per run: appending is not possible on object stores, and a per-run file
     # is rewritten atomically when the run ends.
     path = f"{jobs_root(root)}/{HISTORY_DIR}/{record.run_id}.json"
@@ -229,8 +226,6 @@ def write_run(fs: Any, root: str, record: RunRecord) -> None:
 
 def iter_runs(fs: Any, root: str) -> Iterator[RunRecord]:
     """Run records, oldest first (run ids start with their UTC start time)."""
-    from pipeline.store import read_json
-
     try:
         names = sorted(fs.ls(f"{jobs_root(root)}/{HISTORY_DIR}", detail=False))
     except FileNotFoundError:
@@ -270,8 +265,6 @@ def job_lock(fs: Any, root: str) -> Iterator[None]:
     on this host or by heartbeat age elsewhere), on a file of its own: the pipeline takes
     the dataset's ``_lock`` per embedding call, the job holds this one for a whole run.
     """
-    from pipeline.store import DatasetLock
-
     lock = DatasetLock(fs, jobs_root(root))
     try:
         lock.acquire()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
+from pipeline.lookup.dataset import open_fs
 
 FORMATS = ("auto", "text", "jsonl", "parquet")
 _EXTENSIONS = {
@@ -85,11 +86,9 @@ def _fixed_prefix(pattern: str) -> str:
 
 def list_sources(globs: list[str], storage_options: dict | None = None) -> list[SourceFile]:
     """Expand globs (any fsspec URI) into a sorted, de-duplicated list of files."""
-    import fsspec
-
     found: dict[str, SourceFile] = {}
     for pattern in globs:
-        fs, path = fsspec.core.url_to_fs(pattern, **(storage_options or {}))
+        fs, path = open_fs(pattern, storage_options)
         if any(ch in path for ch in "*?["):
             matches = fs.glob(path, detail=True)
             prefix = _fixed_prefix(path)
@@ -420,9 +419,7 @@ def read_range(source: SourceFile, start: int, end: int, opts: ReadOptions,
     """Documents (or errors) of the part of one file that bytes ``[start, end)`` own:
     text and JSON Lines lines that start there, Parquet row groups that start there.
     A document id appears once per range: a repeat becomes a ``duplicate doc_id`` error."""
-    import fsspec
-
-    fs, _ = fsspec.core.url_to_fs(source.uri, **(storage_options or {}))
+    fs, _ = open_fs(source.uri, storage_options)
     reader = _READERS[detect_format(source, opts.format)]
     try:
         items = list(reader(fs, source, opts, start, end, counter or LineCounter()))

@@ -14,10 +14,11 @@ Workers write only under staging; the driver alone moves files into place and wr
 the manifest (pipeline/commit.py), which is what makes these rules enough, on local
 disks and on object stores alike.
 
-What readers read is the *live view* (:func:`live_shards`): the shards listed by
-``_live.json`` when a writer that swaps parts (jobs) has published one, else every
-committed shard. Every reader in this project goes through it; the file is plain JSON
-so that readers without our code can do the same (docs/dataset_format.md).
+What readers read is the *live view* (``pipeline.lookup.dataset.list_files``): the
+shards listed by ``_live.json`` when a writer that swaps parts (jobs) has published one
+(``publish_live``), else every committed shard. Every reader in this project goes
+through it; the file is plain JSON so that readers without our code can do the same
+(docs/dataset_format.md).
 """
 
 from __future__ import annotations
@@ -30,51 +31,37 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
+
+# Opening a location and reading the manifest and live view are the read path's
+# (pipeline/lookup/dataset.py); the write path's callers import them from here too.
+from pipeline.lookup.dataset import (
+    LIVE_FILE,
+    LIVE_FORMAT,
+    LIVE_VERSION,
+    MANIFEST_DIR,
+    committed_shards,
+    is_local,
+    iter_parts,
+    open_fs,
+    read_json,
+    shard_from_entry,
+    write_bytes_atomic,
+)
+from pipeline.lookup.dataset import live_parts as live_parts
+from pipeline.lookup.dataset import read_live as read_live
 from schemas import DESCRIPTOR_FILE, PARTITION_COLUMN, TABLES, DatasetDescriptor
 
 LOCK_FILE = "_lock"
-MANIFEST_DIR = "_manifest"
 STAGING_DIR = "_staging"
 PLAN_FILE = "plan.json"
-LIVE_FILE = "_live.json"
-LIVE_FORMAT = "elmo-store/live"
-LIVE_VERSION = 1
 DEFAULT_STALE_AFTER_S = 15 * 60.0
 HEARTBEAT_EVERY_S = 30.0
 
-
-def open_output(uri: str, storage_options: dict | None = None) -> tuple[Any, str]:
-    """(fsspec file system, root path without protocol) for an output URI."""
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
-    return fs, root.rstrip("/")
-
-
-def _is_local(fs: Any) -> bool:
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-
-
-def write_bytes_atomic(fs: Any, path: str, data: bytes) -> None:
-    """Write to a temporary sibling, then move into place: readers see all or nothing."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    with fs.open(tmp, "wb") as handle:
-        handle.write(data)
-    fs.mv(tmp, path)
-
-
-def read_json(fs: Any, path: str) -> dict | None:
-    try:
-        with fs.open(path, "rb") as handle:
-            return json.loads(handle.read())
-    except FileNotFoundError:
-        return None
+open_output = open_fs  # the write path's name for opening its --out
 
 
 def shard_dir(root: str, table: str, shard: int) -> str:
@@ -151,14 +138,6 @@ def ensure_descriptor(fs: Any, root: str, wanted: DatasetDescriptor) -> bool:
     )
 
 
-def read_descriptor(uri: str, storage_options: dict | None = None) -> DatasetDescriptor:
-    fs, root = open_output(uri, storage_options)
-    data = read_json(fs, f"{root}/{DESCRIPTOR_FILE}")
-    if data is None:
-        raise ElmoUserError(f"{uri} is not an elmo-store dataset (no {DESCRIPTOR_FILE})")
-    return DatasetDescriptor.from_json(json.dumps(data))
-
-
 # --------------------------------------------------------------------------- lock
 
 
@@ -196,7 +175,7 @@ class DatasetLock:
                            "heartbeat": time.time()}).encode()
 
     def _create_exclusive(self) -> bool:
-        if _is_local(self.fs):
+        if is_local(self.fs):
             os.makedirs(self.root, exist_ok=True)
             # The record is complete before the lock exists: link() publishes a written
             # file atomically and fails if the lock is there. (O_EXCL creates an empty file
@@ -271,23 +250,6 @@ class DatasetLock:
 # --------------------------------------------------------------------------- manifest
 
 
-def committed_shards(fs: Any, root: str, part: str) -> dict[int, dict]:
-    """Manifest entries of the committed shards of ``part``, by shard number."""
-    folder = f"{root}/{MANIFEST_DIR}/{part}"
-    out: dict[int, dict] = {}
-    try:
-        names = fs.ls(folder, detail=False)
-    except FileNotFoundError:
-        return out
-    for name in names:
-        base = posixpath.basename(name)
-        if base.startswith(f"{PARTITION_COLUMN}=") and base.endswith(".json"):
-            entry = read_json(fs, name)
-            if entry is not None:
-                out[int(base[len(PARTITION_COLUMN) + 1 : -5])] = entry
-    return out
-
-
 def sum_counts(entries: Iterable[dict]) -> dict[str, int]:
     """The manifest entries' ``counts`` summed by key (an entry without counts adds
     nothing; a key missing from some entries is summed over the others)."""
@@ -296,13 +258,6 @@ def sum_counts(entries: Iterable[dict]) -> dict[str, int]:
         for key, value in entry.get("counts", {}).items():
             totals[key] = totals.get(key, 0) + int(value)
     return totals
-
-
-def committed_files(uri: str, table: str = "tokens", storage_options: dict | None = None
-                    ) -> list[str]:
-    """URIs of the live files of one table: what a strict reader reads (see live_shards)."""
-    fs, root = open_output(uri, storage_options)
-    return [fs.unstrip_protocol(path) for path in live_files(fs, root, table)]
 
 
 class PlanMismatchError(ElmoUserError):
@@ -351,91 +306,7 @@ def remove_if_empty(fs: Any, path: str) -> None:
         fs.rm(path, recursive=True)
 
 
-def iter_parts(fs: Any, root: str) -> Iterator[str]:
-    """Every part with a manifest folder, live or not: the *writer's* listing (resume,
-    garbage collection). Readers use :func:`live_shards`."""
-    with contextlib.suppress(FileNotFoundError):
-        for path in sorted(fs.ls(f"{root}/{MANIFEST_DIR}", detail=False)):
-            yield posixpath.basename(path)
-
-
 # --------------------------------------------------------------------------- live view
-
-
-@dataclass(frozen=True)
-class LiveShard:
-    """One committed shard of one part that readers should read."""
-
-    part: str
-    shard: int
-    run_id: str
-    files: dict[str, str]  # table -> path relative to the root; no entry: no rows
-
-    @property
-    def key(self) -> str:
-        """``part/shard=k/run_id``: names this shard's content (a re-embedded shard gets a
-        new run id), e.g. for an index that records what it holds."""
-        return f"{self.part}/{PARTITION_COLUMN}={self.shard}/{self.run_id}"
-
-    def path(self, root: str, table: str) -> str | None:
-        rel = self.files.get(table)
-        return None if rel is None else f"{root}/{rel}"
-
-
-def _live_shard(entry: dict, part: str, shard: int) -> LiveShard:
-    files = entry.get("files")
-    if files is None:  # not written by this code: assume the four files at their names
-        files = {t: f"{t}/{PARTITION_COLUMN}={shard}/{part}.parquet" for t in TABLES}
-    return LiveShard(part, shard, str(entry.get("run_id", "")), dict(files))
-
-
-def read_live(fs: Any, root: str) -> dict | None:
-    """``_live.json``, or None when no writer has published a live view."""
-    data = read_json(fs, f"{root}/{LIVE_FILE}")
-    if data is not None and (data.get("format") != LIVE_FORMAT
-                             or data.get("version") != LIVE_VERSION):
-        raise ElmoUserError(f"{root}/{LIVE_FILE}: format {data.get('format')!r} version "
-                            f"{data.get('version')!r} is not {LIVE_FORMAT} {LIVE_VERSION}; "
-                            "written by another elmo-store release")
-    return data
-
-
-def live_shards(fs: Any, root: str) -> list[LiveShard]:
-    """The shards a reader should read, sorted by (part, shard).
-
-    With ``_live.json`` present: exactly the shards it lists (one atomic read, so a
-    reader gets one version of everything even while a writer builds or deletes other
-    parts). Without it (a dataset only ``elmo embed`` writes): every committed shard of
-    every part.
-    """
-    live = read_live(fs, root)
-    if live is not None:
-        return sorted((LiveShard(str(s["part"]), int(s["shard"]), str(s.get("run_id", "")),
-                                 dict(s.get("files", {}))) for s in live.get("shards", [])),
-                      key=lambda s: (s.part, s.shard))
-    return [_live_shard(entry, part, shard)
-            for part in iter_parts(fs, root)
-            for shard, entry in sorted(committed_shards(fs, root, part).items())]
-
-
-def part_files(fs: Any, root: str, part: str, table: str = "tokens") -> list[str]:
-    """Paths of the committed files of one table of one part, live or not (writers)."""
-    shards = [_live_shard(entry, part, shard)
-              for shard, entry in sorted(committed_shards(fs, root, part).items())]
-    return [p for s in shards if (p := s.path(root, table)) is not None]
-
-
-def live_parts(fs: Any, root: str) -> list[str]:
-    """Names of the parts in the live view (see :func:`live_shards`)."""
-    live = read_live(fs, root)
-    if live is not None:
-        return sorted(str(p) for p in live.get("parts", []))
-    return list(iter_parts(fs, root))
-
-
-def live_files(fs: Any, root: str, table: str = "tokens") -> list[str]:
-    """Paths (without protocol, for ``fs``) of the live files of one table."""
-    return [p for s in live_shards(fs, root) if (p := s.path(root, table)) is not None]
 
 
 def publish_live(fs: Any, root: str, parts: set[str] | list[str]) -> dict:
@@ -448,7 +319,7 @@ def publish_live(fs: Any, root: str, parts: set[str] | list[str]) -> dict:
     shards = []
     for part in sorted(set(parts)):
         for shard, entry in sorted(committed_shards(fs, root, part).items()):
-            s = _live_shard(entry, part, shard)
+            s = shard_from_entry(entry, part, shard)
             shards.append({"part": s.part, "shard": s.shard, "run_id": s.run_id,
                            "files": dict(sorted(s.files.items()))})
     previous = read_json(fs, f"{root}/{LIVE_FILE}") or {}

@@ -1,7 +1,9 @@
 """The read path: everything that reads a dataset the write path (``pipeline/``) stored.
 
-- ``mixes``: named layer mixes (top, average, layer:k, fitted ones) applied as layers are
-  read (``open_dataset``, ``iter_mixed``).
+- ``dataset``: opening a dataset (``open_dataset``, ``open_fs``) and the one listing of
+  the files readers read (``list_files``: the live view); stored mixes.
+- ``mix_specs``: named layer mixes (top, average, layer:k, fitted ones): what a mix is.
+- ``mixes``: mixes applied as layers are read (``iter_mixed``, ``mix_arrays``).
 - ``parquet_layers``: the direct decoder of float16 layer columns ``iter_mixed`` uses.
 - ``sql``: DuckDB views over a dataset plus the ``elmo_mix`` / ``elmo_cosine`` functions.
 - ``index``: the LanceDB index of mixed token vectors (with word stems) for sense search.

@@ -429,7 +429,8 @@ def run_senses_cluster(args: argparse.Namespace) -> int:
 
 
 def run_mix_list(args: argparse.Namespace) -> int:
-    from pipeline.lookup.mixes import builtin_mix, open_dataset
+    from pipeline.lookup.dataset import open_dataset
+    from pipeline.lookup.mix_specs import builtin_mix
 
     ds = open_dataset(args.dataset)
     n = ds.descriptor.n_output_layers

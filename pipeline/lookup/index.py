@@ -42,7 +42,9 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.mixes import Dataset, Mix, iter_mixed, open_dataset
+from pipeline.lookup.dataset import Dataset, open_dataset, open_fs
+from pipeline.lookup.mix_specs import Mix
+from pipeline.lookup.mixes import iter_mixed
 
 if TYPE_CHECKING:
     import numpy as np
@@ -170,14 +172,8 @@ class BuildSummary:
                 f"{self.seconds_index:.1f})")
 
 
-def _fs(uri: str, storage_options: dict | None = None) -> tuple[Any, str]:
-    from pipeline.store import open_output
-
-    return open_output(uri, storage_options)
-
-
 def read_meta(out: str, storage_options: dict | None = None) -> IndexMeta | None:
-    fs, root = _fs(out, storage_options)
+    fs, root = open_fs(out, storage_options)
     try:
         with fs.open(f"{root}/{INDEX_META}", "rb") as handle:
             return IndexMeta.from_json(handle.read().decode())
@@ -188,7 +184,7 @@ def read_meta(out: str, storage_options: dict | None = None) -> IndexMeta | None
 def _write_meta(out: str, meta: IndexMeta, storage_options: dict | None = None) -> None:
     from pipeline.store import write_bytes_atomic
 
-    fs, root = _fs(out, storage_options)
+    fs, root = open_fs(out, storage_options)
     write_bytes_atomic(fs, f"{root}/{INDEX_META}", meta.to_json().encode())
 
 
@@ -334,8 +330,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
         if meta.model_fingerprint != ds.descriptor.model_fingerprint:
             raise ElmoUserError(f"{out} indexes a dataset of another model; use --rebuild "
                                 "or another --out")
-        if meta.the_mix().weights != the_mix.weights or meta.the_mix().gamma != the_mix.gamma \
-                or meta.the_mix().layer_norm != the_mix.layer_norm:
+        if not meta.the_mix().same_vectors(the_mix):
             raise ElmoUserError(f"{out} holds mix {meta.mix_name!r} "
                                 f"({meta.the_mix().describe()}); asked for "
                                 f"{the_mix.describe()}: use --rebuild or another --out")
@@ -398,9 +393,16 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
             progress(f"{key}: {n_rows} rows")
     if table is None:
         raise ElmoUserError(f"{dataset} has no committed token rows to index")
+    return finish_index(table, meta, summary, out, storage_options)
+
+
+def finish_index(table: Any, meta: IndexMeta, summary: BuildSummary, out: str,
+                 storage_options: dict | None = None) -> BuildSummary:
+    """After rows were added or deleted: scalar and vector indexes, word counts, search
+    parameters and the metadata (``meta.indexed`` already says what the table holds)."""
     t0 = time.perf_counter()
     meta.rows = table.count_rows()
-    want_hnsw = kind == "hnsw" or (kind == "auto" and meta.rows >= HNSW_MIN_ROWS)
+    want_hnsw = meta.kind == "hnsw" or (meta.kind == "auto" and meta.rows >= HNSW_MIN_ROWS)
     has_scalar = {tuple(ix.columns) for ix in table.list_indices()}
     for column in SCALAR_COLUMNS:
         if (column,) not in has_scalar:
@@ -453,7 +455,7 @@ def _write_word_counts(table: Any, rows: int, out: str, storage_options: dict | 
                        "rows": pa.array(list(total.values()), pa.int64())})
     body = io.BytesIO()
     pq.write_table(counts, body, compression="zstd")
-    fs, root = _fs(out, storage_options)
+    fs, root = open_fs(out, storage_options)
     write_bytes_atomic(fs, f"{root}/{WORD_COUNTS}", body.getvalue())
 
 
@@ -495,7 +497,7 @@ class SenseIndex:
             if self.meta.counted_rows == self.meta.rows > 0:
                 import pyarrow.parquet as pq
 
-                fs, root = _fs(self.uri, self.storage_options)
+                fs, root = open_fs(self.uri, self.storage_options)
                 try:
                     with fs.open(f"{root}/{WORD_COUNTS}", "rb") as handle:
                         self._counts = pq.read_table(handle)
@@ -561,20 +563,3 @@ class SenseIndex:
         where = token_filter(words)
         return (self.table.search().where(where).select([*columns, "vector"])
                 .limit(limit).to_arrow())
-
-
-def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence[str] = (),
-                  remove_doc_ids: Sequence[str] = (), storage_options: dict | None = None,
-                  ) -> BuildSummary:
-    """The jobs runner's hook (``jobs/index_refresh.py``): drop ``remove_doc_ids``, then
-    sync with the committed view (``build_index``: ``add_files`` are among the shard files
-    it adds, as it reads them from the manifest itself)."""
-    if remove_doc_ids and read_meta(index_uri, storage_options) is not None:
-        import lancedb
-
-        table = lancedb.connect(index_uri, storage_options=_lance_options(storage_options)
-                                ).open_table(TABLE)
-        ids = list(remove_doc_ids)
-        for start in range(0, len(ids), 500):  # bounded filter text per delete
-            table.delete(f"doc_id IN ({', '.join(quote(i) for i in ids[start:start + 500])})")
-    return build_index(dataset, mix, index_uri, storage_options=storage_options)

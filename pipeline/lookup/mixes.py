@@ -1,208 +1,51 @@
-"""Named layer mixes, applied to stored layers as they are read.
+"""Mixing stored layers as they are read: the fast side of ``elmo_model.scalar_mix``.
 
-A mix is ELMo's ``gamma * sum_j w_j * h_j`` (``elmo_model.layer_mix``) with fixed weights:
+``mix_arrays`` applies a ``Mix`` (``pipeline.lookup.mix_specs``) to layer arrays, and
+``iter_mixed`` streams a dataset's mixed token vectors. Both compute the reference's
+``gamma * sum_j w_j * h_j`` (``elmo_model.layer_mix``; tests compare them with it) with
+the scale folded into each weight, in one float32 operation order (widen, scale, add,
+layer by layer), so that every path here gives bitwise the same vectors:
 
-- ``top``: the top biLSTM layer only; ``average``: all layers equally;
-- ``layer:<k>``: layer ``k`` alone (``layer:0`` is the context-free char-CNN layer);
-- a stored mix (``_mixes.json`` at the dataset root, e.g. one fitted by ``elmo mix fit``);
-- an inline JSON object ``{"weights": [...], "gamma": 1.0, "layer_norm": false}``.
+- ``accumulate`` is that order, once, for numpy arrays and torch tensors alike;
+- small arrays go through numpy (no torch import for a SQL chunk), large ones through
+  torch, whose float16 -> float32 widening is several times numpy's;
+- ``iter_mixed`` reads row groups on a thread pool and, where a file's layout allows,
+  takes the float16 values straight out of the Parquet data pages
+  (``pipeline.lookup.parquet_layers``) and accumulates page by page while each page is
+  still in cache; pyarrow reads any other layout into a zero-copy ``[n, dim]`` view.
 
-``weights`` are the softmax-normalised layer weights (non-negative, summing to 1), so
-``top`` is exact (a zero weight, which a finite softmax scalar cannot express). Layers
-with weight 0 are never read from disk. With ``layer_norm`` every token's layer vector is
-normalised to zero mean and unit variance over its own values before mixing: on read,
-there is no batch to normalise over that would not change with how the rows are cut.
-
-Reading for a mix never goes through Python lists: ``iter_mixed`` reads row groups on a
-thread pool, takes the float16 layer values straight out of the Parquet data pages
-(``pipeline.lookup.parquet_layers``; pyarrow for layouts it does not handle, whose fixed-size-list
-values buffer becomes a zero-copy ``[n, dim]`` view) and widens them to float32 only inside
-the fused weighted sum.
+Reading never goes through Python lists.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+import os
+import threading
+import warnings
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
+from pipeline.lookup.dataset import Dataset
+from pipeline.lookup.dataset import open_dataset as open_dataset  # its old home
+from pipeline.lookup.mix_specs import Mix
+from pipeline.lookup.mix_specs import resolve_mix as resolve_mix  # its old home
+from pipeline.lookup.parquet_layers import (
+    UnsupportedLayoutError,
+    VectorColumn,
+    iter_vector_pages,
+    vector_columns,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.lookup.parquet_layers import VectorColumn
-    from schemas import DatasetDescriptor
-
-MIXES_FILE = "_mixes.json"
-MIXES_FORMAT = "elmo-store/mixes"
-BUILTIN_MIXES = ("top", "average", "layer:<k>")
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
-_LN_EPS = 1e-12  # the same epsilon as elmo_model.scalar_mix
-
-
-@dataclass(frozen=True)
-class Mix:
-    """Fixed layer weights (summing to 1), a scale and optional per-token layer norm."""
-
-    name: str
-    weights: tuple[float, ...]
-    gamma: float = 1.0
-    layer_norm: bool = False
-    info: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-
-    def __post_init__(self) -> None:
-        w = np.asarray(self.weights, dtype=np.float64)
-        if w.ndim != 1 or len(w) == 0:
-            raise ElmoUserError(f"mix {self.name!r}: weights must be a non-empty list")
-        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-            raise ElmoUserError(f"mix {self.name!r}: weights must be finite, >= 0, not all 0")
-        if not math.isfinite(self.gamma):
-            raise ElmoUserError(f"mix {self.name!r}: gamma must be a finite number")
-        # Normalise once so that stored and computed weights agree exactly.
-        object.__setattr__(self, "weights", tuple(float(x) for x in w / w.sum()))
-
-    @property
-    def n_layers(self) -> int:
-        return len(self.weights)
-
-    @property
-    def used_layers(self) -> list[int]:
-        """Layers with a non-zero weight: the only ones read from disk."""
-        return [k for k, w in enumerate(self.weights) if w > 0]
-
-    @property
-    def scalars(self) -> list[float]:
-        """Softmax scalars giving these weights (``-inf`` for a zero weight)."""
-        return [math.log(w) if w > 0 else -math.inf for w in self.weights]
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"weights": list(self.weights), "gamma": self.gamma,
-                               "layer_norm": self.layer_norm}
-        if self.info:
-            out["info"] = self.info
-        return out
-
-    @classmethod
-    def from_json(cls, name: str, data: Mapping[str, Any]) -> Mix:
-        if not isinstance(data, Mapping) or "weights" not in data:
-            raise ElmoUserError(f"mix {name!r}: expected an object with 'weights'")
-        unknown = set(data) - {"weights", "gamma", "layer_norm", "info"}
-        if unknown:
-            raise ElmoUserError(f"mix {name!r}: unknown keys {sorted(unknown)}")
-        try:
-            weights = tuple(float(x) for x in data["weights"])
-            gamma = float(data.get("gamma", 1.0))
-        except (TypeError, ValueError):
-            raise ElmoUserError(f"mix {name!r}: weights and gamma must be numbers") from None
-        return cls(name, weights, gamma, bool(data.get("layer_norm", False)),
-                   dict(data.get("info") or {}))
-
-    def describe(self) -> str:
-        ws = ", ".join(f"{w:.3f}" for w in self.weights)
-        ln = ", layer_norm" if self.layer_norm else ""
-        return f"{self.name}: weights [{ws}], gamma {self.gamma:.4g}{ln}"
-
-
-def builtin_mix(name: str, n_layers: int) -> Mix | None:
-    """``top`` / ``average`` / ``layer:<k>`` for a model with ``n_layers`` output layers."""
-    if n_layers < 1:
-        return None
-    if name == "top":
-        return Mix("top", tuple(float(k == n_layers - 1) for k in range(n_layers)))
-    if name == "average":
-        return Mix("average", (1.0,) * n_layers)
-    match = re.fullmatch(r"layer:(\d+)", name)
-    if match:
-        k = int(match.group(1))
-        if k >= n_layers:
-            raise ElmoUserError(f"mix {name!r}: this dataset has layers 0..{n_layers - 1}")
-        return Mix(name, tuple(float(j == k) for j in range(n_layers)))
-    return None
-
-
-def check_name(name: str) -> str:
-    """A name for a stored mix: not a built-in, filename- and SQL-literal-friendly."""
-    if not _NAME_RE.match(name) or name in ("top", "average"):
-        raise ElmoUserError(f"bad mix name {name!r}: use letters, digits, '_', '.', '-' "
-                            "(not 'top', 'average' or 'layer:<k>')")
-    return name
-
-
-# --------------------------------------------------------------------------- storage
-
-
-def _dataset_fs(dataset: str, storage_options: dict | None = None) -> tuple[Any, str]:
-    from pipeline.store import open_output
-
-    return open_output(dataset, storage_options)
-
-
-def load_mixes(dataset: str, storage_options: dict | None = None) -> dict[str, Mix]:
-    """The mixes stored in a dataset (built-ins are not stored)."""
-    from pipeline.store import read_json
-
-    fs, root = _dataset_fs(dataset, storage_options)
-    data = read_json(fs, f"{root}/{MIXES_FILE}")
-    if data is None:
-        return {}
-    if data.get("format") != MIXES_FORMAT:
-        raise ElmoUserError(f"{dataset}/{MIXES_FILE}: not an elmo-store mixes file")
-    return {name: Mix.from_json(name, spec) for name, spec in data.get("mixes", {}).items()}
-
-
-def save_mix(dataset: str, mix: Mix, storage_options: dict | None = None) -> None:
-    """Add or replace one named mix in ``_mixes.json`` (read-modify-write, atomic move)."""
-    from pipeline.store import write_bytes_atomic
-
-    check_name(mix.name)
-    descriptor = read_dataset_descriptor(dataset, storage_options)
-    if mix.n_layers != descriptor.n_output_layers:
-        raise ElmoUserError(f"mix {mix.name!r} has {mix.n_layers} weights; the dataset has "
-                            f"{descriptor.n_output_layers} layers")
-    mixes = load_mixes(dataset, storage_options)
-    mixes[mix.name] = mix
-    fs, root = _dataset_fs(dataset, storage_options)
-    body = {"format": MIXES_FORMAT, "version": 1,
-            "mixes": {name: m.to_json() for name, m in sorted(mixes.items())}}
-    write_bytes_atomic(fs, f"{root}/{MIXES_FILE}",
-                       (json.dumps(body, indent=2, sort_keys=True) + "\n").encode())
-
-
-def resolve_mix(spec: str | Mapping[str, Any] | Mix, n_layers: int,
-                stored: Mapping[str, Mix] | None = None) -> Mix:
-    """A mix from a name, an inline JSON object (dict or text) or a ``Mix``."""
-    if isinstance(spec, Mix):
-        mix = spec
-    elif isinstance(spec, Mapping):
-        mix = Mix.from_json(str(spec.get("name", "custom")), {k: v for k, v in spec.items()
-                                                               if k != "name"})
-    else:
-        text = spec.strip()
-        if text.startswith("{"):
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise ElmoUserError(f"inline mix is not valid JSON: {error}") from None
-            mix = Mix.from_json("custom", data)
-        else:
-            found = builtin_mix(text, n_layers)
-            if found is None and stored:
-                found = stored.get(text)
-            if found is None:
-                names = ", ".join([*BUILTIN_MIXES, *sorted(stored or {})])
-                raise ElmoUserError(f"unknown mix {text!r}; known: {names}")
-            mix = found
-    if mix.n_layers != n_layers:
-        raise ElmoUserError(f"mix {mix.name!r} has {mix.n_layers} weights but the dataset "
-                            f"has {n_layers} layers")
-    return mix
+_TOKEN_NORM_EPS = 1e-12  # the epsilon of elmo_model.scalar_mix's layer norm
 
 
 # --------------------------------------------------------------------------- mixing
@@ -232,71 +75,78 @@ def fsl_to_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return values.reshape(len(array), dim)
 
 
-def _token_layer_norm(layer: np.ndarray) -> np.ndarray:
+def _token_norm(layer: np.ndarray) -> np.ndarray:
+    """Each token's vector to zero mean and unit variance over its own values."""
     x = np.asarray(layer, dtype=np.float32)
     mean = x.mean(axis=-1, keepdims=True)
     var = x.var(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + _LN_EPS)
+    return (x - mean) / np.sqrt(var + _TOKEN_NORM_EPS)
 
 
-# Below this many floats numpy is fast enough and keeps small callers from importing torch
-# (~1.5 s): the SQL UDF gets DuckDB chunks of 2,048 rows, whose list decoding bounds it at
-# ~60k tokens/s anyway; whole row groups (pyarrow fallback) are 10-45M values.
+# Below this many floats numpy is fast enough, and small callers (the SQL UDF's chunks of
+# a few thousand rows) need not import torch; whole row groups are far above it.
 _TORCH_MIN_VALUES = 1 << 22
+
+
+def scaled_weights(mix: Mix) -> list[float]:
+    """``gamma * w_j`` of the used layers, as float32 values: one rounding per weight, the
+    same in every path."""
+    return [float(np.float32(mix.weights[k] * mix.gamma)) for k in mix.used_layers]
+
+
+def accumulate(target: Any, source: Any, weight: float, first: bool, scratch: Any) -> None:
+    """``target = weight * source`` (first layer) or ``target += weight * source``.
+
+    ``target`` and ``scratch`` are float32 numpy arrays or torch tensors (one kind for
+    both), ``source`` a layer of that kind in any float type. The one operation order of
+    every mixing path: widen to float32, scale, add."""
+    into = target if first else scratch
+    if isinstance(into, np.ndarray):
+        np.copyto(into, source)
+    else:
+        into.copy_(source)
+    if weight != 1.0:  # x * 1.0 == x exactly: skipping it changes no bit
+        into *= weight
+    if not first:
+        target += into
 
 
 def mix_arrays(layers: Sequence[np.ndarray | None], mix: Mix) -> np.ndarray:
     """``gamma * sum_j w_j * layers[j]`` as float32; ``layers[j]`` may be None if w_j == 0.
 
-    Same formula as ``elmo_model.layer_mix`` (tests assert equality), fused in place: one
-    float32 output and one scratch buffer instead of three temporaries per layer. Large
-    batches go through torch, whose float16 -> float32 widening is ~8x numpy's here
-    (4.7 vs 0.6 G values/s on one core); both run the same float32 operations in the same
-    order (widen, scale, add), so the result is bitwise the same either way.
+    Computed in place by ``accumulate`` (one output and one scratch buffer instead of
+    temporaries per layer), through torch for large inputs: bitwise the same either way.
     """
-    used = mix.used_layers
-    first = layers[used[0]]
-    if first is None:
-        raise ValueError("a used layer was not provided")
-    for k in used:
-        if layers[k] is None:
-            raise ValueError(f"layer {k} has weight {mix.weights[k]} but was not provided")
-    if mix.layer_norm:
-        layers = [None if layer is None else _token_layer_norm(layer) for layer in layers]
-    weights = [float(np.float32(mix.weights[k] * mix.gamma)) for k in used]
-    chosen = [layers[k] for k in used]
-    if first.size >= _TORCH_MIN_VALUES:
-        return _mix_torch(chosen, weights)  # type: ignore[arg-type]
-    out = np.empty(first.shape, np.float32)
-    scratch: np.ndarray | None = None
-    for i, (layer, weight) in enumerate(zip(chosen, weights, strict=True)):
-        if i == 0:
-            np.multiply(layer, np.float32(weight), out=out, dtype=np.float32)
-        else:
-            if scratch is None:
-                scratch = np.empty_like(out)
-            np.multiply(layer, np.float32(weight), out=scratch, dtype=np.float32)
-            out += scratch
+    if len(layers) != mix.n_layers:
+        raise ValueError(f"mix {mix.name!r} has {mix.n_layers} weights but {len(layers)} "
+                         "layers were given")
+    missing = [k for k in mix.used_layers if layers[k] is None]
+    if missing:
+        raise ValueError(f"mix {mix.name!r} weighs layers {missing}, which were not given")
+    chosen: list[np.ndarray] = [layers[k] for k in mix.used_layers]  # type: ignore[misc]
+    shapes = {layer.shape for layer in chosen}
+    if len(shapes) > 1:
+        raise ValueError(f"layers to mix differ in shape: {sorted(shapes)}")
+    if mix.token_norm:
+        chosen = [_token_norm(layer) for layer in chosen]
+    # Buffers come from numpy also for torch: numpy asks for transparent huge pages, so
+    # first touch of a large output costs less than with torch.empty.
+    out = np.empty(chosen[0].shape, np.float32)
+    scratch = np.empty_like(out) if len(chosen) > 1 else None
+    if out.size < _TORCH_MIN_VALUES:
+        for i, (layer, weight) in enumerate(zip(chosen, scaled_weights(mix), strict=True)):
+            accumulate(out, layer, weight, i == 0, scratch)
+        return out
+    import torch
+
+    target = torch.from_numpy(out)
+    spare = None if scratch is None else torch.from_numpy(scratch)
+    for i, (layer, weight) in enumerate(zip(chosen, scaled_weights(mix), strict=True)):
+        accumulate(target, _tensor(np.ascontiguousarray(layer)), weight, i == 0, spare)
     return out
 
 
-def _mix_torch(layers: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
-    import torch
-
-    # Buffers come from numpy: it asks for transparent huge pages, which made first touch
-    # of a 45 MB output 3x cheaper than torch.empty here (page faults, not arithmetic,
-    # were the cost of widening a row group).
-    out = torch.from_numpy(np.empty(layers[0].shape, np.float32))
-    scratch = torch.from_numpy(np.empty(layers[0].shape, np.float32)) if len(layers) > 1 \
-        else None
-    for i, (layer, weight) in enumerate(zip(layers, weights, strict=True)):
-        _accumulate(out, _tensor(np.ascontiguousarray(layer)), weight, i == 0, scratch)
-    return out.numpy()
-
-
 def _tensor(array: np.ndarray) -> Any:
-    import warnings
-
     import torch
 
     with warnings.catch_warnings():
@@ -304,82 +154,6 @@ def _tensor(array: np.ndarray) -> Any:
         # here writes to them.
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(array)
-
-
-def _accumulate(target: Any, source: Any, weight: float, first: bool, scratch: Any) -> None:
-    """``target = w * source`` (first layer) or ``target += w * source``, widened to
-    float32: the operation order of ``mix_arrays``'s numpy loop, hence bitwise equal."""
-    if first:
-        target.copy_(source)
-        if weight != 1.0:  # x * 1.0 == x exactly: skipping it changes no bit
-            target.mul_(weight)
-    else:
-        scratch.copy_(source)
-        scratch.mul_(weight)
-        target.add_(scratch)
-
-
-# --------------------------------------------------------------------------- dataset reading
-
-
-@dataclass
-class Dataset:
-    """A readable dataset: descriptor, file system and the committed files per table."""
-
-    uri: str
-    descriptor: DatasetDescriptor
-    fs: Any
-    root: str
-    storage_options: dict | None = None
-
-    def files(self, table: str = "tokens") -> list[str]:
-        """Committed files (paths without protocol, for ``fs``): what a strict reader reads."""
-        return [path for _, path in self.shard_files(table)]
-
-    def shard_files(self, table: str = "tokens") -> list[tuple[str, str]]:
-        """``(key, path)`` per live file; key ``part/shard=k/run_id`` says what it holds.
-
-        The store's live view (``_live.json`` when a job publishes one, else every
-        committed shard): what every reader here (SQL views, indexes) goes through."""
-        from pipeline.store import live_shards
-
-        return [(s.key, path) for s in live_shards(self.fs, self.root)
-                if (path := s.path(self.root, table)) is not None]
-
-    @property
-    def is_local(self) -> bool:
-        protocol = self.fs.protocol
-        return "file" in (protocol if isinstance(protocol, tuple) else (protocol,))
-
-    def arrow_filesystem(self) -> Any:
-        import pyarrow.fs as pafs
-
-        if self.is_local:
-            return pafs.LocalFileSystem()
-        return pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
-
-    def mixes(self) -> dict[str, Mix]:
-        return load_mixes(self.uri, self.storage_options)
-
-    def mix(self, spec: str | Mapping[str, Any] | Mix) -> Mix:
-        if self.descriptor.n_output_layers < 1:
-            raise ElmoUserError(f"{self.uri} stores no layers to mix")
-        return resolve_mix(spec, self.descriptor.n_output_layers, self.mixes())
-
-
-def read_dataset_descriptor(uri: str, storage_options: dict | None = None) -> DatasetDescriptor:
-    from pipeline.store import read_descriptor
-
-    try:
-        return read_descriptor(uri, storage_options)
-    except (ValueError, TypeError) as error:
-        raise ElmoUserError(f"{uri}: unreadable dataset descriptor ({error})") from None
-
-
-def open_dataset(uri: str, storage_options: dict | None = None) -> Dataset:
-    descriptor = read_dataset_descriptor(uri, storage_options)
-    fs, root = _dataset_fs(uri, storage_options)
-    return Dataset(str(uri), descriptor, fs, root, storage_options)
 
 
 def _check_layers(ds: Dataset, schema: pa.Schema, mix: Mix, path: str) -> None:
@@ -401,12 +175,7 @@ def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_
     layer columns go through ``pipeline.lookup.parquet_layers`` (pyarrow where a file's layout is
     not the one it decodes), the metadata columns through pyarrow; both release the GIL.
     """
-    import os
-    import threading
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-
-    paths = list(ds.files("tokens") if files is None else files)
+    paths = list(ds.paths("tokens") if files is None else files)
     if batch_rows < 1:
         raise ValueError("batch_rows must be >= 1")
     if not paths:
@@ -434,8 +203,6 @@ def _footers(ds: Dataset, fs: Any, mix: Mix, paths: Sequence[str]
     file is opened again per row group, on a thread)."""
     import pyarrow.parquet as pq
 
-    from pipeline.lookup.parquet_layers import vector_columns
-
     layer_names = [f"layer_{k}" for k in mix.used_layers]
     for path in paths:
         with fs.open_input_file(path) as source:
@@ -462,13 +229,11 @@ def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
                    buffers: Any) -> tuple[pa.Table, np.ndarray]:
     import pyarrow.parquet as pq
 
-    from pipeline.lookup.parquet_layers import UnsupportedLayoutError
-
     layer_names = [f"layer_{k}" for k in mix.used_layers]
     with fs.open_input_file(path) as source:
         parquet = pq.ParquetFile(source, metadata=metadata)
         vectors = None
-        if len(direct) == len(layer_names) and not mix.layer_norm:
+        if len(direct) == len(layer_names) and not mix.token_norm:
             try:
                 vectors = _mix_pages(source, metadata, group, mix,
                                      [direct[name] for name in layer_names], buffers)
@@ -490,22 +255,17 @@ def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
 def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
                columns: Sequence[VectorColumn], buffers: Any) -> np.ndarray:
     """``mix_arrays`` fused with the page reader: each decompressed page is widened,
-    scaled and added into its span of the output while it is still in cache.
-
-    The same float32 operations per value as ``mix_arrays`` (widen, scale, add, layer by
-    layer), so the result is bitwise the same; what is saved is a float16 copy of every
-    layer and full-size scratch passes through memory (at 1024-d the unfused version
-    spent more time moving row-group-sized arrays than decoding)."""
+    scaled and added into its span of the output (``accumulate``) while it is still in
+    cache, so the result is bitwise ``mix_arrays``'s. What fusing saves is a float16 copy
+    of every layer and full-size scratch passes through memory: at 1024-d the unfused
+    version spent more time moving row-group-sized arrays than decoding."""
     import torch
-
-    from pipeline.lookup.parquet_layers import iter_vector_pages
 
     row_group = metadata.row_group(group)
     rows, dim = row_group.num_rows, columns[0].dim
     out = np.empty((rows, dim), np.float32)
     flat = torch.from_numpy(out).view(-1)
-    weights = [float(np.float32(mix.weights[k] * mix.gamma)) for k in mix.used_layers]
-    for i, (column, weight) in enumerate(zip(columns, weights, strict=True)):
+    for i, (column, weight) in enumerate(zip(columns, scaled_weights(mix), strict=True)):
         if column.dim != dim:
             raise ElmoUserError(f"layer columns differ in size ({column.dim} vs {dim})")
         start = 0
@@ -515,7 +275,7 @@ def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
             end = start + len(values)
             scratch = None if i == 0 else torch.from_numpy(
                 _reused(buffers, "page", len(values), np.float32))
-            _accumulate(flat[start:end], _tensor(values), weight, i == 0, scratch)
+            accumulate(flat[start:end], _tensor(values), weight, i == 0, scratch)
             start = end
     return out
 

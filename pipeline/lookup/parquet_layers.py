@@ -3,7 +3,7 @@
 pyarrow reads a ``fixed_size_list<halffloat>[dim]`` column the general way: it decodes a
 repetition and a definition level for every float and rebuilds list offsets and validity
 from them. At 256-1024 floats per token that bookkeeping, not decompression, is the
-bound: about 270k tokens/s for one 1024-d layer even uncompressed (BENCHMARKS.md).
+bound, even uncompressed (BENCHMARKS.md has the figures).
 
 The layer columns the pipeline writes are the case the format lets us read directly:
 PLAIN-encoded float16 (``FIXED_LEN_BYTE_ARRAY(2)``) or float32 values, no dictionary, no
@@ -226,7 +226,7 @@ def iter_vector_pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int,
     described in the module docstring, a codec error or a malformed header included.
     ``read_buffer`` (flat uint8) receives the chunk's bytes when it is large enough: a
     reader that reuses one per thread saves the page faults of a fresh chunk-sized
-    ``bytes`` per call (14 vs 3-4 ms for 20 MB here). Reading into it seeks ``source``,
+    ``bytes`` per call. Reading into it seeks ``source``,
     so each thread needs its own file handle; without it, ``read_at`` is used.
     """
     try:

@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.mixes import Mix, fsl_to_numpy, open_dataset, save_mix
+from pipeline.lookup.dataset import open_dataset, save_mix
+from pipeline.lookup.mix_specs import Mix, check_name
+from pipeline.lookup.mixes import fsl_to_numpy
 
 KEYS = ["doc_id", "sent_idx", "tok_idx"]
 
@@ -79,7 +81,7 @@ def gather(dataset: str, labels: Any) -> tuple[list[np.ndarray], np.ndarray, lis
     if n_layers < 1:
         raise ElmoUserError(f"{dataset} stores no layers to fit a mix on")
     layer_cols = [f"layer_{k}" for k in range(n_layers)]
-    files = ds.files("tokens")
+    files = ds.paths("tokens")
     if not files:
         raise ElmoUserError(f"{dataset} has no committed shards yet")
     source = pads.dataset(files, format="parquet", filesystem=ds.arrow_filesystem())
@@ -176,8 +178,6 @@ def fit_mix(dataset: str, labels_path: str, name: str, lam: float = 0.001, epoch
             seed: int = 0, save: bool = True) -> FitResult:
     import torch
 
-    from pipeline.lookup.mixes import check_name
-
     check_name(name)
     labels = read_labels(labels_path)
     layers_np, y_np, classes, held_out = gather(dataset, labels)
@@ -185,8 +185,7 @@ def fit_mix(dataset: str, labels_path: str, name: str, lam: float = 0.001, epoch
     y = torch.from_numpy(y_np)
     train = ~held_out
     # A probe's matrices are a few hundred rows: extra torch threads only fight over the
-    # cores (98 tokens took 52-60 s with the default threads on a busy 2-core machine,
-    # 6-10 s with one).
+    # cores (several times slower than one thread on a busy machine).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -188,7 +188,8 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
                 ) -> np.ndarray:
     """The query token's mixed vector, computed as the stored vectors were."""
     import elmo_model
-    from pipeline.lookup.mixes import mix_arrays, read_dataset_descriptor
+    from pipeline.lookup.dataset import read_dataset_descriptor
+    from pipeline.lookup.mixes import mix_arrays
 
     if descriptor is None:
         descriptor = read_dataset_descriptor(index.meta.dataset)
@@ -241,7 +242,7 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
 
     ``match``: ``forms`` (default: the same word in any of its forms), ``word`` (the same
     word, any case) or ``any`` (every token)."""
-    from pipeline.lookup.mixes import read_dataset_descriptor
+    from pipeline.lookup.dataset import read_dataset_descriptor
 
     if match not in MATCHES:
         raise ElmoUserError(f"match must be one of {', '.join(MATCHES)}, not {match!r}")

@@ -12,7 +12,7 @@ Functions:
 
 - ``elmo_mix(layer_0, ..., layer_L, mix)``: the mixed vector as ``FLOAT[dim]`` (an Arrow
   UDF: the lists arrive as Arrow buffers and are mixed by numpy in one vectorised call per
-  chunk; pure-SQL list arithmetic was about 20k tokens/s here). ``mix`` is a mix name
+  chunk, far faster than pure-SQL list arithmetic). ``mix`` is a mix name
   (``top``, ``average``, ``layer:<k>``, a stored mix) or an inline JSON object.
 - ``elmo_cosine(a, b)``: cosine similarity of two vectors (lists or arrays).
 - ``elmo_vector(doc_id, sent_idx, tok_idx, mix)``: the mixed vector of one stored token
@@ -31,26 +31,23 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.mixes import Dataset, Mix, iter_mixed, mix_arrays, open_dataset
+from pipeline.lookup.dataset import Dataset, open_dataset
+from pipeline.lookup.mix_specs import Mix
+from pipeline.lookup.mixes import iter_mixed, mix_arrays
+from schemas import PARTITION_COLUMN, TABLE_SCHEMAS
 
 if TYPE_CHECKING:
     import duckdb
-    import numpy as np
     import pyarrow as pa
 
 VIEWS = ("tokens", "sentences", "documents", "errors")
 
 
-def _paths(ds: Dataset, table: str) -> list[str]:
-    paths = [p for _, p in ds.shard_files(table)]
-    # DuckDB reads non-local URIs through the fsspec file system registered on it.
-    return paths if ds.is_local else [ds.fs.unstrip_protocol(p) for p in paths]
-
-
 def _list_values(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
     """``[n, dim]`` float32 view of a DuckDB ``FLOAT[]``/``FLOAT[dim]`` argument."""
-    import numpy as np
     import pyarrow as pa
 
     if isinstance(column, pa.ChunkedArray):
@@ -70,7 +67,6 @@ def _list_values(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
 
 def _register_functions(con: duckdb.DuckDBPyConnection, ds: Dataset) -> None:
     import duckdb
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -133,8 +129,6 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
     import duckdb
     import pyarrow as pa
 
-    from schemas import PARTITION_COLUMN, TABLE_SCHEMAS
-
     ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, storage_options)
     con = con or duckdb.connect()
     if threads:
@@ -143,7 +137,9 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
         con.register_filesystem(ds.fs)
     columns: dict[str, list[str]] = {}
     for view in VIEWS:
-        paths = _paths(ds, view)
+        paths = ds.paths(view)
+        if not ds.is_local:  # DuckDB reads these through the fsspec file system registered
+            paths = [ds.uri_of(path) for path in paths]
         if not paths:
             continue
         # The relation API takes the file list as values: nothing is pasted into SQL text.
@@ -169,9 +165,9 @@ def materialize_mix(con: duckdb.DuckDBPyConnection, dataset: str | Dataset, mix:
     """Precompute one mix into relation ``mix_<name>`` (or ``table``); returns its name.
 
     The mixed vectors stay an Arrow table in this process, registered on the connection:
-    DuckDB scans Arrow in place, so there is no ingest (a ``CREATE TABLE`` copy of 100k x
-    1024 took 1-3 s, the registered table 0.5 s end to end) and queries ran faster too
-    (a word's occurrences ranked by cosine: 5.5 vs 9.1 ms). It lives as long as ``con``."""
+    DuckDB scans Arrow in place, so there is no ingest (a ``CREATE TABLE`` copy of the
+    vectors cost more than mixing them), and queries over it ran faster than over a
+    DuckDB table. It lives as long as ``con``."""
     import pyarrow as pa
 
     ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)

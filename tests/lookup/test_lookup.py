@@ -19,7 +19,9 @@ import pytest
 from elmo_model import layer_mix
 from elmo_model.errors import ElmoUserError
 from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
-from pipeline.lookup.mixes import Mix, iter_mixed, load_mixes, open_dataset, resolve_mix, save_mix
+from pipeline.lookup.dataset import load_mixes, open_dataset, save_mix
+from pipeline.lookup.mix_specs import Mix, resolve_mix
+from pipeline.lookup.mixes import iter_mixed
 
 MONEY = [
     "She deposited her salary at the bank on Monday morning.",
@@ -114,9 +116,9 @@ def test_mix_equals_layer_mix_on_stored_layers(dataset: Path, name: str, scalars
     np.testing.assert_allclose(mixed_sorted(dataset, name), expected, rtol=1e-6, atol=1e-6)
 
 
-def test_layer_norm_mix_normalises_each_token(dataset: Path) -> None:
+def test_token_norm_mix_normalises_each_token(dataset: Path) -> None:
     _, layers = stored_layers(dataset)
-    mix = Mix("ln", (0.5, 0.0, 0.5), gamma=2.0, layer_norm=True)
+    mix = Mix("tn", (0.5, 0.0, 0.5), gamma=2.0, token_norm=True)
     normed = []
     for layer in layers:
         x = layer.astype(np.float32)
@@ -139,6 +141,28 @@ def test_stored_mix_round_trip_and_unknown_mix(dataset: Path, tmp_path: Path) ->
         open_dataset(str(ds_copy)).mix("layer:7")
     with pytest.raises(ElmoUserError, match="bad mix name"):
         save_mix(str(ds_copy), Mix("top", (1.0, 0.0, 0.0)))
+
+
+def test_mix_files_written_before_token_norm_still_load(dataset: Path, tmp_path: Path) -> None:
+    """Mix files and index metadata used to call the per-token normalisation layer_norm."""
+    from pipeline.lookup.index import IndexMeta
+
+    ds_copy = tmp_path / "ds"
+    shutil.copytree(dataset, ds_copy)
+    old = {"weights": [0.5, 0.0, 0.5], "gamma": 2.0, "layer_norm": True}
+    (ds_copy / "_mixes.json").write_text(json.dumps(
+        {"format": "elmo-store/mixes", "version": 1, "mixes": {"old": old}}))
+    mix = load_mixes(str(ds_copy))["old"]
+    assert mix == Mix("old", (0.5, 0.0, 0.5), gamma=2.0, token_norm=True)
+    np.testing.assert_array_equal(mixed_sorted(ds_copy, "old"), mixed_sorted(ds_copy, mix))
+    meta = IndexMeta(dataset=str(ds_copy), model_fingerprint="f", mix=old, mix_name="old",
+                     dim=32)
+    assert IndexMeta.from_json(meta.to_json()).the_mix().same_vectors(mix)
+    save_mix(str(ds_copy), Mix("new", (1.0, 0.0, 0.0)))  # rewriting keeps the old one
+    stored = json.loads((ds_copy / "_mixes.json").read_text())["mixes"]
+    assert stored["old"]["token_norm"] is True and "layer_norm" not in stored["old"]
+    with pytest.raises(ElmoUserError, match="give 'token_norm' only"):
+        resolve_mix({"weights": [1, 0, 0], "token_norm": True, "layer_norm": True}, 3)
 
 
 # --------------------------------------------------------------------------- SQL
@@ -240,7 +264,7 @@ def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
     gone = build_index(str(ds_copy), "top", str(out))
     assert gone.removed_files == again.added_files
     assert SenseIndex(str(out)).table.count_rows() == len(vectors)
-    from pipeline.lookup.index import refresh_index
+    from jobs.index_refresh import refresh_index
 
     refresh_index(str(ds_copy), mix="top", index_uri=str(out), remove_doc_ids=[keys[0][0]])
     n_first = sum(k[0] == keys[0][0] for k in keys)
@@ -249,6 +273,52 @@ def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
     ix = SenseIndex(str(out))
     for words in (["bank"], ["BANK", "river"], ["the"], ["no-such-word"]):
         assert ix.word_rows(words) == ix.table.count_rows(token_filter(words))
+
+
+def test_refresh_index_adds_only_the_files_it_is_given(
+        dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
+    from jobs.index_refresh import refresh_index
+    from pipeline.lookup.index import SenseIndex, build_index, token_filter
+
+    ds_copy = tmp_path / "ds"
+    shutil.copytree(dataset, ds_copy)
+    out = str(tmp_path / "ix")
+    build_index(str(ds_copy), "top", out, kind="flat")
+    n_main = SenseIndex(out).table.count_rows()
+    for part, text in (("more", MORE[0]), ("extra", "The bank of the river is steep.")):
+        (tmp_path / f"{part}.txt").write_text(text + "\n")
+        _embed(fixture_model, tmp_path / f"{part}.txt", ds_copy, part=part)
+    ds = open_dataset(str(ds_copy))
+    more, extra = (ds.shard_files("tokens", parts=[p]) for p in ("more", "extra"))
+    rows = {name: sum(pq.read_metadata(f.path).num_rows for f in files)
+            for name, files in (("more", more), ("extra", extra))}
+
+    summary = refresh_index(str(ds_copy), mix="top", index_uri=out,
+                            add_files=[f.path for f in more])
+    ix = SenseIndex(out)
+    assert (summary.added_files, summary.added_rows) == (len(more), rows["more"])
+    assert ix.table.count_rows() == n_main + rows["more"]
+    assert ix.table.count_rows("part = 'extra'") == 0  # live, but not asked for
+    assert {f.key for f in more} <= set(ix.meta.indexed)
+    assert not {f.key for f in extra} & set(ix.meta.indexed)
+    # The rows are the mix on read of exactly that file.
+    got = ix.table.search().where("part = 'more'").select(
+        ["sent_idx", "tok_idx", "vector"]).to_arrow()
+    _, want = next(iter_mixed(ds, ds.mix("top"), columns=("tok_idx",),
+                              files=[f.path for f in more]))
+    order = np.lexsort((got["tok_idx"].to_numpy(), got["sent_idx"].to_numpy()))
+    np.testing.assert_array_equal(
+        np.array(got["vector"].to_pylist(), np.float32)[order], want)
+
+    # URIs name files too; a file given again replaces its rows (never held twice).
+    refresh_index(str(ds_copy), mix="top", index_uri=out,
+                  add_files=[ds.uri_of(f.path) for f in [*extra, *more]])
+    ix = SenseIndex(out)
+    assert ix.table.count_rows() == n_main + rows["more"] + rows["extra"]
+    assert ix.word_rows(["bank"]) == ix.table.count_rows(token_filter(["bank"]))
+    with pytest.raises(ElmoUserError, match="is not a live token file"):
+        refresh_index(str(ds_copy), mix="top", index_uri=out,
+                      add_files=[str(tmp_path / "nope.parquet")])
 
 
 def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
@@ -515,8 +585,8 @@ def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
 # --------------------------------------------------------------------------- layout
 
 
-LOOKUP_MODULES = ("mixes", "parquet_layers", "sql", "index", "senses", "sense_maps", "probe",
-                  "cli")
+LOOKUP_MODULES = ("dataset", "mix_specs", "mixes", "parquet_layers", "sql", "index", "senses",
+                  "sense_maps", "probe", "cli")
 
 
 def test_read_path_lives_in_pipeline_lookup() -> None:

@@ -16,7 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline.lookup.mixes as mixes
-from pipeline.lookup.mixes import Mix, iter_mixed, mix_arrays, open_dataset
+from elmo_model import layer_mix
+from pipeline.lookup.dataset import open_dataset
+from pipeline.lookup.mix_specs import Mix
+from pipeline.lookup.mixes import iter_mixed, mix_arrays
 from pipeline.lookup.parquet_layers import read_vector_column, vector_columns
 
 ROWS, DIM = 3000, 48
@@ -125,7 +128,7 @@ def test_torch_and_numpy_mix_are_bitwise_equal(monkeypatch: pytest.MonkeyPatch) 
     layers = [rng.standard_normal((500, 64)).astype(np.float16) for _ in range(3)]
     for mix in (Mix("top", (0.0, 0.0, 1.0)), Mix("average", (1.0, 1.0, 1.0)),
                 Mix("custom", (0.2, 0.3, 0.5), gamma=0.7),
-                Mix("ln", (0.5, 0.0, 0.5), gamma=1.3, layer_norm=True)):
+                Mix("tn", (0.5, 0.0, 0.5), gamma=1.3, token_norm=True)):
         monkeypatch.setattr(mixes, "_TORCH_MIN_VALUES", 1 << 60)
         by_numpy = mix_arrays(layers, mix)
         monkeypatch.setattr(mixes, "_TORCH_MIN_VALUES", 1)
@@ -134,7 +137,7 @@ def test_torch_and_numpy_mix_are_bitwise_equal(monkeypatch: pytest.MonkeyPatch) 
         assert np.array_equal(by_numpy.view(np.uint32), by_torch.view(np.uint32)), mix.name
 
 
-def _all_mixed(ds_path: Path, mix: str, **kwargs) -> tuple[pa.Table, np.ndarray]:
+def _all_mixed(ds_path: Path, mix: str | Mix, **kwargs) -> tuple[pa.Table, np.ndarray]:
     ds = open_dataset(str(ds_path))
     metas, vectors = [], []
     for meta, v in iter_mixed(ds, ds.mix(mix), **kwargs):
@@ -186,10 +189,34 @@ def test_iter_mixed_is_the_same_for_any_workers_and_batch_size(pipeline_dataset:
     assert np.array_equal(vec_1, vec_3)
     # The same rows as pyarrow reads, in file order, and the mix of what it reads.
     ds = open_dataset(str(pipeline_dataset))
-    table = pa.concat_tables([pq.read_table(f) for f in ds.files("tokens")])
+    table = pa.concat_tables([pq.read_table(f) for f in ds.paths("tokens")])
     assert meta_1.column("doc_id").to_pylist() == table.column("doc_id").to_pylist()
     layers = [_pyarrow_column(table, f"layer_{k}") for k in range(3)]
     assert np.array_equal(vec_1, mix_arrays(layers, ds.mix("average")))
+
+
+REFERENCE_MIXES = [Mix("top", (0.0, 0.0, 1.0)), Mix("average", (1.0, 1.0, 1.0)),
+                   Mix("custom", (0.2, 0.3, 0.5), gamma=0.7),
+                   Mix("two", (0.6, 0.0, 0.4), gamma=1.9)]
+
+
+@pytest.mark.parametrize("mix", REFERENCE_MIXES, ids=lambda m: m.name)
+def test_every_fast_mix_path_equals_the_reference_equation(
+        pipeline_dataset: Path, monkeypatch: pytest.MonkeyPatch, mix: Mix) -> None:
+    """The page-fused reader, and the numpy and torch accumulate, against the paper's
+    equation as ``elmo_model.layer_mix`` computes it from pyarrow's decoding."""
+    ds = open_dataset(str(pipeline_dataset))
+    table = pa.concat_tables([pq.read_table(f) for f in ds.paths("tokens")])
+    layers = [_pyarrow_column(table, f"layer_{k}") for k in range(3)]
+    want = layer_mix(layers, mix.scalars, gamma=mix.gamma)
+    _, fused = _all_mixed(pipeline_dataset, mix, workers=2)
+    monkeypatch.setattr(mixes, "_TORCH_MIN_VALUES", 1 << 60)
+    by_numpy = mix_arrays(layers, mix)
+    monkeypatch.setattr(mixes, "_TORCH_MIN_VALUES", 1)
+    by_torch = mix_arrays(layers, mix)
+    for got in (fused, by_numpy, by_torch):
+        assert got.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 def _pyarrow_column(table: pa.Table, name: str) -> np.ndarray:
@@ -224,7 +251,7 @@ def test_float32_storage_mixes_the_same_way(tiny_model_dir: Path, tmp_path: Path
         assert all(part is not None and part.dtype == np.float32 for part in got)
     meta, vectors = _all_mixed(ds_path, "average", workers=2, batch_rows=5)
     ds = open_dataset(str(ds_path))
-    table = pa.concat_tables([pq.read_table(f) for f in ds.files("tokens")])
+    table = pa.concat_tables([pq.read_table(f) for f in ds.paths("tokens")])
     layers = [_pyarrow_column(table, f"layer_{k}") for k in range(3)]
     assert layers[0].dtype == np.float32
     assert np.array_equal(vectors, mix_arrays(layers, ds.mix("average")))

@@ -132,8 +132,8 @@ def test_identical_contexts_are_listed_once(index: str) -> None:
 
 def test_query_is_tokenized_with_the_datasets_tokenizer(dataset: Path, index: str,
                                                          tmp_path: Path) -> None:
+    from pipeline.lookup.dataset import read_dataset_descriptor
     from pipeline.lookup.index import build_index
-    from pipeline.lookup.mixes import read_dataset_descriptor
     from pipeline.lookup.senses import dataset_tokenizer, locate_word, search_senses
     from pipeline.tokenize import get_tokenizer
 

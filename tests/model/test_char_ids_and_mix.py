@@ -74,6 +74,10 @@ def test_scalar_mix_errors_say_what_mismatched() -> None:
         ScalarMix(3)([torch.zeros(2), torch.zeros(2)])
     with pytest.raises(ValueError, match="2 layers but 3 weights"):
         layer_mix([np.zeros(2), np.zeros(2)], [0, 0, 0])
+    with pytest.raises(ValueError, match=r"layer 1 has shape \(4, 3\) but layer 0 has \(4, 2\)"):
+        layer_mix([np.zeros((4, 2)), np.zeros((4, 3))], [0, 0])
+    with pytest.raises(ValueError, match=r"mask has shape \(5,\) but the layers' tokens are"):
+        ScalarMix(2, layer_norm=True)([torch.zeros(4, 2)] * 2, torch.ones(5, dtype=torch.bool))
 
 
 def test_scalar_mix_learns() -> None:

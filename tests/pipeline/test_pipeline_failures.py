@@ -146,7 +146,7 @@ def test_a_version_1_dataset_reads_but_refuses_appends(tiny_model_dir: Path,
     message that says what to do."""
     import pyarrow.parquet as pq
 
-    from pipeline.store import committed_files, live_shards, open_output
+    from pipeline.lookup.dataset import open_dataset
 
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
@@ -154,9 +154,8 @@ def test_a_version_1_dataset_reads_but_refuses_appends(tiny_model_dir: Path,
     descriptor = json.loads((out / "_dataset.json").read_text())
     descriptor.update(schema_version=1, n_shards=8)  # what release 1 wrote
     (out / "_dataset.json").write_text(json.dumps(descriptor))
-    fs, root = open_output(str(out))
-    assert live_shards(fs, root) and sum(pq.read_table(f.removeprefix("file://")).num_rows
-                                         for f in committed_files(str(out), "documents")) == 5
+    documents = open_dataset(str(out)).paths("documents")
+    assert documents and sum(pq.read_table(path).num_rows for path in documents) == 5
     with pytest.raises(ElmoUserError, match=r"schema version 1.*write to a new --out"):
         embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out, part="new"))
 

@@ -10,15 +10,9 @@ import pytest
 
 from elmo_model.errors import ElmoUserError
 from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
+from pipeline.lookup.dataset import list_files, open_dataset
 from pipeline.sources import list_sources
-from pipeline.store import (
-    PlanMismatchError,
-    committed_files,
-    live_files,
-    live_parts,
-    open_output,
-    publish_live,
-)
+from pipeline.store import PlanMismatchError, live_parts, open_output, publish_live
 
 
 def config(model_dir: Path, sources: list[str], out: Path | str, **kw: object) -> EmbedConfig:
@@ -38,8 +32,8 @@ def corpus(folder: Path) -> Path:
 def rows(out: Path, table: str = "tokens") -> list[dict]:
     fs, root = open_output(str(out))
     got = []
-    for path in live_files(fs, root, table):
-        got += pq.read_table(path).to_pylist()
+    for file in list_files(fs, root, table):
+        got += pq.read_table(file.path).to_pylist()
     return sorted(got, key=lambda r: (r["doc_id"], r.get("sent_idx", 0), r.get("tok_idx", 0)))
 
 
@@ -66,7 +60,6 @@ def test_source_files_give_the_ids_and_vectors_of_a_glob_run(tiny_model_dir: Pat
 
 def test_empty_shards_write_no_files_but_are_committed(tiny_model_dir: Path,
                                                        tmp_path: Path) -> None:
-    from pipeline.lookup.mixes import open_dataset
     from pipeline.lookup.sql import connect
 
     src = corpus(tmp_path / "corpus")
@@ -85,7 +78,7 @@ def test_empty_shards_write_no_files_but_are_committed(tiny_model_dir: Path,
         assert data["info"] == {"compute_dtype": "float32"}
 
     ds = open_dataset(str(out))
-    assert all(Path(p).exists() for p in ds.files("tokens"))
+    assert all(Path(p).exists() for p in ds.paths("tokens"))
     con = connect(ds)
     try:
         assert con.sql("SELECT count(*) FROM tokens").fetchall()[0][0] == first.tokens
@@ -100,7 +93,6 @@ def test_empty_shards_write_no_files_but_are_committed(tiny_model_dir: Path,
 
 def test_readers_follow_the_published_live_view(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A part that is committed but not published is invisible to every reader."""
-    from pipeline.lookup.mixes import open_dataset
     from pipeline.lookup.sql import connect
 
     src = corpus(tmp_path / "corpus")
@@ -118,7 +110,7 @@ def test_readers_follow_the_published_live_view(tiny_model_dir: Path, tmp_path: 
         finally:
             con.close()
         parts = {k.split("/")[0] for k, _ in open_dataset(str(out)).shard_files("tokens")}
-        files = {Path(f).stem for f in committed_files(str(out))}
+        files = {Path(f).stem for f in open_dataset(str(out)).paths("tokens")}
         return docs, parts, files
 
     assert seen() == ({"a.txt:1", "a.txt:2"}, {"old"}, {"old"})
