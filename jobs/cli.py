@@ -1,4 +1,4 @@
-"""``elmo jobs ...``: scheduled, incremental corpus embedding jobs (issue 6).
+"""``elmo jobs ...``: scheduled, incremental corpus embedding jobs.
 
 Imports nothing heavy at module level; the handlers import the runner, Ray, etc.
 """
@@ -159,8 +159,7 @@ def _run(args: argparse.Namespace) -> int:
 
     (spec,) = _load([args.spec])
     if args.ray_address:
-        spec = dataclasses.replace(spec, ray=dataclasses.replace(spec.ray,
-                                                                 address=args.ray_address))
+        spec = dataclasses.replace(spec, embed={**spec.embed, "ray_address": args.ray_address})
     result = run_job(spec, trigger=args.trigger, progress=args.progress, echo=True)
     assert result is not None  # no due_check: a run always happens or raises
     return result.exit_code

@@ -31,12 +31,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.config import ModelSpec
 from pipeline.plan import WorkItem
 from pipeline.sources import DocError, Document, LineCounter, ReadOptions, read_range
+from pipeline.store import open_output
 from pipeline.tokenize import Sentence, Token, get_tokenizer, windows
 
 ROW_GROUP_BYTES = 64 << 20  # ~64 MB row groups: large scans for DuckDB/LanceDB, bounded RAM
@@ -63,7 +63,6 @@ class ItemSettings:
     window_overlap: int
     read: ReadOptions
     storage_options: dict | None
-    crash_marker: str | None
 
 
 @dataclass
@@ -126,6 +125,19 @@ def load_embedder(spec: ModelSpec, batch_tokens: int, compute_dtype: str, device
 # --------------------------------------------------------------------------- tokenize
 
 
+class WindowRow(NamedTuple):
+    """One model window of a sentence: its tokens and which of them it stores."""
+
+    doc_id: str
+    sent_idx: int
+    start: int  # token index of the window's first token in its sentence
+    own_start: int  # the tokens this window stores: [own_start, own_end) of the sentence
+    own_end: int
+    tokens: list[str]
+    char_starts: list[int]
+    char_ends: list[int]
+
+
 @dataclass
 class ItemContent:
     """An item's small tables and its model windows, in document order."""
@@ -133,9 +145,7 @@ class ItemContent:
     documents: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
     sentences: list[dict] = field(default_factory=list)
-    # (doc_id, sent_idx, start, own_start, own_end, tokens, char_starts, char_ends) per
-    # window; see unit_rows
-    windows: list[tuple] = field(default_factory=list)
+    windows: list[WindowRow] = field(default_factory=list)
 
 
 def _pretokenized_sentences(doc: Document) -> list[Sentence]:
@@ -180,9 +190,9 @@ def tokenize_item(docs: Iterator[Document | DocError], settings: ItemSettings) -
             })
             for w in spans:
                 piece = toks[w.start:w.end]
-                content.windows.append((doc.doc_id, sent_idx, w.start, w.own_start, w.own_end,
-                                        [t.text for t in piece], [t.start for t in piece],
-                                        [t.end for t in piece]))
+                content.windows.append(WindowRow(
+                    doc.doc_id, sent_idx, w.start, w.own_start, w.own_end,
+                    [t.text for t in piece], [t.start for t in piece], [t.end for t in piece]))
             n_tokens += len(toks)
         content.documents.append({
             "doc_id": doc.doc_id, "source": doc.source, "line": doc.line,
@@ -192,16 +202,16 @@ def tokenize_item(docs: Iterator[Document | DocError], settings: ItemSettings) -
     return content
 
 
-def cut_units(window_rows: list[tuple], unit_tokens: int) -> Iterator[list[tuple]]:
+def cut_units(window_rows: list[WindowRow], unit_tokens: int) -> Iterator[list[WindowRow]]:
     """Consecutive windows of about ``unit_tokens`` tokens: one model call each."""
-    rows: list[tuple] = []
+    rows: list[WindowRow] = []
     size = 0
     for row in window_rows:
-        if rows and size + len(row[5]) > unit_tokens:
+        if rows and size + len(row.tokens) > unit_tokens:
             yield rows
             rows, size = [], 0
         rows.append(row)
-        size += len(row[5])
+        size += len(row.tokens)
     if rows:
         yield rows
 
@@ -209,21 +219,23 @@ def cut_units(window_rows: list[tuple], unit_tokens: int) -> Iterator[list[tuple
 # --------------------------------------------------------------------------- embed
 
 
-def unit_rows(rows: list[tuple], layers: list[Any], n_out: int, dim: int, dtype: str) -> Any:
-    """The stored rows of a unit (window rows, see ``ItemContent.windows``) given the
-    model's ``layers`` (one array per window)."""
+def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
+              dtype: str) -> Any:
+    """The stored rows of a unit's windows given the model's ``layers`` (one array per
+    window)."""
     import numpy as np
     import pyarrow as pa
 
-    cols = list(zip(*rows, strict=True))
-    starts, own_start, own_end = (np.array(col, np.int32) for col in cols[2:5])
+    cols = WindowRow(*zip(*rows, strict=True))
+    starts, own_start, own_end = (np.array(col, np.int32)
+                                  for col in (cols.start, cols.own_start, cols.own_end))
     lo, hi = own_start - starts, own_end - starts
     np_dtype = np.float16 if dtype == "float16" else np.float32
     stacked = np.concatenate([arr[:, a:b] for arr, a, b in zip(layers, lo, hi, strict=True)],
                              axis=1) if layers else np.zeros((n_out, 0, dim), np.float32)
     counts = hi - lo
-    doc_ids = np.repeat(np.array(cols[0], dtype=object), counts)
-    sent_idx = np.repeat(np.array(cols[1], np.int32), counts)
+    doc_ids = np.repeat(np.array(cols.doc_id, dtype=object), counts)
+    sent_idx = np.repeat(np.array(cols.sent_idx, np.int32), counts)
     tok_idx = np.concatenate([np.arange(a, b) for a, b in zip(own_start, own_end, strict=True)]
                              ) if len(counts) else np.zeros(0, np.int64)
 
@@ -235,9 +247,9 @@ def unit_rows(rows: list[tuple], layers: list[Any], n_out: int, dim: int, dtype:
         "doc_id": pa.array(doc_ids, pa.string()),
         "sent_idx": pa.array(sent_idx, pa.int32()),
         "tok_idx": pa.array(tok_idx, pa.int32()),
-        "token": pa.array(pick(cols[5]), pa.string()),
-        "char_start": pa.array(pick(cols[6]), pa.int32()),
-        "char_end": pa.array(pick(cols[7]), pa.int32()),
+        "token": pa.array(pick(cols.tokens), pa.string()),
+        "char_start": pa.array(pick(cols.char_starts), pa.int32()),
+        "char_end": pa.array(pick(cols.char_ends), pa.int32()),
     }
     for k in range(n_out):
         values = pa.array(np.ascontiguousarray(stacked[k]).astype(np_dtype).reshape(-1),
@@ -418,18 +430,9 @@ class ItemWorker:
         if self.embedder is None:
             self.embedder = load_embedder(s.model, s.batch_tokens, s.compute_dtype, s.device)
 
-    def _crash_if_asked(self) -> None:
-        marker = self.settings.crash_marker
-        if marker and not os.path.exists(marker):
-            Path(marker).write_text(str(os.getpid()))
-            os.kill(os.getpid(), 9)  # die like an OOM-killed or preempted worker
-
     def process(self, item: WorkItem) -> CommitRecord:
-        from pipeline.store import open_output
-
         t0 = time.perf_counter()
         self.load()
-        self._crash_if_asked()
         s = self.settings
         docs = read_range(item.source, item.start, item.end, s.read, s.storage_options,
                           self.lines)
@@ -440,9 +443,9 @@ class ItemWorker:
         model_tokens = 0
         for rows in cut_units(content.windows, s.unit_tokens):
             with self.model_lock:  # one model call at a time; reading and writing overlap it
-                layers = self.embedder.embed([r[5] for r in rows])
+                layers = self.embedder.embed([r.tokens for r in rows])
             tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
-            model_tokens += sum(len(r[5]) for r in rows)
+            model_tokens += sum(len(r.tokens) for r in rows)
         content.windows = []
         counts = {"tokens": tokens.finish(), "sentences": len(content.sentences),
                   "documents": len(content.documents), "errors": len(content.errors)}

@@ -68,16 +68,16 @@ def doc_ids(spec: JobSpec) -> set[str]:
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The files (URIs) of every embedding call the runner makes."""
-    import pipeline.embed
+    import jobs.runner
 
     calls: list[list[str]] = []
-    real = pipeline.embed.embed_corpus
+    real = jobs.runner.embed_corpus
 
     def wrapped(cfg: Any) -> Any:
         calls.append([s.uri for s in cfg.select_sources()])
         return real(cfg)
 
-    monkeypatch.setattr(pipeline.embed, "embed_corpus", wrapped)
+    monkeypatch.setattr(jobs.runner, "embed_corpus", wrapped)
     return calls
 
 
@@ -161,13 +161,13 @@ def _fs(spec: JobSpec) -> tuple[Any, str]:
 
 CRASHER = textwrap.dedent("""
     import os, signal, sys
-    import pipeline.commit, pipeline.embed, jobs.runner
+    import pipeline.embed, jobs.runner
     from jobs.spec import load_spec
     from jobs.runner import run_job
 
     mode = sys.argv[2]
     calls = {"embed": 0, "commit": 0}
-    real_embed, real_commit = pipeline.embed.embed_corpus, pipeline.commit.commit_item
+    real_embed, real_commit = jobs.runner.embed_corpus, pipeline.embed.commit_item
     real_refresh = jobs.runner._refresh
 
     def die():
@@ -198,9 +198,9 @@ CRASHER = textwrap.dedent("""
         if mode == "after-state":
             die()  # state.json switched, _live.json (what readers follow) not yet
 
-    pipeline.embed.embed_corpus = embed
+    jobs.runner.embed_corpus = embed
     jobs.runner.write_state = write_state
-    pipeline.commit.commit_item = commit
+    pipeline.embed.commit_item = commit
     jobs.runner._refresh = refresh
     run_job(load_spec(sys.argv[1]))
     print("finished without being killed")
