@@ -137,8 +137,10 @@ def _preflight_local(cfg: EmbedConfig) -> None:
 
     have = torch.cuda.device_count()
     if math.floor(have / wanted + 1e-9) < cfg.actors:
+        asked = ("--device cuda" if cfg.gpus_per_actor is None
+                 else f"--gpus-per-actor {wanted:g}")
         raise ElmoUserError(
-            f"--actors {cfg.actors} with --device cuda need {wanted * cfg.actors:g} GPUs; "
+            f"--actors {cfg.actors} with {asked} need {wanted * cfg.actors:g} GPUs; "
             f"this machine has {have}: pass --device cpu (or auto), fewer --actors, or "
             "--ray-address of a cluster with GPUs")
 

@@ -458,3 +458,24 @@ def test_the_spec_tokenizer_is_the_datasets(tiny_model_dir: Path, tmp_path: Path
     descriptor = json.loads((tmp_path / "ds/_dataset.json").read_text())
     assert descriptor["tokenizer"]["name"] == other
     assert doc_ids(spec) == {"a.txt:1", "a.txt:2", "sub/b.txt:1"}
+
+
+def test_a_job_reads_pretokenized_input_from_its_tokens_column(tiny_model_dir: Path,
+                                                               tmp_path: Path) -> None:
+    """``read.tokens_column``: the job embeds the token lists of that field, as
+    ``elmo embed --pretokenized --tokens-column words`` does (the key did not exist)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text(json.dumps(
+        {"id": "x", "words": [["Hello", "world"], ["Second", "one", "!"]],
+         "tokens": [["not", "these"]]}) + "\n")
+    path = tmp_path / "job.toml"
+    path.write_text(f'source = "corpus/*.jsonl"\noutput = "ds"\nmodel = "{tiny_model_dir}"\n'
+                    'shards = 1\n[read]\npretokenized = true\ntokens_column = "words"\n')
+    spec = load_spec(path)
+    assert spec.embed_config().read.tokens_column == "words"
+    result = run_job(spec)
+    assert result is not None and result.record.status == "ok"
+    tokens = live(spec, "tokens").to_pandas()
+    got = tokens.groupby(["doc_id", "sent_idx"], sort=True).token.apply(list).to_dict()
+    assert got == {("x", 0): ["Hello", "world"], ("x", 1): ["Second", "one", "!"]}
