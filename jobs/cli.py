@@ -10,7 +10,9 @@ import dataclasses
 import sys
 from typing import Any
 
-from jobs.example_spec import EXAMPLE_SPEC  # a constant; importing it costs nothing
+from elmo_model.errors import ElmoUserError
+from jobs.example_spec import EXAMPLE_SPEC
+from jobs.spec import JobSpec, SpecError, load_spec
 
 EPILOG = """\
 examples:
@@ -127,10 +129,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=_submit)
 
 
-def _load(paths: list[str]) -> list[Any]:
-    from elmo_model.errors import ElmoUserError
-    from jobs.spec import SpecError, load_spec
-
+def _load(paths: list[str]) -> list[JobSpec]:
     specs, problems = [], []
     for path in paths:
         try:

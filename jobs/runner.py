@@ -37,6 +37,7 @@ from jobs.state import (
     JobState,
     RunRecord,
     content_digest,
+    iter_runs,
     job_lock,
     mark_crashed_runs,
     part_name,
@@ -170,11 +171,8 @@ def run_job(spec: JobSpec, *, trigger: str = "manual", slot: float | None = None
     """
     fs, root = open_output(spec.output, spec.storage_options or None)
     with job_lock(fs, root):
-        if due_check is not None:
-            from jobs.state import iter_runs
-
-            if not due_check(list(iter_runs(fs, root))):
-                return None
+        if due_check is not None and not due_check(list(iter_runs(fs, root))):
+            return None
         record = RunRecord.start(spec.name, trigger, slot, clock())
         lines: list[str] = []
         crashed = mark_crashed_runs(fs, root, clock())
@@ -229,7 +227,7 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
                                                 digest))
     # Parts outside the live view and not about to be (re)built are garbage from an
     # earlier version or a crashed run; parts we are about to build are kept, so the
-    # pipeline resumes their committed shards instead of recomputing them.
+    # pipeline resumes their committed items instead of recomputing them.
     # An index that still reflects an old part needs its documents to delete its rows.
     keep = (state.live_parts | {part for _, part in wanted.values()}
             | referenced_parts(fs, root, spec.mixes))

@@ -91,10 +91,6 @@ class EmbedSummary:
     returned_bytes: int = 0
 
     @property
-    def shards_already_committed(self) -> int:
-        return self.items_resumed
-
-    @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 

@@ -8,7 +8,7 @@ mistakes about the command itself (a glob matching nothing, an unknown format) r
 Document ids are given (JSON Lines ``id``, a Parquet id column) or derived
 deterministically from the file's path relative to the glob's fixed prefix: ``a.txt:17``
 for line 17 (1-based), ``a.txt`` for a whole file; the same corpus copied to another
-machine or bucket gets the same ids, hence the same shards.
+machine or bucket gets the same ids, hence the same work items.
 
 The pipeline reads a file by *work item* (``read_range``, pipeline/plan.py): the lines,
 or Parquet row groups, that start in a byte range. Line numbers stay those of the whole

@@ -77,16 +77,13 @@ def read_json(fs: Any, path: str) -> dict | None:
         return None
 
 
-def shard_dir(root: str, table: str, shard: int) -> str:
-    return f"{root}/{table}/{PARTITION_COLUMN}={shard}"
+# A work item's files live in ``shard=<item>`` folders: the public layout's name for them.
+def table_file(root: str, table: str, item: int, part: str) -> str:
+    return f"{root}/{table}/{PARTITION_COLUMN}={item}/{part}.parquet"
 
 
-def table_file(root: str, table: str, shard: int, part: str) -> str:
-    return f"{shard_dir(root, table, shard)}/{part}.parquet"
-
-
-def manifest_path(root: str, part: str, shard: int) -> str:
-    return f"{root}/{MANIFEST_DIR}/{part}/{PARTITION_COLUMN}={shard}.json"
+def manifest_path(root: str, part: str, item: int) -> str:
+    return f"{root}/{MANIFEST_DIR}/{part}/{PARTITION_COLUMN}={item}.json"
 
 
 # --------------------------------------------------------------------------- descriptor

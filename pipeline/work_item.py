@@ -33,11 +33,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import elmo_model
 from pipeline.config import ModelSpec
 from pipeline.plan import WorkItem
 from pipeline.sources import DocError, Document, LineCounter, ReadOptions, read_range
 from pipeline.store import open_output
 from pipeline.tokenize import Sentence, Token, get_tokenizer, windows
+from schemas import PARTITION_COLUMN, TABLE_SCHEMAS, token_schema
 
 ROW_GROUP_BYTES = 64 << 20  # ~64 MB row groups: large scans for DuckDB/LanceDB, bounded RAM
 SMALL_TABLES = ("sentences", "documents", "errors")
@@ -109,8 +111,6 @@ def load_embedder(spec: ModelSpec, batch_tokens: int, compute_dtype: str, device
     """The biLM on ``device`` (auto/cpu/cuda) computing in ``compute_dtype``; elmo_model
     refuses float16 off CUDA, cuda without a GPU and unreadable weights with a
     user-facing message."""
-    import elmo_model
-
     cache = _MODEL_CACHE.get()
     key = (spec, batch_tokens, compute_dtype, device)
     if cache is not None and key in cache:
@@ -322,8 +322,6 @@ class ItemFiles:
         self.sha256: dict[str, str] = {}
 
     def open(self, table: str) -> _HashingFile:
-        from schemas import PARTITION_COLUMN
-
         rel = f"{self.prefix}/{table}/{PARTITION_COLUMN}={self.item}/{self.part}.parquet"
         path = f"{self.root}/{rel}"
         self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
@@ -341,8 +339,6 @@ class TokenWriter:
 
     def __init__(self, files: ItemFiles, settings: ItemSettings) -> None:
         import pyarrow.parquet as pq
-
-        from schemas import token_schema
 
         self.files = files
         self.schema = token_schema(settings.n_output_layers, settings.dim, settings.dtype)
@@ -392,8 +388,6 @@ def write_small_tables(files: ItemFiles, content: ItemContent) -> None:
     """``sentences``, ``documents``, ``errors``: a file only for a table with rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from schemas import TABLE_SCHEMAS
 
     for name in SMALL_TABLES:
         rows = getattr(content, name)
