@@ -5,6 +5,7 @@ The driver plans and commits; workers read, tokenize, embed and write:
     pipeline/plan.py       list sources -> work items (byte ranges; no text is read)
     pipeline/work_item.py  item -> read -> tokenize -> windows -> biLM -> Parquet in staging
                            -> CommitRecord (files, rows, sizes, checksums; no activations)
+    pipeline/item_files.py the item's Parquet files in staging, hashed as they are written
     pipeline/executors.py  run items in-process (local) or on a Ray actor pool, a bounded
                            number in flight, retrying items of dead workers
     pipeline/commit.py     check a record, move its files into place, write the manifest
@@ -41,6 +42,7 @@ from pipeline.config import (
     ModelSpec,
 )
 from pipeline.executors import make_executor
+from pipeline.item_files import token_file_compression
 from pipeline.plan import item_bytes, plan_items, plan_record
 from pipeline.store import (
     DatasetLock,
@@ -58,7 +60,6 @@ from pipeline.work_item import (
     ItemSettings,
     peak_rss_bytes,
     reuse_models,
-    token_file_compression,
 )
 from schemas import DatasetDescriptor
 

@@ -20,29 +20,23 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import json
 import os
-import posixpath
 import resource
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import elmo_model
 from pipeline.config import ModelSpec
+from pipeline.item_files import ItemFiles, TokenWriter, write_small_tables
 from pipeline.plan import WorkItem
 from pipeline.sources import DocError, Document, LineCounter, ReadOptions, read_range
 from pipeline.store import open_output
 from pipeline.tokenize import Sentence, Token, get_tokenizer, windows
-from schemas import PARTITION_COLUMN, TABLE_SCHEMAS, token_schema
-
-ROW_GROUP_BYTES = 64 << 20  # ~64 MB row groups: large scans for DuckDB/LanceDB, bounded RAM
-SMALL_TABLES = ("sentences", "documents", "errors")
 
 
 @dataclass(frozen=True)
@@ -258,147 +252,6 @@ def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
     return pa.table(columns)
 
 
-# --------------------------------------------------------------------------- write
-
-
-def token_file_compression(schema: Any) -> dict[str, str]:
-    """Per-column Parquet codecs for a tokens file (keys are leaf paths, as pyarrow wants).
-
-    zstd everywhere except the contextual layers (``layer_1`` .. ``layer_L``), which get
-    snappy: zstd shrinks those activations by only ~9% (464 vs 512 bytes per token for a
-    256-d float16 layer of the default model) yet decodes ~5x slower (1.0 vs 5.5 GB/s
-    per core here), and decoding them is what mixing on read waits for. Layer 0 is
-    context-free, repeated for every occurrence of a word: zstd shrinks it ~5x.
-    """
-    codecs = {}
-    for name in schema.names:
-        leaf = f"{name}.list.element" if name.startswith("layer_") else name
-        codecs[leaf] = "snappy" if name.startswith("layer_") and name != "layer_0" else "zstd"
-    return codecs
-
-
-class _HashingFile:
-    """A write-only file that hashes and counts what goes through it."""
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-        self.digest = hashlib.sha256()
-        self.size = 0
-        self.closed = False
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self.digest.update(view)
-        self.size += view.nbytes
-        self.handle.write(view)
-        return view.nbytes
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        self.handle.flush()
-
-    def writable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        if not self.closed:
-            self.handle.close()
-            self.closed = True
-
-
-class ItemFiles:
-    """The staged files of one attempt at one item: ``_staging/<run>/<attempt>/<table>/
-    shard=<item>/<part>.parquet`` (the final name, under a private prefix)."""
-
-    def __init__(self, fs: Any, root: str, settings: ItemSettings, item: int) -> None:
-        self.fs, self.root, self.item = fs, root, item
-        self.part = settings.part
-        self.attempt = uuid.uuid4().hex[:12]
-        self.prefix = f"_staging/{settings.run_id}/{self.attempt}"
-        self.files: dict[str, str] = {}
-        self.sizes: dict[str, int] = {}
-        self.sha256: dict[str, str] = {}
-
-    def open(self, table: str) -> _HashingFile:
-        rel = f"{self.prefix}/{table}/{PARTITION_COLUMN}={self.item}/{self.part}.parquet"
-        path = f"{self.root}/{rel}"
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        self.files[table] = rel
-        return _HashingFile(self.fs.open(path, "wb"))
-
-    def closed(self, table: str, handle: _HashingFile) -> None:
-        handle.close()
-        self.sizes[table] = handle.size
-        self.sha256[table] = handle.digest.hexdigest()
-
-
-class TokenWriter:
-    """Token rows of one item into one Parquet file, in row groups of ~64 MB."""
-
-    def __init__(self, files: ItemFiles, settings: ItemSettings) -> None:
-        import pyarrow.parquet as pq
-
-        self.files = files
-        self.schema = token_schema(settings.n_output_layers, settings.dim, settings.dtype)
-        layer_bytes = settings.n_output_layers * settings.dim * (
-            2 if settings.dtype == "float16" else 4)
-        self.rows_per_group = max(1024, ROW_GROUP_BYTES // max(1, layer_bytes))
-        self.handle: _HashingFile | None = None
-        self.writer: Any = None
-        self._pq = pq
-        self.buffer: list[Any] = []
-        self.buffered = 0
-        self.rows = 0
-
-    def add(self, table: Any) -> None:
-        self.buffer.append(table)
-        self.buffered += table.num_rows
-        if self.buffered >= self.rows_per_group:
-            self._flush()
-
-    def _flush(self) -> None:
-        import pyarrow as pa
-
-        if not self.buffer:
-            return
-        if self.writer is None:
-            self.handle = self.files.open("tokens")
-            self.writer = self._pq.ParquetWriter(
-                self.handle, self.schema, compression=token_file_compression(self.schema),
-                # Dictionary-encoding float16 lists is 2-4x slower to write and 6-10x to read.
-                use_dictionary=["doc_id", "token"],
-                write_statistics=["doc_id", "sent_idx", "tok_idx", "char_start", "char_end"],
-            )
-        table = pa.concat_tables(self.buffer).cast(self.schema)
-        self.writer.write_table(table, row_group_size=self.rows_per_group)
-        self.rows += table.num_rows
-        self.buffer, self.buffered = [], 0
-
-    def finish(self) -> int:
-        self._flush()
-        if self.writer is not None:
-            self.writer.close()
-            self.files.closed("tokens", self.handle)  # type: ignore[arg-type]
-        return self.rows
-
-
-def write_small_tables(files: ItemFiles, content: ItemContent) -> None:
-    """``sentences``, ``documents``, ``errors``: a file only for a table with rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    for name in SMALL_TABLES:
-        rows = getattr(content, name)
-        if not rows:
-            continue
-        table = pa.Table.from_pylist(rows, schema=TABLE_SCHEMAS[name])
-        handle = files.open(name)
-        pq.write_table(table, handle, compression="zstd")
-        files.closed(name, handle)
-
-
 # --------------------------------------------------------------------------- worker
 
 
@@ -432,8 +285,8 @@ class ItemWorker:
                           self.lines)
         content = tokenize_item(docs, s)
         fs, root = open_output(s.out, s.storage_options)
-        files = ItemFiles(fs, root, s, item.index)
-        tokens = TokenWriter(files, s)
+        files = ItemFiles(fs, root, s.run_id, s.part, item.index)
+        tokens = TokenWriter(files, s.n_output_layers, s.dim, s.dtype)
         model_tokens = 0
         for rows in cut_units(content.windows, s.unit_tokens):
             with self.model_lock:  # one model call at a time; reading and writing overlap it
@@ -443,7 +296,8 @@ class ItemWorker:
         content.windows = []
         counts = {"tokens": tokens.finish(), "sentences": len(content.sentences),
                   "documents": len(content.documents), "errors": len(content.errors)}
-        write_small_tables(files, content)
+        write_small_tables(files, {"sentences": content.sentences,
+                                   "documents": content.documents, "errors": content.errors})
         return CommitRecord(
             item=item.index, attempt=files.attempt, files=files.files, sizes=files.sizes,
             sha256=files.sha256, counts=counts, model_tokens=model_tokens,
