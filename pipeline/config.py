@@ -1,7 +1,11 @@
 """What an embedding run is asked to do: the model, the inputs, the output, the executor.
 
-``EmbedConfig`` is the Python API of ``elmo embed`` (the CLI builds one from its flags);
-``validate`` turns every bad value into an ``ElmoUserError`` naming the flag to fix.
+``EmbedConfig`` is the Python API of ``elmo embed`` and the one definition of its
+settings: each field's metadata (pipeline/setting.py) gives its flag, job-spec key, help
+and checks, from which ``elmo embed``'s parser (pipeline/embed_cli.py) and the job-spec
+parser (jobs/spec.py) are built. ``problems`` checks values and the rules across fields
+once for every surface; ``validate`` raises the first as an ``ElmoUserError`` naming the
+flag to fix.
 """
 
 from __future__ import annotations
@@ -166,12 +170,13 @@ class EmbedConfig:
     def problems(self, name: Callable[[str], str] = flag_of) -> list[tuple[str, str]]:
         """``(field, reason)`` for every bad value; ``name`` turns a field (``read.format``
         for a read option) into what the reason calls it: a flag, or a job-spec key."""
-        found = [(f"{prefix}{f.name}", reason)
-                 for prefix, cls, value in (("", EmbedConfig, self), ("read.", ReadOptions,
-                                                                       self.read))
-                 for f in settings_fields(cls) if not f.setting.custom
-                 if (reason := value_problem(f, getattr(value, f.name))) is not None]
-        bad = {field for field, _ in found}
+        found: list[tuple[str, str]] = []
+        for prefix, cls, holder in (("", EmbedConfig, self), ("read.", ReadOptions, self.read)):
+            for f in settings_fields(cls):
+                reason = None if f.setting.custom else value_problem(f, getattr(holder, f.name))
+                if reason is not None:
+                    found.append((f"{prefix}{f.name}", reason))
+        bad = {path for path, _ in found}  # a rule across fields needs its fields' values
         if self.compute_dtype == "float16" and self.device == "cpu":
             found.append(("compute_dtype", "float16 compute needs a CUDA device; use "
                                            "bfloat16 on the CPU"))
