@@ -1,4 +1,4 @@
-"""``elmo jobs ...``: scheduled, incremental corpus embedding jobs (issue 6).
+"""``elmo jobs ...``: scheduled, incremental corpus embedding jobs.
 
 Imports nothing heavy at module level; the handlers import the runner, Ray, etc.
 """
@@ -10,7 +10,9 @@ import dataclasses
 import sys
 from typing import Any
 
-from jobs.example_spec import EXAMPLE_SPEC  # a constant; importing it costs nothing
+from elmo_model.errors import ElmoUserError
+from jobs.example_spec import EXAMPLE_SPEC
+from jobs.spec import JobSpec, SpecError, load_spec
 
 EPILOG = """\
 examples:
@@ -127,10 +129,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=_submit)
 
 
-def _load(paths: list[str]) -> list[Any]:
-    from elmo_model.errors import ElmoUserError
-    from jobs.spec import SpecError, load_spec
-
+def _load(paths: list[str]) -> list[JobSpec]:
     specs, problems = [], []
     for path in paths:
         try:
@@ -159,8 +158,7 @@ def _run(args: argparse.Namespace) -> int:
 
     (spec,) = _load([args.spec])
     if args.ray_address:
-        spec = dataclasses.replace(spec, ray=dataclasses.replace(spec.ray,
-                                                                 address=args.ray_address))
+        spec = dataclasses.replace(spec, embed={**spec.embed, "ray_address": args.ray_address})
     result = run_job(spec, trigger=args.trigger, progress=args.progress, echo=True)
     assert result is not None  # no due_check: a run always happens or raises
     return result.exit_code

@@ -22,15 +22,14 @@ With nothing new, changed or (when ``delete_missing``) deleted, no model is load
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 import posixpath
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from jobs.index_refresh import referenced_parts, refresh_indexes
 from jobs.spec import JobSpec
 from jobs.state import (
     PART_PREFIX,
@@ -38,6 +37,7 @@ from jobs.state import (
     JobState,
     RunRecord,
     content_digest,
+    iter_runs,
     job_lock,
     mark_crashed_runs,
     part_name,
@@ -45,6 +45,22 @@ from jobs.state import (
     write_run,
     write_state,
 )
+from pipeline.config import EmbedConfig
+from pipeline.embed import EmbedSummary, embed_corpus, reuse_models
+from pipeline.executors import ray_session
+from pipeline.sources import list_sources
+from pipeline.store import (
+    MANIFEST_DIR,
+    DatasetLock,
+    PlanMismatchError,
+    committed_shards,
+    iter_parts,
+    open_output,
+    publish_live,
+    read_live,
+    sum_counts,
+)
+from schemas import PARTITION_COLUMN, TABLES
 
 Clock = Callable[[], float]
 
@@ -91,49 +107,11 @@ def plan_run(fs_for: Callable[[str], Any], sources: list[Any], state: JobState,
     return plan
 
 
-def _embed_config(spec: JobSpec, source: Any, part: str, progress: bool) -> Any:
-    from pipeline.embed import EmbedConfig, ModelSpec
-    from pipeline.sources import ReadOptions
-
-    return EmbedConfig(
-        # The job's own globs plus the one file: ids stay relative to the glob's prefix,
-        # as in a run over the whole glob, and the SourceFile is not listed again.
-        sources=list(spec.sources),
-        source_files=(source,),
-        out=spec.output,
-        model=ModelSpec.resolve(spec.model, spec.options, spec.weights),
-        n_shards=spec.shards,
-        item_tokens=spec.item_tokens,
-        tokenizer=spec.tokenizer,
-        actors=spec.ray.actors,
-        dtype=spec.dtype,
-        device=spec.device,
-        compute_dtype=spec.compute_dtype,
-        batch_tokens=spec.batch_tokens,
-        executor=spec.ray.executor,
-        max_sentence_tokens=spec.max_sentence_tokens,
-        window_overlap=spec.window_overlap,
-        read=ReadOptions(format=spec.read.format, doc_per=spec.read.doc_per,
-                         pretokenized=spec.read.pretokenized,
-                         text_column=spec.read.text_column, id_column=spec.read.id_column),
-        part=part,
-        progress=progress,
-        storage_options=spec.storage_options or None,
-        cpus_per_actor=spec.ray.num_cpus,
-        gpus_per_actor=spec.ray.num_gpus,
-        ray_address=spec.ray.address,
-        wait_for_resources_s=spec.ray.wait_for_resources,
-    )
-
-
 def drop_parts(fs: Any, root: str, parts: list[str]) -> None:
     """Remove parts: their manifests first (they stop being committed, so a run killed
     half-way never leaves a committed part with missing files), then their files, in
     every shard folder (a crashed run may have moved files it never recorded). Each
     table's tree is listed once, whatever the number of parts."""
-    from pipeline.store import MANIFEST_DIR
-    from schemas import PARTITION_COLUMN, TABLES
-
     for part in parts:
         with contextlib.suppress(FileNotFoundError):
             fs.rm(f"{root}/{MANIFEST_DIR}/{part}", recursive=True)
@@ -146,60 +124,21 @@ def drop_parts(fs: Any, root: str, parts: list[str]) -> None:
 
 
 def _part_counts(fs: Any, root: str, part: str) -> dict[str, int]:
-    from pipeline.store import committed_shards, sum_counts
-
     return sum_counts(committed_shards(fs, root, part).values())
 
 
-def _embed_file(spec: JobSpec, fs: Any, root: str, source: Any, part: str,
-                progress: bool) -> Any:
-    from pipeline.embed import embed_corpus
-    from pipeline.store import PlanMismatchError
-
-    cfg = _embed_config(spec, source, part, progress)
+def _embed_file(cfg: EmbedConfig, fs: Any, root: str) -> EmbedSummary:
     try:
         return embed_corpus(cfg)
     except PlanMismatchError as error:
         # A part left by a crashed run, made from the same content but recorded with
         # another mtime (the file was touched since): its plan no longer matches. It is
         # outside the live view, so dropping it and starting over loses nothing.
-        if error.part != part:
+        if error.part != cfg.part:
             raise
-        from pipeline.store import DatasetLock
-
         with DatasetLock(fs, root):
-            drop_parts(fs, root, [part])
+            drop_parts(fs, root, [cfg.part])
         return embed_corpus(cfg)
-
-
-def _use_ray(spec: JobSpec) -> bool:
-    if spec.ray.executor != "auto":
-        return spec.ray.executor == "ray"
-    return bool(spec.ray.actors > 1 or spec.ray.address or spec.ray.num_gpus)
-
-
-@contextlib.contextmanager
-def _ray_session(spec: JobSpec) -> Any:
-    """One Ray connection for the whole run: the pipeline reuses an initialized Ray
-    instead of starting (3.5-5.7 s) and stopping it for every file."""
-    if not _use_ray(spec):
-        yield
-        return
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
-    if not spec.ray.address:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local cluster: no token auth
-    import ray
-
-    started = False
-    if not ray.is_initialized():
-        ray.init(address=spec.ray.address, logging_level=logging.WARNING, log_to_driver=False,
-                 include_dashboard=False)
-        started = True
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()
 
 
 @dataclass
@@ -230,15 +169,10 @@ def run_job(spec: JobSpec, *, trigger: str = "manual", slot: float | None = None
     history: a run another scheduler finished a moment ago may have served the slot
     already, and then this returns None without running.
     """
-    from pipeline.store import open_output
-
     fs, root = open_output(spec.output, spec.storage_options or None)
     with job_lock(fs, root):
-        if due_check is not None:
-            from jobs.state import iter_runs
-
-            if not due_check(list(iter_runs(fs, root))):
-                return None
+        if due_check is not None and not due_check(list(iter_runs(fs, root))):
+            return None
         record = RunRecord.start(spec.name, trigger, slot, clock())
         lines: list[str] = []
         crashed = mark_crashed_runs(fs, root, clock())
@@ -263,10 +197,6 @@ def run_job(spec: JobSpec, *, trigger: str = "manual", slot: float | None = None
 def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: list[str],
                 progress: bool, echo: bool) -> list[str]:
     import fsspec
-
-    from jobs.index_refresh import referenced_parts
-    from pipeline.sources import list_sources
-    from pipeline.store import publish_live, read_live
 
     state = read_state(fs, root, spec.name)
     # Readers follow _live.json; make it agree with state.json before anything else (a
@@ -297,7 +227,7 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
                                                 digest))
     # Parts outside the live view and not about to be (re)built are garbage from an
     # earlier version or a crashed run; parts we are about to build are kept, so the
-    # pipeline resumes their committed shards instead of recomputing them.
+    # pipeline resumes their committed items instead of recomputing them.
     # An index that still reflects an old part needs its documents to delete its rows.
     keep = (state.live_parts | {part for _, part in wanted.values()}
             | referenced_parts(fs, root, spec.mixes))
@@ -318,12 +248,14 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
                          state.live_parts | referenced_parts(fs, root, spec.mixes))
         return failed
 
-    from pipeline.embed import reuse_models
-
-    with _ray_session(spec), reuse_models():  # in-process: one model load per run
+    # The model is resolved once; each file is a run of its own over the job's globs
+    # (ids stay relative to the glob's prefix) restricted to that one file.
+    base = replace(spec.embed_config(), progress=progress)
+    with ray_session(base), reuse_models():  # in-process: one model load per run
         for i, (uri, (source, part)) in enumerate(sorted(wanted.items()), start=1):
             kind = "new" if uri not in state.files else "changed"
-            summary = _embed_file(spec, fs, root, source, part, progress)
+            cfg = replace(base, source_files=(source,), part=part)
+            summary = _embed_file(cfg, fs, root)
             counts = _part_counts(fs, root, part)
             record.documents += summary.documents
             record.sentences += summary.sentences
@@ -365,8 +297,6 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
 
 def _collect_garbage(fs: Any, root: str, keep: set[str]) -> None:
     """Drop the job's parts outside ``keep`` (old versions, a crashed run's leftovers)."""
-    from pipeline.store import DatasetLock, iter_parts, read_live
-
     # Never a part that _live.json lists: a reader may be reading it right now.
     keep = keep | set((read_live(fs, root) or {}).get("parts", []))
     garbage = [p for p in iter_parts(fs, root) if p.startswith(PART_PREFIX) and p not in keep]
@@ -378,8 +308,6 @@ def _collect_garbage(fs: Any, root: str, keep: set[str]) -> None:
 
 def _refresh(spec: JobSpec, fs: Any, root: str, state: JobState, record: RunRecord,
              lines: list[str], echo: bool) -> list[str]:
-    from jobs.index_refresh import refresh_indexes
-
     failed = []
     for mix, result in refresh_indexes(spec, fs, root, state.live_parts).items():
         record.index[mix] = result

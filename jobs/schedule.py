@@ -22,8 +22,10 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from elmo_model.errors import ElmoUserError
+from jobs.runner import run_job
 from jobs.spec import JobSpec
-from jobs.state import JobBusyError, RunRecord
+from jobs.state import JobBusyError, RunRecord, iter_runs
+from pipeline.store import open_output
 
 Clock = Callable[[], float]
 
@@ -61,9 +63,6 @@ def is_due(spec: JobSpec, runs: Sequence[RunRecord], now: float) -> bool:
 
 
 def _history(spec: JobSpec) -> list[RunRecord]:
-    from jobs.state import iter_runs
-    from pipeline.store import open_output
-
     fs, root = open_output(spec.output, spec.storage_options or None)
     return list(iter_runs(fs, root))
 
@@ -97,8 +96,6 @@ def tick(specs: Sequence[JobSpec], clock: Clock, echo: bool = True) -> dict[str,
                 outcome[spec.name] = "not due"
                 continue
             slot = previous_slot(spec, now)
-            from jobs.runner import run_job
-
             result = run_job(spec, trigger="schedule", slot=slot, clock=clock, echo=echo,
                              due_check=lambda runs, s=spec, t=slot: not any(
                                  serves(r, t) for r in runs))

@@ -19,16 +19,14 @@ from typing import Any
 
 from elmo_model.errors import ElmoUserError
 from jobs.example_spec import EXAMPLE_SPEC
-from pipeline.config import DEFAULT_ITEM_TOKENS
+from pipeline.config import EmbedConfig, ModelSpec
+from pipeline.setting import SettingField, settings_fields, value_problem
+from pipeline.sources import ReadOptions
 
 SPEC_SUFFIXES = (".toml", ".yaml", ".yml")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _MIX_RE = re.compile(r"^(top|average|layer:\d+|[A-Za-z0-9][A-Za-z0-9_.-]{0,63})$")
-_READ_FORMATS = ("auto", "text", "jsonl", "parquet")
-_EXECUTORS = ("auto", "local", "ray")
-__all__ = ["EXAMPLE_SPEC", "JobSpec", "RaySpec", "ReadSpec", "SpecError", "load_spec",
-           "parse_spec"]
-
+__all__ = ["EXAMPLE_SPEC", "JobSpec", "SpecError", "job_key", "load_spec", "parse_spec"]
 
 
 class SpecError(ElmoUserError):
@@ -36,27 +34,10 @@ class SpecError(ElmoUserError):
 
 
 @dataclass(frozen=True)
-class ReadSpec:
-    format: str = "auto"
-    doc_per: str = "line"
-    pretokenized: bool = False
-    text_column: str = "text"
-    id_column: str = "id"
-
-
-@dataclass(frozen=True)
-class RaySpec:
-    address: str | None = None
-    actors: int = 1
-    num_cpus: float | None = None  # per actor
-    num_gpus: float | None = None  # per actor; None: 1 when the cluster has GPUs
-    executor: str = "auto"
-    wait_for_resources: float = 0.0  # seconds to wait for an autoscaling cluster
-    runtime_env: dict[str, Any] = field(default_factory=dict)  # for `elmo jobs submit`
-
-
-@dataclass(frozen=True)
 class JobSpec:
+    """A job: what is job-only (name, schedule, indexes, ...) plus its embed settings,
+    which are ``EmbedConfig``'s (parsed and checked by its schema, pipeline/config.py)."""
+
     path: str  # the spec file
     name: str
     sources: tuple[str, ...]
@@ -64,24 +45,30 @@ class JobSpec:
     model: str | None = None
     options: str | None = None
     weights: str | None = None
-    shards: int = 8  # at least this many work items per embedded file
-    item_tokens: int = DEFAULT_ITEM_TOKENS  # target tokens per work item
-    tokenizer: str | None = None  # None: the one the model declares
-    dtype: str = "float16"
-    device: str = "auto"
-    compute_dtype: str = "float32"
-    batch_tokens: int = 4096
-    max_sentence_tokens: int = 256
-    window_overlap: int = 32
+    # EmbedConfig keyword arguments the spec sets (``read`` as a ReadOptions); the
+    # model is resolved and the files and part chosen when a run starts.
+    embed: dict[str, Any] = field(default_factory=dict)
     schedule: str | None = None
     timezone: str = "UTC"
     delete_missing: bool = False
     mixes: tuple[str, ...] = ()
     index_out: str | None = None
     hash_max_bytes: int = 64 << 20  # content-hash files up to this size ("when cheap")
-    read: ReadSpec = field(default_factory=ReadSpec)
-    ray: RaySpec = field(default_factory=RaySpec)
-    storage_options: dict[str, Any] = field(default_factory=dict)
+    runtime_env: dict[str, Any] = field(default_factory=dict)  # for `elmo jobs submit`
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return self.embed.get("storage_options") or {}
+
+    @property
+    def ray_address(self) -> str | None:
+        return self.embed.get("ray_address")
+
+    def embed_config(self) -> EmbedConfig:
+        """The run's settings over all of the job's sources (resolves the model)."""
+        return EmbedConfig(sources=list(self.sources), out=self.output,
+                           model=ModelSpec.resolve(self.model, self.options, self.weights),
+                           **self.embed)
 
     def index_uri(self, mix: str) -> str:
         base = self.index_out or f"{self.output.rstrip('/')}/_index"
@@ -161,15 +148,6 @@ class _Checker:
             return default
         return value
 
-    def number(self, data: dict, key: str, prefix: str = "") -> float | None:
-        name, value = self._take(data, key, prefix)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            self.bad(name, f"must be a number >= 0, not {value!r}")
-            return None
-        return float(value)
-
     def boolean(self, data: dict, key: str, default: bool, prefix: str = "") -> bool:
         name, value = self._take(data, key, prefix)
         if value is None:
@@ -202,15 +180,33 @@ def _close_match(key: str, known: tuple[str, ...]) -> str | None:
     return found[0] if found else None
 
 
-_TOP_KEYS = ("name", "source", "output", "model", "options", "weights", "shards", "item_tokens",
-             "tokenizer", "dtype",
-             "device", "compute_dtype", "batch_tokens", "max_sentence_tokens", "window_overlap",
-             "schedule", "timezone",
-             "delete_missing", "mixes", "index_out", "hash_max_bytes", "read", "ray",
-             "storage_options")
-_READ_KEYS = ("format", "doc_per", "pretokenized", "text_column", "id_column")
-_RAY_KEYS = ("address", "actors", "num_cpus", "num_gpus", "executor", "runtime_env",
-             "wait_for_resources")
+_JOB_KEYS = ("name", "source", "output", "model", "options", "weights", "schedule", "timezone",
+             "delete_missing", "mixes", "index_out", "hash_max_bytes")
+_JOB_RAY_KEYS = ("runtime_env",)
+
+
+def _embed_fields() -> list[tuple[str, SettingField]]:
+    """``(field path, field)`` of every setting a spec may set (``read.x`` for a read
+    option), from EmbedConfig's schema."""
+    found = [(f.name, f) for f in settings_fields(EmbedConfig)
+             if f.setting.job_key and not f.setting.custom]
+    return found + [(f"read.{f.name}", f) for f in settings_fields(ReadOptions)]
+
+
+def job_key(field_path: str) -> str:
+    """The spec key of an EmbedConfig field (``read.format`` for a read option)."""
+    keys = {path: f.setting.job_key for path, f in _embed_fields()}
+    return keys.get(field_path) or field_path
+
+
+def _known_keys(table: str) -> tuple[str, ...]:
+    """The keys a spec may give at the top level (``table=""``) or in ``[table]``."""
+    keys = [key.rpartition(".") for _, f in _embed_fields() if (key := f.setting.job_key)]
+    embed = tuple(name for prefix, _, name in keys if prefix == table)
+    tables = tuple(sorted({prefix for prefix, _, _ in keys if prefix}))
+    if table == "ray":
+        return embed + _JOB_RAY_KEYS
+    return embed if table else _JOB_KEYS + embed + tables
 
 
 def _resolve(value: str, base: Path) -> str:
@@ -238,6 +234,62 @@ def _check_cron(c: _Checker, expression: str | None, tz: str) -> None:
                           "(minute hour day-of-month month day-of-week, e.g. '0 3 * * *')")
 
 
+def _take_embed(c: _Checker, data: dict, tables: dict[str, dict]) -> dict[str, Any]:
+    """The spec's embed settings as EmbedConfig keyword arguments, each value checked by
+    its field's schema, then the rules across fields (EmbedConfig.problems)."""
+    values: dict[str, Any] = {}
+    read: dict[str, Any] = {}
+    for path, f in _embed_fields():
+        key = f.setting.job_key or path
+        table, _, name = key.rpartition(".")
+        value = (tables[table] if table else data).pop(name, None)
+        if value is None:
+            continue
+        if f.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        problem = value_problem(f, value)
+        if problem:
+            c.bad(key, problem)
+        else:
+            (read if path.startswith("read.") else values)[f.name] = value
+    values["read"] = ReadOptions(**read)
+    # The rules that span fields need a whole config; where the files are, the model
+    # and the output do not take part in them.
+    probe = EmbedConfig(sources=["-"], out="-", model=ModelSpec("-", "-"), **values)
+    for field_path, reason in probe.problems(job_key):
+        c.bad(job_key(field_path), reason)
+    return values
+
+
+def _take_sources(c: _Checker, data: dict) -> list[str]:
+    raw = data.pop("source", None)
+    if raw is None:
+        c.bad("source", "required key is missing (a glob URI, or a list of them)")
+    elif isinstance(raw, str) and raw.strip():
+        return [raw]
+    elif isinstance(raw, list) and raw and all(isinstance(s, str) and s.strip() for s in raw):
+        return list(raw)
+    else:
+        c.bad("source", f"must be a glob URI or a non-empty list of them, not {raw!r}")
+    return []
+
+
+def _take_mixes(c: _Checker, data: dict) -> list[str]:
+    raw = data.pop("mixes", None)
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(m, str) for m in raw):
+        c.bad("mixes", f"must be a list of mix names, not {raw!r}")
+        return []
+    for mix in raw:
+        if not _MIX_RE.match(mix):
+            c.bad("mixes", f"{mix!r} is not a mix name (top, average, layer:<k>, or the "
+                           "name of a stored custom mix)")
+    if len(set(raw)) != len(raw):
+        c.bad("mixes", "lists a mix twice")
+    return list(raw)
+
+
 def parse_spec(data: Any, path: Path) -> JobSpec:
     """Validate an already-parsed mapping; ``path`` names the file in messages."""
     if not isinstance(data, dict):
@@ -251,17 +303,7 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
     if not _NAME_RE.match(name):
         c.bad("name", f"{name!r} must be letters, digits, '_', '.' or '-' (for lock and "
                       "history file names)")
-    raw_sources = data.pop("source", None)
-    sources: list[str] = []
-    if raw_sources is None:
-        c.bad("source", "required key is missing (a glob URI, or a list of them)")
-    elif isinstance(raw_sources, str) and raw_sources.strip():
-        sources = [raw_sources]
-    elif (isinstance(raw_sources, list) and raw_sources
-          and all(isinstance(s, str) and s.strip() for s in raw_sources)):
-        sources = list(raw_sources)
-    else:
-        c.bad("source", f"must be a glob URI or a non-empty list of them, not {raw_sources!r}")
+    sources = _take_sources(c, data)
     output = c.string(data, "output", required=True)
     model = c.string(data, "model")
     options = c.string(data, "options")
@@ -270,74 +312,19 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
         c.bad("model", "give either model (a directory) or options + weights, not both")
     elif bool(options) != bool(weights):
         c.bad("options" if weights else "weights", "options and weights go together")
-    shards = c.integer(data, "shards", 8, 1)
-    item_tokens = c.integer(data, "item_tokens", DEFAULT_ITEM_TOKENS, 1)
-    tokenizer = c.string(data, "tokenizer")
-    if tokenizer is not None:
-        from pipeline.tokenize import tokenizer_names
-
-        if tokenizer not in tokenizer_names():
-            c.bad("tokenizer", f"unknown tokenizer {tokenizer!r}; known: "
-                               f"{', '.join(tokenizer_names())}")
-    dtype = c.string(data, "dtype", default="float16", choices=("float16", "float32"))
-    device = c.string(data, "device", default="auto", choices=("auto", "cpu", "cuda"))
-    compute_dtype = c.string(data, "compute_dtype", default="float32",
-                             choices=("float32", "bfloat16", "float16"))
-    if compute_dtype == "float16" and device == "cpu":
-        c.bad("compute_dtype", "float16 compute needs a CUDA device; use bfloat16 on the CPU")
-    batch_tokens = c.integer(data, "batch_tokens", 4096, 1)
-    max_sentence_tokens = c.integer(data, "max_sentence_tokens", 256, 2)
-    window_overlap = c.integer(data, "window_overlap", 32, 0)
-    if window_overlap >= max_sentence_tokens:
-        c.bad("window_overlap", f"must be below max_sentence_tokens ({max_sentence_tokens})")
     schedule = c.string(data, "schedule")
     tz = c.string(data, "timezone", default="UTC") or "UTC"
     _check_cron(c, schedule, tz)
     delete_missing = c.boolean(data, "delete_missing", False)
-    raw_mixes = data.pop("mixes", None)
-    mixes: list[str] = []
-    if raw_mixes is not None:
-        if not isinstance(raw_mixes, list) or not all(isinstance(m, str) for m in raw_mixes):
-            c.bad("mixes", f"must be a list of mix names, not {raw_mixes!r}")
-        else:
-            for mix in raw_mixes:
-                if not _MIX_RE.match(mix):
-                    c.bad("mixes", f"{mix!r} is not a mix name (top, average, layer:<k>, or "
-                                   "the name of a stored custom mix)")
-            if len(set(raw_mixes)) != len(raw_mixes):
-                c.bad("mixes", "lists a mix twice")
-            mixes = list(raw_mixes)
+    mixes = _take_mixes(c, data)
     index_out = c.string(data, "index_out")
     hash_max_bytes = c.integer(data, "hash_max_bytes", 64 << 20, 0)
-
-    read_data = c.table(data, "read")
-    read = ReadSpec(
-        format=c.string(read_data, "format", "read.", default="auto", choices=_READ_FORMATS)
-        or "auto",
-        doc_per=c.string(read_data, "doc_per", "read.", default="line",
-                         choices=("line", "file")) or "line",
-        pretokenized=c.boolean(read_data, "pretokenized", False, "read."),
-        text_column=c.string(read_data, "text_column", "read.", default="text") or "text",
-        id_column=c.string(read_data, "id_column", "read.", default="id") or "id",
-    )
-    c.unknown(read_data, _READ_KEYS, "read.")
-
-    ray_data = c.table(data, "ray")
-    address = c.string(ray_data, "address", "ray.")
-    actors = c.integer(ray_data, "actors", 1, 1, "ray.")
-    num_cpus = c.number(ray_data, "num_cpus", "ray.")
-    num_gpus = c.number(ray_data, "num_gpus", "ray.")
-    executor = c.string(ray_data, "executor", "ray.", default="auto", choices=_EXECUTORS)
-    wait_for_resources = c.number(ray_data, "wait_for_resources", "ray.")  # seconds
-    runtime_env = c.table(ray_data, "runtime_env")
-    c.unknown(ray_data, _RAY_KEYS, "ray.")
-    if address and address.startswith(("http://", "https://")):
-        c.bad("ray.address", "is the cluster address a run connects to (e.g. 'auto' or "
-                             "'ray://HEAD:10001'); the dashboard's http://HEAD:8265 is for "
-                             "`elmo jobs submit --address`")
-
-    storage_options = c.table(data, "storage_options")
-    c.unknown(data, _TOP_KEYS)
+    tables = {table: c.table(data, table) for table in ("read", "ray")}
+    runtime_env = c.table(tables["ray"], "runtime_env")
+    embed = _take_embed(c, data, tables)
+    for table, rest in tables.items():
+        c.unknown(rest, _known_keys(table), f"{table}.")
+    c.unknown(data, _known_keys(""))
     if c.problems:
         raise SpecError(f"{path}: " + "; ".join(c.problems))
     assert output is not None  # a missing output is a problem reported above
@@ -349,26 +336,14 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
         model=_resolve(model, base) if model else None,
         options=_resolve(options, base) if options else None,
         weights=_resolve(weights, base) if weights else None,
-        shards=shards,
-        item_tokens=item_tokens,
-        tokenizer=tokenizer,
-        dtype=dtype or "float16",
-        device=device or "auto",
-        compute_dtype=compute_dtype or "float32",
-        batch_tokens=batch_tokens,
-        max_sentence_tokens=max_sentence_tokens,
-        window_overlap=window_overlap,
+        embed=embed,
         schedule=schedule,
         timezone=tz,
         delete_missing=delete_missing,
         mixes=tuple(mixes),
         index_out=_resolve(index_out, base) if index_out else None,
         hash_max_bytes=hash_max_bytes,
-        read=read,
-        ray=RaySpec(address=address, actors=actors, num_cpus=num_cpus, num_gpus=num_gpus,
-                    executor=executor or "auto", runtime_env=runtime_env,
-                    wait_for_resources=wait_for_resources or 0.0),
-        storage_options=storage_options,
+        runtime_env=runtime_env,
     )
 
 

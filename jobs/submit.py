@@ -25,9 +25,9 @@ def build_submission(spec: JobSpec, working_dir: str | None = None) -> dict[str,
     """The keyword arguments of ``JobSubmissionClient.submit_job`` (without the upload dir)."""
     spec_name = Path(spec.path).name
     entrypoint = f"elmo jobs run {shlex.quote(spec_name)} --trigger submit"
-    if not spec.ray.address:
+    if not spec.ray_address:
         entrypoint += " --ray-address auto"
-    runtime_env = dict(spec.ray.runtime_env)
+    runtime_env = dict(spec.runtime_env)
     if working_dir is not None:
         runtime_env["working_dir"] = working_dir
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())

@@ -5,6 +5,7 @@ The driver plans and commits; workers read, tokenize, embed and write:
     pipeline/plan.py       list sources -> work items (byte ranges; no text is read)
     pipeline/work_item.py  item -> read -> tokenize -> windows -> biLM -> Parquet in staging
                            -> CommitRecord (files, rows, sizes, checksums; no activations)
+    pipeline/item_files.py the item's Parquet files in staging, hashed as they are written
     pipeline/executors.py  run items in-process (local) or on a Ray actor pool, a bounded
                            number in flight, retrying items of dead workers
     pipeline/commit.py     check a record, move its files into place, write the manifest
@@ -19,7 +20,6 @@ actor count writes the same bytes.
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import sys
 import time
@@ -27,6 +27,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import elmo_model
+from pipeline.commit import commit_item, discard_attempt
 from pipeline.config import (
     COMPUTE_DTYPES,
     DEFAULT_BATCH_TOKENS,
@@ -40,13 +42,26 @@ from pipeline.config import (
     ModelSpec,
 )
 from pipeline.executors import make_executor
+from pipeline.item_files import token_file_compression
 from pipeline.plan import item_bytes, plan_items, plan_record
+from pipeline.store import (
+    DatasetLock,
+    PartWrite,
+    abandon_part,
+    begin_part,
+    check_output_dir,
+    clear_staging,
+    live_counts,
+    open_output,
+    sum_counts,
+)
+from pipeline.tokenize import get_tokenizer, model_tokenizer
 from pipeline.work_item import (
     ItemSettings,
     peak_rss_bytes,
     reuse_models,
-    token_file_compression,
 )
+from schemas import DatasetDescriptor
 
 __all__ = [
     "COMPUTE_DTYPES", "DEFAULT_BATCH_TOKENS", "DEFAULT_ITEM_TOKENS",
@@ -77,10 +92,6 @@ class EmbedSummary:
     returned_bytes: int = 0
 
     @property
-    def shards_already_committed(self) -> int:
-        return self.items_resumed
-
-    @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
@@ -104,17 +115,11 @@ class EmbedSummary:
 
 def dataset_totals(fs: Any, root: str) -> dict[str, int]:
     """Row counts of the live view (what readers see), from the manifest."""
-    from pipeline.store import committed_shards, live_parts, sum_counts
-
-    return sum_counts(entry for part in live_parts(fs, root)
-                      for entry in committed_shards(fs, root, part).values())
+    return live_counts(fs, root)
 
 
 def describe_dataset(cfg: EmbedConfig, tokenizer: Any) -> Any:
     """The descriptor this run's data needs (``_dataset.json``)."""
-    import elmo_model
-    from schemas import DatasetDescriptor
-
     config = elmo_model.read_options(cfg.model.options)
     return DatasetDescriptor(
         model_fingerprint=elmo_model.model_fingerprint(cfg.model.options, cfg.model.weights),
@@ -143,46 +148,8 @@ def _progress(total_bytes: int, enabled: bool) -> Any:
                 mininterval=0.5 if tty else 30.0, dynamic_ncols=True, file=sys.stderr)
 
 
-@dataclass
-class _Made:
-    """What this run created, so a run that fails before its first commit can undo it."""
-
-    root_existed: bool
-    descriptor: bool = False
-    plan: bool = False
-    commits: int = 0
-
-
-def _undo(fs: Any, root: str, part: str, made: _Made) -> None:
-    """Leave the output as this run found it (only when nothing was committed)."""
-    from pipeline.store import (
-        DESCRIPTOR_FILE,
-        MANIFEST_DIR,
-        PLAN_FILE,
-        committed_shards,
-        has_committed_data,
-        remove_if_empty,
-    )
-
-    if made.commits or committed_shards(fs, root, part):
-        return
-    with contextlib.suppress(FileNotFoundError):
-        if made.plan:
-            fs.rm(f"{root}/{MANIFEST_DIR}/{part}/{PLAN_FILE}")
-            for folder in (f"{root}/{MANIFEST_DIR}/{part}", f"{root}/{MANIFEST_DIR}"):
-                remove_if_empty(fs, folder)
-        if made.descriptor and not has_committed_data(fs, root):
-            fs.rm(f"{root}/{DESCRIPTOR_FILE}")
-    with contextlib.suppress(FileNotFoundError, OSError):
-        if not made.root_existed:
-            remove_if_empty(fs, root)
-
-
 def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
     """Run the whole pipeline; resumable and safe to re-run (see the module docstring)."""
-    from pipeline.store import check_output_dir, open_output
-    from pipeline.tokenize import get_tokenizer, model_tokenizer
-
     cfg.validate()
     t0 = time.perf_counter()
     tokenizer = get_tokenizer(cfg.tokenizer or model_tokenizer(cfg.model.options))
@@ -198,16 +165,16 @@ def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
         batch_tokens=cfg.batch_tokens, unit_tokens=cfg.unit_tokens or 4 * cfg.batch_tokens,
         compute_dtype=cfg.compute_dtype, device=cfg.device,
         max_sentence_tokens=cfg.max_sentence_tokens, window_overlap=cfg.window_overlap,
-        read=cfg.read, storage_options=cfg.storage_options, crash_marker=cfg.crash_marker)
+        read=cfg.read, storage_options=cfg.storage_options)
     executor = make_executor(cfg, settings)
     summary = EmbedSummary(out=cfg.out, executor=executor.name)
-    made = _Made(root_existed=fs.exists(root))
+    write = PartWrite(part=cfg.part, root_existed=fs.exists(root))
     try:
         # Fail fast: resources and the model are checked before the output is touched.
         executor.start()
-        _write(fs, root, cfg, descriptor, sources, target, executor, run_id, summary, made)
+        _write(fs, root, cfg, descriptor, sources, target, executor, run_id, summary, write)
     except BaseException:
-        _undo(fs, root, cfg.part, made)
+        abandon_part(fs, root, write)
         raise
     finally:
         executor.close()
@@ -217,30 +184,20 @@ def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
 
 
 def _write(fs: Any, root: str, cfg: EmbedConfig, descriptor: Any, sources: list[Any],
-           target: int, executor: Any, run_id: str, summary: EmbedSummary, made: _Made) -> None:
-    from pipeline.commit import commit_item, discard_attempt
-    from pipeline.store import (
-        DatasetLock,
-        check_plan,
-        clear_staging,
-        committed_shards,
-        ensure_descriptor,
-        sum_counts,
-    )
-
+           target: int, executor: Any, run_id: str, summary: EmbedSummary,
+           write: PartWrite) -> None:
     with DatasetLock(fs, root):
-        made.descriptor = ensure_descriptor(fs, root, descriptor)
-        made.plan = check_plan(fs, root, cfg.part, plan_record(sources, cfg.read, target))
-        clear_staging(fs, root)  # attempts of dead runs: never committed, never will be
-        done = committed_shards(fs, root, cfg.part)
+        begin_part(fs, root, write, descriptor, plan_record(sources, cfg.read, target))
+        done = write.resumed
         summary.items_resumed = len(done)
         resumed = sum_counts(done.values())
         summary.documents_resumed += resumed.get("documents", 0)
         summary.tokens_resumed += resumed.get("tokens", 0)
         # Two passes over the plan (a generator; no text read): the bar's total, the work.
-        total = sum(i.input_bytes for i in plan_items(sources, cfg.read, target)
-                    if i.index not in done)
-        pending = (i for i in plan_items(sources, cfg.read, target) if i.index not in done)
+        total = sum(item.input_bytes for item in plan_items(sources, cfg.read, target)
+                    if item.index not in done)
+        pending = (item for item in plan_items(sources, cfg.read, target)
+                   if item.index not in done)
         committed: set[int] = set()
         t_start = time.perf_counter()
         info = {"compute_dtype": cfg.compute_dtype}
@@ -256,7 +213,7 @@ def _write(fs: Any, root: str, cfg: EmbedConfig, descriptor: Any, sources: list[
                         continue
                     commit_item(fs, root, cfg.part, run_id, item, record, info)
                     committed.add(item.index)
-                    made.commits += 1
+                    write.commits += 1
                     c = record.counts
                     summary.items_written += 1
                     summary.documents += c.get("documents", 0)
@@ -268,5 +225,4 @@ def _write(fs: Any, root: str, cfg: EmbedConfig, descriptor: Any, sources: list[
                     bar.update(record.input_bytes)
         finally:
             clear_staging(fs, root, run_id)
-        summary.totals = dataset_totals(fs, root)
-
+        summary.totals = live_counts(fs, root)

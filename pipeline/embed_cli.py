@@ -1,6 +1,8 @@
-"""``elmo embed``: corpus glob -> partitioned Parquet of every biLM layer (issue 3).
+"""``elmo embed``: corpus glob -> partitioned Parquet of every biLM layer.
 
-Imports nothing heavy at module level; the handler imports the pipeline.
+The flags, their defaults, choices and help come from ``EmbedConfig``'s fields
+(pipeline/config.py). Imports nothing heavy at module level; the handler imports the
+pipeline.
 """
 
 from __future__ import annotations
@@ -8,6 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import Any
+
+from pipeline.config import EmbedConfig, ModelSpec
+from pipeline.setting import SettingField, settings_fields
+from pipeline.sources import ReadOptions
 
 EPILOG = """\
 examples:
@@ -54,100 +60,55 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("sources", nargs="+", metavar="SOURCE_GLOB",
-                   help="file, directory or glob of any fsspec URI (file://, s3://, gs://, ...)")
-    p.add_argument("--out", required=True, metavar="URI", help="dataset URI to write into")
+    helps = {f.name: f.setting.help for f in settings_fields(EmbedConfig)}
+    p.add_argument("sources", nargs="+", metavar="SOURCE_GLOB", help=helps["sources"])
+    p.add_argument("--out", required=True, metavar="URI", help=helps["out"])
     model = p.add_argument_group("model (default: the bundled models/default)")
-    model.add_argument("--model", metavar="DIR", help="directory with options.json + weights")
+    model.add_argument("--model", metavar="DIR", help=helps["model"])
     model.add_argument("--options", metavar="FILE", help="bilm-tf options.json")
     model.add_argument("--weights", metavar="FILE", help="weights .hdf5 or .safetensors")
-    p.add_argument("--shards", type=int, default=8,
-                   help="at least this many work items (default 8), so small corpora spread "
-                        "over actors; each item is one shard=K folder")
-    p.add_argument("--item-tokens", type=int, default=262_144, metavar="N",
-                   help="target tokens per work item, estimated from input bytes "
-                        "(default 262144)")
-    p.add_argument("--actors", type=int, default=1,
-                   help="Ray actors each holding a model (default 1)")
-    p.add_argument("--executor", choices=("auto", "local", "ray"), default="auto",
-                   help="auto (default): Ray when --actors > 1, a GPU or --ray-address; "
-                        "else in-process")
-    p.add_argument("--ray-address", metavar="ADDR",
-                   help="existing Ray cluster to run on ('auto' on a cluster node)")
-    p.add_argument("--wait-for-resources", type=float, default=0.0, metavar="SECONDS",
-                   help="how long to wait for the cluster to offer the actors' CPUs/GPUs "
-                        "(autoscaling clusters); default 0: fail at once, naming what is "
-                        "missing")
-    p.add_argument("--cpus-per-actor", type=float, metavar="N",
-                   help="Ray CPUs per actor (default: the cluster's CPUs / --actors, or 1 "
-                        "with a GPU)")
-    p.add_argument("--dtype", choices=("float16", "float32"), default="float16",
-                   help="storage dtype of the layers (default float16)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where the model runs: auto (default: CUDA when the process or Ray "
-                        "actor has a GPU, else CPU), cpu (no GPU is requested from Ray), "
-                        "or cuda (each Ray actor requests one GPU)")
-    p.add_argument("--compute-dtype", choices=("float32", "bfloat16", "float16"),
-                   default="float32",
-                   help="model arithmetic (default float32); bfloat16 is faster on CPUs with "
-                        "bf16 matmuls, float16 needs --device cuda/auto on a GPU")
-    p.add_argument("--batch-tokens", type=int, default=4096,
-                   help="token budget of one model batch (default 4096)")
-    p.add_argument("--format", choices=("auto", "text", "jsonl", "parquet"), default="auto",
-                   help="input format (default: by extension, else text)")
-    p.add_argument("--doc-per", choices=("line", "file"), default="line",
-                   help="text input: one document per line (default) or per file")
-    p.add_argument("--pretokenized", action="store_true",
-                   help="input is already tokenized (whitespace-separated / 'tokens' lists)")
-    p.add_argument("--text-column", default="text", help="JSONL/Parquet text field")
-    p.add_argument("--id-column", default="id", help="JSONL/Parquet document id field")
-    p.add_argument("--tokenizer", metavar="NAME",
-                   help="tokenizer (default: the one the model declares); one of: "
-                        + ", ".join(_tokenizer_names()))
-    p.add_argument("--max-sentence-tokens", type=int, default=256,
-                   help="longer sentences go through the model in windows (default 256)")
-    p.add_argument("--window-overlap", type=int, default=32,
-                   help="tokens shared by consecutive windows (default 32)")
-    p.add_argument("--part", default="main", help="name of this part of the dataset")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for field in settings_fields(EmbedConfig):
+        if field.name == "read":
+            for read_field in settings_fields(ReadOptions):
+                _add_flag(p, read_field)
+        elif not field.setting.custom and field.setting.flag:
+            _add_flag(p, field)
     p.set_defaults(handler=run)
 
 
-def _tokenizer_names() -> list[str]:
-    from pipeline.tokenize import tokenizer_names
+def _add_flag(parser: argparse.ArgumentParser, field: SettingField) -> None:
+    """One flag from its field's ``Setting``: dest is the field name."""
+    s = field.setting
+    kwargs: dict[str, Any] = {"dest": field.name, "help": s.help}
+    if field.kind is bool:
+        # A setting that is on by default is turned off by a --no-... flag.
+        kwargs["action"] = "store_false" if field.default else "store_true"
+    else:
+        kwargs["type"] = field.kind
+        kwargs["default"] = field.default
+        if s.choices:
+            kwargs["choices"] = s.choices
+        if not s.choices:  # argparse would name it after the field, not the flag
+            kwargs["metavar"] = s.metavar or s.flag.lstrip("-").replace("-", "_").upper()
+        if s.names:
+            kwargs["help"] = f"{s.help}; one of: {', '.join(s.names())}"
+    parser.add_argument(s.flag, **kwargs)
 
-    return list(tokenizer_names())
+
+def config_from_args(args: argparse.Namespace) -> EmbedConfig:
+    """The ``EmbedConfig`` of parsed ``elmo embed`` arguments."""
+    flagged = {f.name: getattr(args, f.name) for f in settings_fields(EmbedConfig)
+               if not f.setting.custom and f.setting.flag}
+    read = ReadOptions(**{f.name: getattr(args, f.name) for f in settings_fields(ReadOptions)})
+    return EmbedConfig(sources=list(args.sources), out=args.out,
+                       model=ModelSpec.resolve(args.model, args.options, args.weights),
+                       read=read, **flagged)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
-    from pipeline.sources import ReadOptions
+    from pipeline.embed import embed_corpus  # imports the pipeline (pyarrow, fsspec, ...)
 
-    cfg = EmbedConfig(
-        sources=list(args.sources),
-        out=args.out,
-        model=ModelSpec.resolve(args.model, args.options, args.weights),
-        n_shards=args.shards,
-        item_tokens=args.item_tokens,
-        tokenizer=args.tokenizer,
-        wait_for_resources_s=args.wait_for_resources,
-        cpus_per_actor=args.cpus_per_actor,
-        actors=args.actors,
-        dtype=args.dtype,
-        batch_tokens=args.batch_tokens,
-        executor=args.executor,
-        ray_address=args.ray_address,
-        max_sentence_tokens=args.max_sentence_tokens,
-        window_overlap=args.window_overlap,
-        read=ReadOptions(format=args.format, doc_per=args.doc_per,
-                         pretokenized=args.pretokenized, text_column=args.text_column,
-                         id_column=args.id_column),
-        part=args.part,
-        progress=not args.no_progress,
-        device=args.device,
-        compute_dtype=args.compute_dtype,
-    )
-    summary = embed_corpus(cfg)
+    summary = embed_corpus(config_from_args(args))
     for line in summary.lines():
         print(line, file=sys.stderr)
     return 0 if summary.totals.get("documents", 0) > 0 else 1

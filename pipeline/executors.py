@@ -116,6 +116,66 @@ def actors_that_fit(nodes: list[dict], cpus: float, gpus: float) -> int:
     return total
 
 
+def gpus_per_actor(cfg: EmbedConfig, cluster_gpus: float) -> float:
+    """The GPUs each Ray actor requests, on a cluster that has ``cluster_gpus``."""
+    if cfg.device == "cpu":
+        return 0.0  # a GPU reserved by an actor that computes on the CPU is wasted
+    if cfg.gpus_per_actor is not None:
+        return cfg.gpus_per_actor
+    # --device cuda asks for one even when the cluster has none yet: an autoscaling
+    # cluster adds a GPU node for the pending actor (see --wait-for-resources).
+    return 1.0 if cfg.device == "cuda" or cluster_gpus >= 1 else 0.0
+
+
+def _preflight_local(cfg: EmbedConfig) -> None:
+    """A Ray started here has this machine's GPUs: refuse a GPU request it cannot serve
+    before paying for Ray's start-up."""
+    wanted = gpus_per_actor(cfg, 0.0)
+    if not wanted:
+        return
+    import torch
+
+    have = torch.cuda.device_count()
+    if math.floor(have / wanted + 1e-9) < cfg.actors:
+        asked = ("--device cuda" if cfg.gpus_per_actor is None
+                 else f"--gpus-per-actor {wanted:g}")
+        raise ElmoUserError(
+            f"--actors {cfg.actors} with {asked} need {wanted * cfg.actors:g} GPUs; "
+            f"this machine has {have}: pass --device cpu (or auto), fewer --actors, or "
+            "--ray-address of a cluster with GPUs")
+
+
+def connect_ray(cfg: EmbedConfig) -> bool:
+    """Connect to (or start) the Ray that ``cfg`` asks for unless one is connected
+    already; True when this call did, so the caller shuts it down."""
+    local = not cfg.ray_address
+    _quiet_ray_env(local)
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if local:
+        _preflight_local(cfg)
+    ray.init(address=cfg.ray_address, logging_level=logging.WARNING, log_to_driver=False,
+             include_dashboard=False)
+    return True
+
+
+@contextlib.contextmanager
+def ray_session(cfg: EmbedConfig) -> Iterator[None]:
+    """One Ray connection around many runs like ``cfg`` (a job's changed files): each run
+    finds Ray connected and reuses it instead of starting and stopping its own (seconds
+    per run). Nothing happens when ``cfg`` would run in-process."""
+    started = choose_executor(cfg) == "ray" and connect_ray(cfg)
+    try:
+        yield
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
 class RayExecutor:
     name = "ray"
 
@@ -128,46 +188,13 @@ class RayExecutor:
 
     # ---------------------------------------------------------------- start
 
-    def _wants_gpus(self, cluster_gpus: float) -> float:
-        cfg = self.cfg
-        if cfg.device == "cpu":
-            return 0.0  # a GPU reserved by an actor that computes on the CPU is wasted
-        if cfg.gpus_per_actor is not None:
-            return cfg.gpus_per_actor
-        # --device cuda asks for one even when the cluster has none yet: an autoscaling
-        # cluster adds a GPU node for the pending actor (see --wait-for-resources).
-        return 1.0 if cfg.device == "cuda" or cluster_gpus >= 1 else 0.0
-
-    def _preflight_local(self) -> None:
-        """A Ray started here has this machine's GPUs: refuse a GPU request it cannot
-        serve before paying for Ray's start-up."""
-        cfg = self.cfg
-        wanted = self._wants_gpus(0.0)
-        if not wanted:
-            return
-        import torch
-
-        have = torch.cuda.device_count()
-        if math.floor(have / wanted + 1e-9) < cfg.actors:
-            raise ElmoUserError(
-                f"--actors {cfg.actors} with --device cuda need {wanted * cfg.actors:g} GPUs; "
-                f"this machine has {have}: pass --device cpu (or auto), fewer --actors, or "
-                "--ray-address of a cluster with GPUs")
-
     def start(self) -> None:
         cfg = self.cfg
-        local = not cfg.ray_address
-        _quiet_ray_env(local)
+        self.started_ray = connect_ray(cfg)
         import ray
 
-        if not ray.is_initialized():
-            if local:
-                self._preflight_local()
-            ray.init(address=cfg.ray_address, logging_level=logging.WARNING,
-                     log_to_driver=False, include_dashboard=False)
-            self.started_ray = True
         resources = ray.cluster_resources()
-        self.gpus = self._wants_gpus(resources.get("GPU", 0))
+        self.gpus = gpus_per_actor(cfg, resources.get("GPU", 0))
         if cfg.cpus_per_actor is not None:
             self.cpus = cfg.cpus_per_actor
         elif self.gpus:
@@ -339,6 +366,7 @@ class RayExecutor:
 
 
 def choose_executor(cfg: EmbedConfig) -> str:
+    """"local" or "ray": the one rule for ``elmo embed``, the Python API and jobs."""
     if cfg.executor != "auto":
         return cfg.executor
     if cfg.actors > 1 or cfg.ray_address or cfg.gpus_per_actor:

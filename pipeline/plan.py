@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from pipeline.sources import ReadOptions, SourceFile, detect_format
 
@@ -81,8 +81,6 @@ def plan_items(sources: list[SourceFile], read: ReadOptions, target_bytes: int
 
 def plan_record(sources: list[SourceFile], read: ReadOptions, target_bytes: int) -> dict:
     """What ``plan.json`` records: a resumed run must plan the same items."""
-    from dataclasses import asdict
-
     return {"sources": [[s.uri, s.size, s.version] for s in sources],
             "read": asdict(read), "item_bytes": target_bytes,
             "item_rule": "byte ranges; a range owns the lines / row groups starting in it"}

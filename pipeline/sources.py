@@ -8,7 +8,7 @@ mistakes about the command itself (a glob matching nothing, an unknown format) r
 Document ids are given (JSON Lines ``id``, a Parquet id column) or derived
 deterministically from the file's path relative to the glob's fixed prefix: ``a.txt:17``
 for line 17 (1-based), ``a.txt`` for a whole file; the same corpus copied to another
-machine or bucket gets the same ids, hence the same shards.
+machine or bucket gets the same ids, hence the same work items.
 
 The pipeline reads a file by *work item* (``read_range``, pipeline/plan.py): the lines,
 or Parquet row groups, that start in a byte range. Line numbers stay those of the whole
@@ -26,6 +26,7 @@ from typing import Any
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import open_fs
+from pipeline.setting import exposed
 
 FORMATS = ("auto", "text", "jsonl", "parquet")
 _EXTENSIONS = {
@@ -66,14 +67,32 @@ class DocError:
     reason: str
 
 
+DOC_PER = ("line", "file")
+
+
 @dataclass(frozen=True)
 class ReadOptions:
-    format: str = "auto"
-    doc_per: str = "line"  # text files: "line" (one document per line) or "file"
-    pretokenized: bool = False  # text: whitespace-separated tokens; jsonl/parquet: "tokens"
-    text_column: str = "text"
-    id_column: str = "id"
-    tokens_column: str = "tokens"
+    """How inputs are read; each field is also an ``elmo embed`` flag and a ``[read]`` key
+    of a job spec (pipeline/setting.py)."""
+
+    format: str = field(default="auto", metadata=exposed(
+        flag="--format", job_key="read.format", choices=FORMATS,
+        help="input format (default: by extension, else text)"))
+    doc_per: str = field(default="line", metadata=exposed(
+        flag="--doc-per", job_key="read.doc_per", choices=DOC_PER,
+        help="text input: one document per line (default) or per file"))
+    pretokenized: bool = field(default=False, metadata=exposed(
+        flag="--pretokenized", job_key="read.pretokenized",
+        help="input is already tokenized (whitespace-separated / 'tokens' lists)"))
+    text_column: str = field(default="text", metadata=exposed(
+        flag="--text-column", job_key="read.text_column",
+        help="JSONL/Parquet text field"))
+    id_column: str = field(default="id", metadata=exposed(
+        flag="--id-column", job_key="read.id_column",
+        help="JSONL/Parquet document id field"))
+    tokens_column: str = field(default="tokens", metadata=exposed(
+        flag="--tokens-column", job_key="read.tokens_column",
+        help="JSONL/Parquet field of token lists, with --pretokenized (default %(default)s)"))
 
 
 def _fixed_prefix(pattern: str) -> str:
@@ -439,7 +458,7 @@ def read_documents(sources: list[SourceFile], opts: ReadOptions,
                    storage_options: dict | None = None) -> Iterator[Document | DocError]:
     """Documents (or errors) of every source, whole files, in source order then line
     order (benchmarks and tools; the pipeline reads work items with ``read_range``)."""
-    if opts.doc_per not in ("line", "file"):
+    if opts.doc_per not in DOC_PER:
         raise ElmoUserError(f"--doc-per must be 'line' or 'file', not {opts.doc_per!r}")
     counter = LineCounter()
     for source in sources:

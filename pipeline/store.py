@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
@@ -64,16 +65,13 @@ HEARTBEAT_EVERY_S = 30.0
 open_output = open_fs  # the write path's name for opening its --out
 
 
-def shard_dir(root: str, table: str, shard: int) -> str:
-    return f"{root}/{table}/{PARTITION_COLUMN}={shard}"
+# A work item's files live in ``shard=<item>`` folders: the public layout's name for them.
+def table_file(root: str, table: str, item: int, part: str) -> str:
+    return f"{root}/{table}/{PARTITION_COLUMN}={item}/{part}.parquet"
 
 
-def table_file(root: str, table: str, shard: int, part: str) -> str:
-    return f"{shard_dir(root, table, shard)}/{part}.parquet"
-
-
-def manifest_path(root: str, part: str, shard: int) -> str:
-    return f"{root}/{MANIFEST_DIR}/{part}/{PARTITION_COLUMN}={shard}.json"
+def manifest_path(root: str, part: str, item: int) -> str:
+    return f"{root}/{MANIFEST_DIR}/{part}/{PARTITION_COLUMN}={item}.json"
 
 
 # --------------------------------------------------------------------------- descriptor
@@ -304,6 +302,56 @@ def remove_if_empty(fs: Any, path: str) -> None:
     another writer, say) are the caller's to handle."""
     if fs.exists(path) and not fs.ls(path, detail=False):
         fs.rm(path, recursive=True)
+
+
+# --------------------------------------------------------------------------- writing a part
+
+
+@dataclass
+class PartWrite:
+    """One run's write of a part: what it created, so a run that fails before its first
+    commit can leave the output as it found it (``abandon_part``)."""
+
+    part: str
+    root_existed: bool
+    descriptor: bool = False  # this run wrote the descriptor
+    plan: bool = False  # this run wrote the part's plan record
+    commits: int = 0  # items this run committed
+    resumed: dict[int, dict] = field(default_factory=dict)  # committed by earlier runs
+
+
+def begin_part(fs: Any, root: str, write: PartWrite, descriptor: DatasetDescriptor,
+               plan: dict) -> None:
+    """Under the dataset lock: record the descriptor and the part's plan (refusing a
+    dataset or part made otherwise), drop dead runs' staging and note what earlier runs
+    committed (``write.resumed``)."""
+    write.descriptor = ensure_descriptor(fs, root, descriptor)
+    write.plan = check_plan(fs, root, write.part, plan)
+    clear_staging(fs, root)  # attempts of dead runs: never committed, never will be
+    write.resumed = committed_shards(fs, root, write.part)
+
+
+def abandon_part(fs: Any, root: str, write: PartWrite) -> None:
+    """After a failed run: undo what ``write`` created, unless anything of the part is
+    committed (then the next run resumes it)."""
+    if write.commits or committed_shards(fs, root, write.part):
+        return
+    with contextlib.suppress(FileNotFoundError):
+        if write.plan:
+            fs.rm(f"{root}/{MANIFEST_DIR}/{write.part}/{PLAN_FILE}")
+            for folder in (f"{root}/{MANIFEST_DIR}/{write.part}", f"{root}/{MANIFEST_DIR}"):
+                remove_if_empty(fs, folder)
+        if write.descriptor and not has_committed_data(fs, root):
+            fs.rm(f"{root}/{DESCRIPTOR_FILE}")
+    with contextlib.suppress(FileNotFoundError, OSError):
+        if not write.root_existed:
+            remove_if_empty(fs, root)
+
+
+def live_counts(fs: Any, root: str) -> dict[str, int]:
+    """Row counts of the live view (what readers see), from the manifest."""
+    return sum_counts(entry for part in live_parts(fs, root)
+                      for entry in committed_shards(fs, root, part).values())
 
 
 # --------------------------------------------------------------------------- live view

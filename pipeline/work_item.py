@@ -20,27 +20,23 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import json
 import os
-import posixpath
 import resource
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import elmo_model
 from pipeline.config import ModelSpec
+from pipeline.item_files import ItemFiles, TokenWriter, write_small_tables
 from pipeline.plan import WorkItem
 from pipeline.sources import DocError, Document, LineCounter, ReadOptions, read_range
+from pipeline.store import open_output
 from pipeline.tokenize import Sentence, Token, get_tokenizer, windows
-
-ROW_GROUP_BYTES = 64 << 20  # ~64 MB row groups: large scans for DuckDB/LanceDB, bounded RAM
-SMALL_TABLES = ("sentences", "documents", "errors")
 
 
 @dataclass(frozen=True)
@@ -63,7 +59,6 @@ class ItemSettings:
     window_overlap: int
     read: ReadOptions
     storage_options: dict | None
-    crash_marker: str | None
 
 
 @dataclass
@@ -110,8 +105,6 @@ def load_embedder(spec: ModelSpec, batch_tokens: int, compute_dtype: str, device
     """The biLM on ``device`` (auto/cpu/cuda) computing in ``compute_dtype``; elmo_model
     refuses float16 off CUDA, cuda without a GPU and unreadable weights with a
     user-facing message."""
-    import elmo_model
-
     cache = _MODEL_CACHE.get()
     key = (spec, batch_tokens, compute_dtype, device)
     if cache is not None and key in cache:
@@ -126,6 +119,19 @@ def load_embedder(spec: ModelSpec, batch_tokens: int, compute_dtype: str, device
 # --------------------------------------------------------------------------- tokenize
 
 
+class WindowRow(NamedTuple):
+    """One model window of a sentence: its tokens and which of them it stores."""
+
+    doc_id: str
+    sent_idx: int
+    start: int  # token index of the window's first token in its sentence
+    own_start: int  # the tokens this window stores: [own_start, own_end) of the sentence
+    own_end: int
+    tokens: list[str]
+    char_starts: list[int]
+    char_ends: list[int]
+
+
 @dataclass
 class ItemContent:
     """An item's small tables and its model windows, in document order."""
@@ -133,9 +139,7 @@ class ItemContent:
     documents: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
     sentences: list[dict] = field(default_factory=list)
-    # (doc_id, sent_idx, start, own_start, own_end, tokens, char_starts, char_ends) per
-    # window; see unit_rows
-    windows: list[tuple] = field(default_factory=list)
+    windows: list[WindowRow] = field(default_factory=list)
 
 
 def _pretokenized_sentences(doc: Document) -> list[Sentence]:
@@ -180,9 +184,9 @@ def tokenize_item(docs: Iterator[Document | DocError], settings: ItemSettings) -
             })
             for w in spans:
                 piece = toks[w.start:w.end]
-                content.windows.append((doc.doc_id, sent_idx, w.start, w.own_start, w.own_end,
-                                        [t.text for t in piece], [t.start for t in piece],
-                                        [t.end for t in piece]))
+                content.windows.append(WindowRow(
+                    doc.doc_id, sent_idx, w.start, w.own_start, w.own_end,
+                    [t.text for t in piece], [t.start for t in piece], [t.end for t in piece]))
             n_tokens += len(toks)
         content.documents.append({
             "doc_id": doc.doc_id, "source": doc.source, "line": doc.line,
@@ -192,16 +196,16 @@ def tokenize_item(docs: Iterator[Document | DocError], settings: ItemSettings) -
     return content
 
 
-def cut_units(window_rows: list[tuple], unit_tokens: int) -> Iterator[list[tuple]]:
+def cut_units(window_rows: list[WindowRow], unit_tokens: int) -> Iterator[list[WindowRow]]:
     """Consecutive windows of about ``unit_tokens`` tokens: one model call each."""
-    rows: list[tuple] = []
+    rows: list[WindowRow] = []
     size = 0
     for row in window_rows:
-        if rows and size + len(row[5]) > unit_tokens:
+        if rows and size + len(row.tokens) > unit_tokens:
             yield rows
             rows, size = [], 0
         rows.append(row)
-        size += len(row[5])
+        size += len(row.tokens)
     if rows:
         yield rows
 
@@ -209,21 +213,23 @@ def cut_units(window_rows: list[tuple], unit_tokens: int) -> Iterator[list[tuple
 # --------------------------------------------------------------------------- embed
 
 
-def unit_rows(rows: list[tuple], layers: list[Any], n_out: int, dim: int, dtype: str) -> Any:
-    """The stored rows of a unit (window rows, see ``ItemContent.windows``) given the
-    model's ``layers`` (one array per window)."""
+def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
+              dtype: str) -> Any:
+    """The stored rows of a unit's windows given the model's ``layers`` (one array per
+    window)."""
     import numpy as np
     import pyarrow as pa
 
-    cols = list(zip(*rows, strict=True))
-    starts, own_start, own_end = (np.array(col, np.int32) for col in cols[2:5])
+    cols = WindowRow(*zip(*rows, strict=True))
+    starts, own_start, own_end = (np.array(col, np.int32)
+                                  for col in (cols.start, cols.own_start, cols.own_end))
     lo, hi = own_start - starts, own_end - starts
     np_dtype = np.float16 if dtype == "float16" else np.float32
     stacked = np.concatenate([arr[:, a:b] for arr, a, b in zip(layers, lo, hi, strict=True)],
                              axis=1) if layers else np.zeros((n_out, 0, dim), np.float32)
     counts = hi - lo
-    doc_ids = np.repeat(np.array(cols[0], dtype=object), counts)
-    sent_idx = np.repeat(np.array(cols[1], np.int32), counts)
+    doc_ids = np.repeat(np.array(cols.doc_id, dtype=object), counts)
+    sent_idx = np.repeat(np.array(cols.sent_idx, np.int32), counts)
     tok_idx = np.concatenate([np.arange(a, b) for a, b in zip(own_start, own_end, strict=True)]
                              ) if len(counts) else np.zeros(0, np.int64)
 
@@ -235,162 +241,15 @@ def unit_rows(rows: list[tuple], layers: list[Any], n_out: int, dim: int, dtype:
         "doc_id": pa.array(doc_ids, pa.string()),
         "sent_idx": pa.array(sent_idx, pa.int32()),
         "tok_idx": pa.array(tok_idx, pa.int32()),
-        "token": pa.array(pick(cols[5]), pa.string()),
-        "char_start": pa.array(pick(cols[6]), pa.int32()),
-        "char_end": pa.array(pick(cols[7]), pa.int32()),
+        "token": pa.array(pick(cols.tokens), pa.string()),
+        "char_start": pa.array(pick(cols.char_starts), pa.int32()),
+        "char_end": pa.array(pick(cols.char_ends), pa.int32()),
     }
     for k in range(n_out):
         values = pa.array(np.ascontiguousarray(stacked[k]).astype(np_dtype).reshape(-1),
                           value_type)
         columns[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(values, dim)
     return pa.table(columns)
-
-
-# --------------------------------------------------------------------------- write
-
-
-def token_file_compression(schema: Any) -> dict[str, str]:
-    """Per-column Parquet codecs for a tokens file (keys are leaf paths, as pyarrow wants).
-
-    zstd everywhere except the contextual layers (``layer_1`` .. ``layer_L``), which get
-    snappy: zstd shrinks those activations by only ~9% (464 vs 512 bytes per token for a
-    256-d float16 layer of the default model) yet decodes ~5x slower (1.0 vs 5.5 GB/s
-    per core here), and decoding them is what mixing on read waits for. Layer 0 is
-    context-free, repeated for every occurrence of a word: zstd shrinks it ~5x.
-    """
-    codecs = {}
-    for name in schema.names:
-        leaf = f"{name}.list.element" if name.startswith("layer_") else name
-        codecs[leaf] = "snappy" if name.startswith("layer_") and name != "layer_0" else "zstd"
-    return codecs
-
-
-class _HashingFile:
-    """A write-only file that hashes and counts what goes through it."""
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-        self.digest = hashlib.sha256()
-        self.size = 0
-        self.closed = False
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self.digest.update(view)
-        self.size += view.nbytes
-        self.handle.write(view)
-        return view.nbytes
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        self.handle.flush()
-
-    def writable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        if not self.closed:
-            self.handle.close()
-            self.closed = True
-
-
-class ItemFiles:
-    """The staged files of one attempt at one item: ``_staging/<run>/<attempt>/<table>/
-    shard=<item>/<part>.parquet`` (the final name, under a private prefix)."""
-
-    def __init__(self, fs: Any, root: str, settings: ItemSettings, item: int) -> None:
-        self.fs, self.root, self.item = fs, root, item
-        self.part = settings.part
-        self.attempt = uuid.uuid4().hex[:12]
-        self.prefix = f"_staging/{settings.run_id}/{self.attempt}"
-        self.files: dict[str, str] = {}
-        self.sizes: dict[str, int] = {}
-        self.sha256: dict[str, str] = {}
-
-    def open(self, table: str) -> _HashingFile:
-        from schemas import PARTITION_COLUMN
-
-        rel = f"{self.prefix}/{table}/{PARTITION_COLUMN}={self.item}/{self.part}.parquet"
-        path = f"{self.root}/{rel}"
-        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        self.files[table] = rel
-        return _HashingFile(self.fs.open(path, "wb"))
-
-    def closed(self, table: str, handle: _HashingFile) -> None:
-        handle.close()
-        self.sizes[table] = handle.size
-        self.sha256[table] = handle.digest.hexdigest()
-
-
-class TokenWriter:
-    """Token rows of one item into one Parquet file, in row groups of ~64 MB."""
-
-    def __init__(self, files: ItemFiles, settings: ItemSettings) -> None:
-        import pyarrow.parquet as pq
-
-        from schemas import token_schema
-
-        self.files = files
-        self.schema = token_schema(settings.n_output_layers, settings.dim, settings.dtype)
-        layer_bytes = settings.n_output_layers * settings.dim * (
-            2 if settings.dtype == "float16" else 4)
-        self.rows_per_group = max(1024, ROW_GROUP_BYTES // max(1, layer_bytes))
-        self.handle: _HashingFile | None = None
-        self.writer: Any = None
-        self._pq = pq
-        self.buffer: list[Any] = []
-        self.buffered = 0
-        self.rows = 0
-
-    def add(self, table: Any) -> None:
-        self.buffer.append(table)
-        self.buffered += table.num_rows
-        if self.buffered >= self.rows_per_group:
-            self._flush()
-
-    def _flush(self) -> None:
-        import pyarrow as pa
-
-        if not self.buffer:
-            return
-        if self.writer is None:
-            self.handle = self.files.open("tokens")
-            self.writer = self._pq.ParquetWriter(
-                self.handle, self.schema, compression=token_file_compression(self.schema),
-                # Dictionary-encoding float16 lists is 2-4x slower to write and 6-10x to read.
-                use_dictionary=["doc_id", "token"],
-                write_statistics=["doc_id", "sent_idx", "tok_idx", "char_start", "char_end"],
-            )
-        table = pa.concat_tables(self.buffer).cast(self.schema)
-        self.writer.write_table(table, row_group_size=self.rows_per_group)
-        self.rows += table.num_rows
-        self.buffer, self.buffered = [], 0
-
-    def finish(self) -> int:
-        self._flush()
-        if self.writer is not None:
-            self.writer.close()
-            self.files.closed("tokens", self.handle)  # type: ignore[arg-type]
-        return self.rows
-
-
-def write_small_tables(files: ItemFiles, content: ItemContent) -> None:
-    """``sentences``, ``documents``, ``errors``: a file only for a table with rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from schemas import TABLE_SCHEMAS
-
-    for name in SMALL_TABLES:
-        rows = getattr(content, name)
-        if not rows:
-            continue
-        table = pa.Table.from_pylist(rows, schema=TABLE_SCHEMAS[name])
-        handle = files.open(name)
-        pq.write_table(table, handle, compression="zstd")
-        files.closed(name, handle)
 
 
 # --------------------------------------------------------------------------- worker
@@ -418,35 +277,27 @@ class ItemWorker:
         if self.embedder is None:
             self.embedder = load_embedder(s.model, s.batch_tokens, s.compute_dtype, s.device)
 
-    def _crash_if_asked(self) -> None:
-        marker = self.settings.crash_marker
-        if marker and not os.path.exists(marker):
-            Path(marker).write_text(str(os.getpid()))
-            os.kill(os.getpid(), 9)  # die like an OOM-killed or preempted worker
-
     def process(self, item: WorkItem) -> CommitRecord:
-        from pipeline.store import open_output
-
         t0 = time.perf_counter()
         self.load()
-        self._crash_if_asked()
         s = self.settings
         docs = read_range(item.source, item.start, item.end, s.read, s.storage_options,
                           self.lines)
         content = tokenize_item(docs, s)
         fs, root = open_output(s.out, s.storage_options)
-        files = ItemFiles(fs, root, s, item.index)
-        tokens = TokenWriter(files, s)
+        files = ItemFiles(fs, root, s.run_id, s.part, item.index)
+        tokens = TokenWriter(files, s.n_output_layers, s.dim, s.dtype)
         model_tokens = 0
         for rows in cut_units(content.windows, s.unit_tokens):
             with self.model_lock:  # one model call at a time; reading and writing overlap it
-                layers = self.embedder.embed([r[5] for r in rows])
+                layers = self.embedder.embed([r.tokens for r in rows])
             tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
-            model_tokens += sum(len(r[5]) for r in rows)
+            model_tokens += sum(len(r.tokens) for r in rows)
         content.windows = []
         counts = {"tokens": tokens.finish(), "sentences": len(content.sentences),
                   "documents": len(content.documents), "errors": len(content.errors)}
-        write_small_tables(files, content)
+        write_small_tables(files, {"sentences": content.sentences,
+                                   "documents": content.documents, "errors": content.errors})
         return CommitRecord(
             item=item.index, attempt=files.attempt, files=files.files, sizes=files.sizes,
             sha256=files.sha256, counts=counts, model_tokens=model_tokens,

@@ -152,3 +152,56 @@ def test_submit_runs_the_job_on_a_real_local_ray_cluster(tiny_model_dir: Path,
         shutil.rmtree(ray_temp, ignore_errors=True)
     documents = read_live_table(str(tmp_path / "ds"), "documents")
     assert sorted(documents.column("doc_id").to_pylist()) == ["a.txt:1", "a.txt:2"]
+
+
+@pytest.mark.slow
+def test_jobs_and_elmo_embed_pick_ray_by_one_rule_and_a_job_starts_it_once(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU machine (as torch reports it here) with one actor, `elmo embed` runs on
+    Ray; a job follows the same rule and holds one Ray session for all its files, rather
+    than none (Ray then started and stopped for every file)."""
+    import os
+
+    import ray
+    import torch
+
+    import jobs.runner
+    from jobs.spec import load_spec
+    from jobs.state import read_live_table
+    from pipeline.executors import choose_executor
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        ray.shutdown()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The cat sat on the mat.\n")
+    (corpus / "b.txt").write_text("A dog ran home fast.\n")
+    spec_path = tmp_path / "job.toml"
+    spec_path.write_text(f'source = "{corpus}/*.txt"\noutput = "{tmp_path / "ds"}"\n'
+                         f'model = "{tiny_model_dir}"\nshards = 1\n')
+    spec = load_spec(spec_path)
+    assert choose_executor(spec.embed_config()) == "ray"  # what `elmo embed` would use
+
+    starts: list[str | None] = []
+    real_init, real_embed = ray.init, jobs.runner.embed_corpus
+    executors: list[str] = []
+
+    def counting_init(*args: object, **kwargs: object) -> object:
+        starts.append(str(kwargs.get("address")))
+        return real_init(*args, **kwargs)
+
+    def embed(cfg: object) -> object:
+        summary = real_embed(cfg)
+        executors.append(summary.executor)
+        return summary
+
+    monkeypatch.setattr(ray, "init", counting_init)
+    monkeypatch.setattr(jobs.runner, "embed_corpus", embed)
+    result = jobs.runner.run_job(spec)
+    assert result is not None and result.record.status == "ok"
+    assert executors == ["ray", "ray"] and len(starts) == 1
+    assert not ray.is_initialized()  # the job's session ended with the run
+    documents = read_live_table(str(tmp_path / "ds"), "documents")
+    assert sorted(documents.column("doc_id").to_pylist()) == ["a.txt:1", "b.txt:1"]

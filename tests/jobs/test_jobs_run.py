@@ -67,16 +67,16 @@ def doc_ids(spec: JobSpec) -> set[str]:
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The files (URIs) of every embedding call the runner makes."""
-    import pipeline.embed
+    import jobs.runner
 
     calls: list[list[str]] = []
-    real = pipeline.embed.embed_corpus
+    real = jobs.runner.embed_corpus
 
     def wrapped(cfg: Any) -> Any:
         calls.append([s.uri for s in cfg.select_sources()])
         return real(cfg)
 
-    monkeypatch.setattr(pipeline.embed, "embed_corpus", wrapped)
+    monkeypatch.setattr(jobs.runner, "embed_corpus", wrapped)
     return calls
 
 
@@ -160,13 +160,13 @@ def _fs(spec: JobSpec) -> tuple[Any, str]:
 
 CRASHER = textwrap.dedent("""
     import os, signal, sys
-    import pipeline.commit, pipeline.embed, jobs.runner
+    import pipeline.embed, jobs.runner
     from jobs.spec import load_spec
     from jobs.runner import run_job
 
     mode = sys.argv[2]
     calls = {"embed": 0, "commit": 0}
-    real_embed, real_commit = pipeline.embed.embed_corpus, pipeline.commit.commit_item
+    real_embed, real_commit = jobs.runner.embed_corpus, pipeline.embed.commit_item
     real_refresh = jobs.runner._refresh
 
     def die():
@@ -197,9 +197,9 @@ CRASHER = textwrap.dedent("""
         if mode == "after-state":
             die()  # state.json switched, _live.json (what readers follow) not yet
 
-    pipeline.embed.embed_corpus = embed
+    jobs.runner.embed_corpus = embed
     jobs.runner.write_state = write_state
-    pipeline.commit.commit_item = commit
+    pipeline.embed.commit_item = commit
     jobs.runner._refresh = refresh
     run_job(load_spec(sys.argv[1]))
     print("finished without being killed")
@@ -461,3 +461,24 @@ def test_the_spec_tokenizer_is_the_datasets(tiny_model_dir: Path, tmp_path: Path
     descriptor = json.loads((tmp_path / "ds/_dataset.json").read_text())
     assert descriptor["tokenizer"]["name"] == other
     assert doc_ids(spec) == {"a.txt:1", "a.txt:2", "sub/b.txt:1"}
+
+
+def test_a_job_reads_pretokenized_input_from_its_tokens_column(tiny_model_dir: Path,
+                                                               tmp_path: Path) -> None:
+    """``read.tokens_column``: the job embeds the token lists of that field, as
+    ``elmo embed --pretokenized --tokens-column words`` does (the key did not exist)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text(json.dumps(
+        {"id": "x", "words": [["Hello", "world"], ["Second", "one", "!"]],
+         "tokens": [["not", "these"]]}) + "\n")
+    path = tmp_path / "job.toml"
+    path.write_text(f'source = "corpus/*.jsonl"\noutput = "ds"\nmodel = "{tiny_model_dir}"\n'
+                    'shards = 1\n[read]\npretokenized = true\ntokens_column = "words"\n')
+    spec = load_spec(path)
+    assert spec.embed_config().read.tokens_column == "words"
+    result = run_job(spec)
+    assert result is not None and result.record.status == "ok"
+    tokens = live(spec, "tokens").to_pandas()
+    got = tokens.groupby(["doc_id", "sent_idx"], sort=True).token.apply(list).to_dict()
+    assert got == {("x", 0): ["Hello", "world"], ("x", 1): ["Second", "one", "!"]}

@@ -102,7 +102,6 @@ class FakeClock:
 def test_scheduler_loop_runs_each_slot_once_across_midnight(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
-    import jobs.runner
     import jobs.schedule as schedule
 
     spec = make_spec(tmp_path, "0 0 * * *")  # daily at midnight
@@ -115,7 +114,7 @@ def test_scheduler_loop_runs_each_slot_once_across_midnight(tmp_path: Path,
         history.append(record)
         return type("Result", (), {"record": record})()
 
-    monkeypatch.setattr(jobs.runner, "run_job", fake_run)
+    monkeypatch.setattr(schedule, "run_job", fake_run)
     clock = FakeClock(utc(2026, 11, 21, 23, 58))
     history.append(run_at(utc(2026, 11, 21, 0, 0), slot=utc(2026, 11, 21, 0, 0)))
     with pytest.raises(StopIteration):
@@ -136,7 +135,7 @@ def test_scheduler_rejects_a_spec_without_schedule(tmp_path: Path) -> None:
 
 def test_once_summary_says_what_happened_to_every_job(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """`elmo jobs schedule --once` printed nothing when no job was due (issue 13)."""
+    """`elmo jobs schedule --once` printed nothing when no job was due."""
     import jobs.schedule as schedule
 
     spec = make_spec(tmp_path, "0 3 * * *")

@@ -52,12 +52,14 @@ def test_toml_spec_loads_and_resolves_paths_against_the_spec_file(tmp_path: Path
     assert spec.name == "news"
     assert spec.sources == (str(tmp_path / "corpus/*.txt"), "s3://bucket/more/**/*.jsonl")
     assert spec.output == str(tmp_path / "out/ds") and spec.model == str(tmp_path / "models/tiny")
-    assert (spec.shards, spec.dtype, spec.delete_missing) == (4, "float32", True)
-    assert spec.mixes == ("top", "layer:1") and spec.read.doc_per == "file"
-    assert (spec.ray.address, spec.ray.actors, spec.ray.num_gpus) == ("auto", 2, 1.0)
+    embed = spec.embed
+    assert (embed["n_shards"], embed["dtype"], spec.delete_missing) == (4, "float32", True)
+    assert spec.mixes == ("top", "layer:1") and embed["read"].doc_per == "file"
+    assert (embed["ray_address"], embed["actors"], embed["gpus_per_actor"]) == ("auto", 2, 1.0)
     assert spec.storage_options == {"anon": True}
     assert spec.index_uri("layer:1") == str(tmp_path / "out/ds/_index/layer_1")
-    assert (spec.tokenizer, spec.item_tokens, spec.ray.wait_for_resources) == (None, 262_144, 0)
+    # Keys the spec does not give keep EmbedConfig's defaults.
+    assert not {"tokenizer", "item_tokens", "wait_for_resources_s"} & set(embed)
 
 
 def test_tokenizer_item_size_and_resource_wait_keys(tmp_path: Path) -> None:
@@ -65,15 +67,15 @@ def test_tokenizer_item_size_and_resource_wait_keys(tmp_path: Path) -> None:
                              "item_tokens = 1000\n").replace(
         "num_gpus = 1\n", "num_gpus = 1\nwait_for_resources = 600\n")
     spec = load_spec(write(tmp_path, "news.toml", text))
-    assert (spec.tokenizer, spec.item_tokens) == ("elmo-store-ptb", 1000)
-    assert spec.ray.wait_for_resources == 600.0
+    assert (spec.embed["tokenizer"], spec.embed["item_tokens"]) == ("elmo-store-ptb", 1000)
+    assert spec.embed["wait_for_resources_s"] == 600.0
 
 
 def test_yaml_spec_loads(tmp_path: Path) -> None:
     spec = load_spec(write(tmp_path, "x.yml", GOOD_YAML))
     assert spec.name == "web" and spec.sources == ("s3://bucket/web/*.parquet",)
-    assert spec.read.format == "parquet" and spec.read.text_column == "body"
-    assert spec.ray.num_cpus == 2.0 and spec.schedule == "*/15 * * * *"
+    assert spec.embed["read"].format == "parquet" and spec.embed["read"].text_column == "body"
+    assert spec.embed["cpus_per_actor"] == 2.0 and spec.schedule == "*/15 * * * *"
 
 
 def test_the_documented_example_is_a_valid_spec(tmp_path: Path) -> None:
@@ -170,12 +172,9 @@ def test_cli_reports_a_bad_spec_on_one_line_with_exit_2(tmp_path: Path,
 
 def test_device_and_compute_dtype_reach_the_embed_config(tmp_path: Path,
                                                           tiny_model_dir: Path) -> None:
-    from jobs.runner import _embed_config
-
     path = write(tmp_path, "job.toml", f'source = "c/*.txt"\noutput = "ds"\n'
                  f'model = "{tiny_model_dir}"\ncompute_dtype = "bfloat16"\ndevice = "cpu"\n')
-    spec = load_spec(path)
-    config = _embed_config(spec, str(tmp_path / "c" / "a.txt"), "p1", progress=False)
+    config = load_spec(path).embed_config()
     assert (config.compute_dtype, config.device) == ("bfloat16", "cpu")
     bad = write(tmp_path, "bad.toml", 'source = "c/*.txt"\noutput = "ds"\n'
                 'compute_dtype = "float16"\ndevice = "cpu"\n')

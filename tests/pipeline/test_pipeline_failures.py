@@ -3,6 +3,7 @@ model, a foreign --out, a leftover of a killed run, another tokenizer, an old da
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -12,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, config, write_corpus
+from helpers import REPO, config, run_cli, write_corpus
 
 from elmo_model.errors import ElmoUserError
 from pipeline.embed import embed_corpus
+from pipeline.executors import choose_executor, gpus_per_actor
 from pipeline.tokenize import get_tokenizer, model_tokenizer, tokenizer_names
 
 PROGRAM = ("import sys; from pipeline import cli; cli.REGISTRARS = ('pipeline.embed_cli',); "
@@ -174,3 +176,22 @@ def test_embed_help_teaches(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--ray-address auto" in text and "--wait-for-resources" in text
     assert all(name in text for name in tokenizer_names())  # --tokenizer lists them
     assert "--item-tokens" in text and "work items" in text
+
+
+def test_gpus_per_actor_is_a_flag_and_a_request_no_machine_holds_fails_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        tiny_model_dir: Path) -> None:
+    """``--gpus-per-actor`` (API-only before) reaches the run: it picks Ray, and 64 GPUs
+    per actor are refused before Ray starts or the output is touched."""
+    cfg = config(tiny_model_dir, ["c"], tmp_path / "x", executor="auto", gpus_per_actor=0.5)
+    assert choose_executor(cfg) == "ray" and gpus_per_actor(cfg, cluster_gpus=0) == 0.5
+    assert gpus_per_actor(dataclasses.replace(cfg, device="cpu"), cluster_gpus=4) == 0
+    corpus = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "ds"
+    monkeypatch.setenv("RAY_ADDRESS", "")
+    code = run_cli(monkeypatch, ["embed", str(corpus), "--out", str(out), "--model",
+                                 str(tiny_model_dir), "--gpus-per-actor", "64"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert err.startswith("elmo: error: --actors 1 with --gpus-per-actor 64 need 64 GPUs")
+    assert not out.exists()

@@ -157,7 +157,7 @@ def test_device_and_compute_dtype_flags(tiny_model_dir: Path, tmp_path: Path,
     # Informative only: a rerun with other compute settings is not refused.
     fp32 = embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], out, n_shards=2,
                                device="cpu"))
-    assert fp32.shards_already_committed == 2
+    assert fp32.items_resumed == 2
 
     with pytest.raises(ElmoUserError, match="CUDA"):
         embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], tmp_path / "fp16", n_shards=2,

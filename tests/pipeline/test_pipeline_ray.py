@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -19,8 +20,36 @@ pytestmark = [
 ]
 
 
+def kill_one_item_call(armed: Path, fired: Path) -> Callable[[], None]:
+    """A Ray ``worker_process_setup_hook``: once ``armed`` exists, the first item a worker
+    process starts kills that process, like an OOM kill or a preempted node; ``fired``
+    (created atomically, so only one actor dies) records it. Ray pickles the hook by
+    value and runs it in every worker it starts, restarted actors included."""
+
+    def install() -> None:
+        from pipeline.work_item import ItemWorker
+
+        real = ItemWorker.process
+
+        def process(self: ItemWorker, item: object) -> object:
+            if armed.exists():
+                try:
+                    os.close(os.open(fired, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    pass
+                else:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return real(self, item)
+
+        ItemWorker.process = process  # type: ignore[method-assign]
+
+    return install
+
+
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A local Ray cluster whose workers kill themselves once when ``<dir>/armed`` exists
+    (``<dir>`` is what the fixture yields; ``<dir>/fired`` appears when one did)."""
     import logging
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -28,14 +57,17 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
     # A short temp dir: Ray's socket paths must stay under the 107-byte AF_UNIX limit.
     temp = tmp_path_factory.mktemp("ray")
+    faults = tmp_path_factory.mktemp("faults")
+    hook = kill_one_item_call(faults / "armed", faults / "fired")
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING,
-             log_to_driver=False, _temp_dir=str(temp))
-    yield
+             log_to_driver=False, _temp_dir=str(temp),
+             runtime_env={"worker_process_setup_hook": hook})
+    yield faults
     ray.shutdown()
 
 
 def test_ray_matches_local_across_actor_counts_and_survives_a_killed_actor(
-        ray_cluster: None, tiny_model_dir: Path, tmp_path: Path) -> None:
+        ray_cluster: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus")
     local, one, two = tmp_path / "local", tmp_path / "one", tmp_path / "two"
     kw = {"n_shards": 3, "batch_tokens": 8}  # small budget: several units per shard
@@ -45,10 +77,13 @@ def test_ray_matches_local_across_actor_counts_and_survives_a_killed_actor(
     assert s1.executor == "ray" and s1.documents == 9
     assert_same_dataset(local, one)
 
-    marker = tmp_path / "crashed-once"
-    s2 = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], two, executor="ray", actors=2,
-                             crash_marker=str(marker), **kw))
-    assert marker.exists(), "the fault hook did not fire: no actor was killed"
+    (ray_cluster / "armed").touch()
+    try:
+        s2 = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], two, executor="ray",
+                                 actors=2, **kw))
+    finally:
+        (ray_cluster / "armed").unlink()
+    assert (ray_cluster / "fired").exists(), "the fault hook did not fire: no actor was killed"
     assert s2.documents == 9 and s2.tokens == s1.tokens
     # The unit that was in flight when its actor died was retried: nothing lost or doubled.
     assert_same_dataset(one, two)
@@ -56,7 +91,7 @@ def test_ray_matches_local_across_actor_counts_and_survives_a_killed_actor(
     assert not tokens.duplicated(["doc_id", "sent_idx", "tok_idx"]).any()
 
 
-def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: None,
+def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: Path,
                                                            tiny_model_dir: Path,
                                                            tmp_path: Path) -> None:
     """3 actors of 1 CPU on a 2-CPU cluster: refused before any work, one line naming

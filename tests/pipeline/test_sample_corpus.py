@@ -1,6 +1,6 @@
 """The bundled sample corpus (``data/sample``) holds no repeated text.
 
-A repeated paragraph shows up twice in every search over the sample (issue 13: the demo
+A repeated paragraph shows up twice in every search over the sample (the demo once
 listed one Austen sentence as ``austen.txt:121`` and again as ``play.txt:1``).
 """
 
