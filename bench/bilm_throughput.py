@@ -33,49 +33,18 @@ length-sorted running text, as the stateless embedder cuts them.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from workload import CONFIGS, CORPORA, running_text
 
 from elmo_model import BiLM, BiLMConfig, ElmoEmbedder, PackPlan
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
 from elmo_model.lstm_steps import choose_step
 from elmo_model.model import LstmStep
-
-CONFIGS = {
-    "standard": BiLMConfig(),
-    "small": BiLMConfig(
-        lstm_dim=1024,
-        projection_dim=128,
-        filters=((1, 32), (2, 32), (3, 64), (4, 128)),
-        n_highway=1,
-    ),
-}
-CORPORA = Path(__file__).resolve().parent.parent.parent / "shared" / "corpora"
-_TOKEN = re.compile(r"\w+|[^\w\s]")
-
-
-def running_text(
-    n_sentences: int, skip: int, min_len: int = 8, max_len: int = 40
-) -> list[list[str]]:
-    """Consecutive lines of Austen and Melville, crudely tokenized, of moderate length."""
-    lines = (CORPORA / "austen.txt").read_text(encoding="utf-8").splitlines()
-    lines += (CORPORA / "moby_dick.txt").read_text(encoding="utf-8").splitlines()
-    out: list[list[str]] = []
-    for line in lines[skip:]:
-        tokens = _TOKEN.findall(line)
-        if min_len <= len(tokens) <= max_len:
-            out.append(tokens)
-        elif len(tokens) > max_len:
-            out.append(tokens[:max_len])
-        if len(out) == n_sentences:
-            break
-    return out
 
 
 def matmul_seconds_per_flop(

@@ -34,7 +34,7 @@ sys.path.insert(1, {bench!r})
 import torch
 torch.set_num_threads(int(threads))
 import elmo_model
-from bilm_throughput import CONFIGS, running_text
+from workload import CONFIGS, running_text
 assert elmo_model.__file__.startswith(tree), elmo_model.__file__
 options = dict(device="cpu", dtype=dtype, cache_size=int(cache),
                max_batch_tokens=int(max_tokens))
