@@ -77,18 +77,11 @@ def choose_step(name: str, device: torch.device | str,
             reason = ("set explicitly" if name == "onednn"
                       else "CPU: oneDNN matmuls on weights reordered once")
             return ChosenStep("onednn", OnednnStep(), reason)
-        if name == "auto":
-            return ChosenStep("torch", TorchStep(), missing)
-    if name == "onednn":
-        missing = "it is for the CPU" if device.type != "cpu" else missing
-        raise ElmoUserError(f"lstm_impl onednn cannot run on {device}: {missing}; "
-                            "use auto or torch")
-    missing = fused_unavailable(device)
-    if name == "fused":
-        if missing is not None:
-            raise ElmoUserError(f"lstm_impl fused cannot run on {device}: {missing}; "
-                                "use auto or torch")
-        return ChosenStep("fused", _fused_step(), "set explicitly")
-    if missing is not None:
+    else:
+        missing = fused_unavailable(device) if name != "onednn" else "it is for the CPU"
+        if missing is None:
+            reason = "set explicitly" if name == "fused" else "CUDA device and triton importable"
+            return ChosenStep("fused", _fused_step(), reason)
+    if name == "auto":
         return ChosenStep("torch", TorchStep(), missing)
-    return ChosenStep("fused", _fused_step(), "CUDA device and triton importable")
+    raise ElmoUserError(f"lstm_impl {name} cannot run on {device}: {missing}; use auto or torch")
