@@ -36,6 +36,7 @@ class VersionedWeights(nn.Module):
         self.register_load_state_dict_post_hook(_count_load)  # module-level: picklable
 
     def weights_changed(self) -> None:
+        """Declare an in-place edit of this module's weights (or any submodule's)."""
         for module in self.modules():
             if isinstance(module, VersionedWeights):
                 module.weights_version += 1
@@ -48,10 +49,13 @@ class DerivedWeights:
     in float32 and bfloat16 can share a model without rebuilding.
 
     The key is public state: ``weights_version`` (loads and declared edits) and each
-    parameter's device and ``data_ptr`` (``.to()``, replaced tensors). It is not a
-    checksum, which would read every weight (hundreds of MB) at each call. The entries
-    live beside the module, not on it: a oneDNN reordered weight cannot be pickled, and a
-    model must stay picklable and copyable.
+    parameter's device and ``data_ptr`` (``.to()``, replaced tensors). torch's version
+    counter (``p._version``) would see in-place edits by itself, but it is private and
+    inference tensors have none; a checksum would read every weight (hundreds of MB) at
+    each call. So in-place edits are declared; training and its held-out evaluation run
+    the reference step, which derives nothing. The entries live beside the module, not on
+    it: a oneDNN reordered weight cannot be pickled, and a model must stay picklable and
+    copyable.
     """
 
     def __init__(self) -> None:
