@@ -13,13 +13,10 @@ tokens of each time step in the active batch, so no FLOP is spent on padding. Th
 backward direction reads each sentence reversed in place, which gives it the same
 packing as the forward one; both directions then run as one batched matmul per step.
 
-The recurrence is written once here (``reference_step``, out of place, what autograd and
-training use). Faster inference versions of the same step take the same arguments
-(``LstmStep``) and live beside it: the in-place torch step (``torch_step.py``), oneDNN
-matmuls on weights reordered once (``onednn.py``) and the fused Triton step
-(``fused_lstm.py``); ``lstm_steps.py`` names them and chooses one per embedder. The
-packed layout is ``pack_plan.py``; caches of weights derived for the fast steps,
-``weight_versions.py``.
+The recurrence is written once here (``reference_step``: out of place, what autograd and
+training run). Faster versions for inference take the same arguments (``LstmStep``) and
+live beside it, named and chosen once per embedder in ``lstm_steps.py``. The packed
+layout: ``pack_plan.py``; weights the fast steps derive: ``weight_versions.py``.
 """
 
 from __future__ import annotations
