@@ -8,8 +8,8 @@ Random weights (speed does not depend on their values). Sentences are running te
 ../shared/corpora, taken in order. Configurations are interleaved round-robin so that
 load from other processes hits them alike; medians and ratios are what to quote.
 
-Reported per thread count: tokens/s per variant (``torch step``: ``lstm_impl="reference"``,
-the step before the oneDNN one; the others run ``auto``, the oneDNN step); the machine's
+Reported per thread count: tokens/s per variant (``torch step``: ``lstm_impl="torch"``,
+the in-place torch step; the others run ``auto``, the oneDNN step); the machine's
 matmul GFLOP/s for the shapes the model multiplies, as torch ``matmul`` runs them (fp32,
 bf16) and as oneDNN runs them on weights reordered once (fp32), the faster of the two
 here; the model's effective GFLOP/s (forward FLOPs per token from the config x tokens/s)
@@ -20,9 +20,10 @@ With ``--device cuda`` (one run, on a GPU machine):
     .venv/bin/python bench/bilm_throughput.py --device cuda
 
 measures the model's compute (char CNN + both LSTM stacks, synchronized, no host copy)
-for fp32/bf16/fp16 and 4k/32k/131k-token batches, for each LSTM step (``reference``:
-the torch step; ``triton``: the fused Triton step, packed; ``triton-graphs``: fused, with
-CUDA graphs where the batch pads well, the ``auto`` choice), with TFLOP/s, the fraction of
+for fp32/bf16/fp16 and 4k/32k/131k-token batches, for each LSTM step (``torch``: the
+in-place torch step; ``fused-packed``: the fused Triton step over the packed batch;
+``fused``: fused, with CUDA graphs where the batch pads well, the ``auto`` choice), with
+TFLOP/s, the fraction of
 the plain GEMM rate for the model's own shapes, the cuDNN ``nn.LSTM`` anchor (same cell and
 projection sizes, no clipping, LSTM alone), cosines of bf16/fp16 to fp32 per token and
 layer, and the largest fp32 difference between CUDA and the CPU. Batches are cut from
@@ -32,47 +33,18 @@ length-sorted running text, as the stateless embedder cuts them.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from workload import CONFIGS, CORPORA, running_text
 
 from elmo_model import BiLM, BiLMConfig, ElmoEmbedder, PackPlan
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
-
-CONFIGS = {
-    "standard": BiLMConfig(),
-    "small": BiLMConfig(
-        lstm_dim=1024,
-        projection_dim=128,
-        filters=((1, 32), (2, 32), (3, 64), (4, 128)),
-        n_highway=1,
-    ),
-}
-CORPORA = Path(__file__).resolve().parent.parent.parent / "shared" / "corpora"
-_TOKEN = re.compile(r"\w+|[^\w\s]")
-
-
-def running_text(
-    n_sentences: int, skip: int, min_len: int = 8, max_len: int = 40
-) -> list[list[str]]:
-    """Consecutive lines of Austen and Melville, crudely tokenized, of moderate length."""
-    lines = (CORPORA / "austen.txt").read_text(encoding="utf-8").splitlines()
-    lines += (CORPORA / "moby_dick.txt").read_text(encoding="utf-8").splitlines()
-    out: list[list[str]] = []
-    for line in lines[skip:]:
-        tokens = _TOKEN.findall(line)
-        if min_len <= len(tokens) <= max_len:
-            out.append(tokens)
-        elif len(tokens) > max_len:
-            out.append(tokens[:max_len])
-        if len(out) == n_sentences:
-            break
-    return out
+from elmo_model.lstm_steps import choose_step
+from elmo_model.model import LstmStep
 
 
 def matmul_seconds_per_flop(
@@ -194,10 +166,10 @@ def main() -> None:
     )
 
     variants = {
-        "fp32 torch step": dict(dtype="float32", cache_size=0, lstm_impl="reference"),
+        "fp32 torch step": dict(dtype="float32", cache_size=0, lstm_impl="torch"),
         "fp32": dict(dtype="float32", cache_size=0),
         "fp32+cache": dict(dtype="float32", cache_size=200_000),
-        "bf16 torch step": dict(dtype="bfloat16", cache_size=0, lstm_impl="reference"),
+        "bf16 torch step": dict(dtype="bfloat16", cache_size=0, lstm_impl="torch"),
         "bf16": dict(dtype="bfloat16", cache_size=0),
         "bf16+cache": dict(dtype="bfloat16", cache_size=200_000),
     }
@@ -211,11 +183,11 @@ def main() -> None:
         print(f"\nthreads={threads}: the fp32 step is {embedders['fp32'].lstm_step}")
         for embedder in embedders.values():
             if embedder.cache is not None:
-                model.lstm_impl = embedder.lstm_impl
                 with torch.inference_mode(), embedder._autocast():
                     for i in range(0, len(history), 256):
                         embedder.cache.lookup(
-                            model, [t for s in history[i : i + 256] for t in s], embedder.device
+                            model, [t for s in history[i : i + 256] for t in s], embedder.device,
+                            embedder.step,
                         )
         for embedder in embedders.values():  # one untimed batch each: allocator, kernels
             embedder.embed(batches[0][:4])
@@ -289,7 +261,18 @@ def main() -> None:
 # ---- CUDA -----------------------------------------------------------------------------
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-IMPLS = ("reference", "triton", "triton-graphs")
+# Each a fresh step per variant, so one variant's CUDA graphs and buffers go with it.
+CUDA_STEPS = {
+    "torch": lambda device: choose_step("torch", device).step,
+    "fused-packed": lambda device: _fused(graphs=False),
+    "fused": lambda device: choose_step("fused", device).step,
+}
+
+
+def _fused(graphs: bool) -> LstmStep:
+    from elmo_model.fused_graphs import FusedStep  # imports triton
+
+    return FusedStep(graphs=graphs)
 
 
 def text_pool(n_tokens: int) -> list[list[str]]:
@@ -340,14 +323,15 @@ class DeviceBatch:
         self.n_sentences = len(sentences)
 
 
-def run_model(model: BiLM, batch: DeviceBatch, dtype: torch.dtype) -> torch.Tensor:
+def run_model(model: BiLM, batch: DeviceBatch, dtype: torch.dtype,
+              step: LstmStep) -> torch.Tensor:
     """All layers ``[L + 1, N, 2P]`` float32: what the embedder computes, minus the copy
     to the host."""
     device_type = batch.char_ids.device.type
     with torch.inference_mode(), torch.autocast(device_type, dtype=dtype,
                                                 enabled=dtype != torch.float32):
-        tokens = model.token_embedding(batch.char_ids).float()
-        layers, _ = model.contextualize(tokens, batch.plan)
+        tokens = model.token_embedding(batch.char_ids, step).float()
+        layers, _ = model.contextualize(tokens, batch.plan, step=step)
         return torch.cat([tokens.repeat(1, 2).unsqueeze(0), layers.float()])
 
 
@@ -396,18 +380,16 @@ def lstm_flops_per_token(config: BiLMConfig) -> int:
     return 2 * config.n_layers * (2 * (p + p) * 4 * d + 2 * d * p)
 
 
-def measure(model: BiLM, batches: list[DeviceBatch], dtype: torch.dtype):
+def measure(model: BiLM, batches: list[DeviceBatch], dtype: torch.dtype, step: LstmStep):
     """Median tokens/s over the batches (each the median of 3 timings, after one warm-up
     call that compiles kernels and captures graphs), and the first two batches' vectors."""
     for batch in batches:
-        run_model(model, batch, dtype)
+        run_model(model, batch, dtype, step)
     rates = []
     for batch in batches:
-        seconds = cuda_seconds(lambda batch=batch: run_model(model, batch, dtype), 3)
+        seconds = cuda_seconds(lambda batch=batch: run_model(model, batch, dtype, step), 3)
         rates.append(batch.n_tokens / statistics.median(seconds))
-    vectors = [run_model(model, batch, dtype) for batch in batches[:2]]
-    model._graphs.clear()  # free the padded buffers before the next variant
-    torch.cuda.empty_cache()
+    vectors = [run_model(model, batch, dtype, step) for batch in batches[:2]]
     return statistics.median(rates), vectors
 
 
@@ -418,9 +400,9 @@ def cuda_main(args: argparse.Namespace) -> None:
     config = CONFIGS[args.config]
     torch.manual_seed(0)
     model = BiLM(config).to(device).eval()
-    impl, reason = model.resolve_lstm_impl(device)
+    auto = choose_step("auto", device)
     print(f"device {torch.cuda.get_device_name(device)}; torch {torch.__version__}; "
-          f"auto LSTM step: {impl} ({reason})")
+          f"auto LSTM step: {auto.name} ({auto.reason})")
     flops_per_token = config.forward_flops_per_token()
     sizes = [int(t) for t in args.batch_tokens.split(",")]
     dtypes = [_DTYPES[name] for name in args.dtypes.split(",")]
@@ -431,9 +413,10 @@ def cuda_main(args: argparse.Namespace) -> None:
     cpu_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
     small = pool[:16]
     want = run_model(cpu_model, DeviceBatch(cpu_model, small, torch.device("cpu")),
-                     torch.float32)
-    got = run_model(model, DeviceBatch(model, small, device), torch.float32).cpu()
-    print(f"CUDA fp32 ({impl}) vs CPU fp32: max abs difference {(got - want).abs().max():.2e}")
+                     torch.float32, choose_step("reference", "cpu").step)
+    got = run_model(model, DeviceBatch(model, small, device), torch.float32, auto.step).cpu()
+    print(f"CUDA fp32 ({auto.name}) vs CPU fp32 reference: max abs difference "
+          f"{(got - want).abs().max():.2e}")
 
     rows = []
     for size in sizes:
@@ -442,14 +425,14 @@ def cuda_main(args: argparse.Namespace) -> None:
         tokens = [b.n_tokens for b in batches]
         mean_batch = int(statistics.mean(b.n_sentences for b in batches))
         mean_steps = round(statistics.mean(b.n_tokens / b.n_sentences for b in batches))
-        fp32_vectors: list[torch.Tensor] = []  # the reference step's, first two batches
+        fp32_vectors: list[torch.Tensor] = []  # the torch step's, first two batches
         for dtype in dtypes:
             gemm = cuda_gemm_rate(config, mean_batch, int(statistics.mean(tokens)), dtype, device)
             anchor = cudnn_anchor(config, mean_batch, mean_steps, dtype, device)
-            for impl_name in IMPLS:
-                model.lstm_impl = impl_name
-                rate, vectors = measure(model, batches, dtype)
-                if dtype == torch.float32 and impl_name == "reference":
+            for impl_name, make_step in CUDA_STEPS.items():
+                rate, vectors = measure(model, batches, dtype, make_step(device))
+                torch.cuda.empty_cache()  # the step's graphs and padded buffers are gone
+                if dtype == torch.float32 and impl_name == "torch":
                     fp32_vectors = vectors
                 cosine = min((float(F.cosine_similarity(a, b, dim=-1).min())
                               for a, b in zip(vectors, fp32_vectors, strict=False)),
@@ -461,8 +444,7 @@ def cuda_main(args: argparse.Namespace) -> None:
                 print(f"{rows[-1][0]:>8} {size:>7} {impl_name:<14} {rate:>10.0f} tok/s "
                       f"{tflops:6.1f} TFLOP/s ({tflops * 1e12 / gemm:.2f} of GEMM "
                       f"{gemm / 1e12:.0f}); cuDNN anchor {anchor:.0f} tok/s; "
-                      f"cosine to fp32 reference {cosine:.6f}", flush=True)
-        model.lstm_impl = "auto"
+                      f"cosine to fp32 torch step {cosine:.6f}", flush=True)
         del batches
 
     print("\n| compute | batch tokens | LSTM step | tok/s | TFLOP/s | of GEMM rate | cuDNN "

@@ -92,9 +92,9 @@ def load(
     The chosen start is ``embedder.initial_state``.
 
     ``lstm_impl``: ``auto`` (the fused Triton step on CUDA when triton imports; on the CPU
-    the oneDNN step, whose matmuls run on weights reordered once; else the reference torch
-    step), ``reference``, ``onednn``, ``triton`` or ``triton-graphs``; the step in use and
-    why is ``embedder.lstm_step``.
+    the oneDNN step, whose matmuls run on weights reordered once; else the in-place torch
+    step), ``reference``, ``torch``, ``onednn`` or ``fused`` (``lstm_steps.py``); the step
+    in use and why is ``embedder.lstm_step``.
     """
     settings = {"mode": mode, "device": device, "dtype": dtype, "initial_state": initial_state,
                 "cache_size": cache_size, "max_batch_tokens": max_batch_tokens,

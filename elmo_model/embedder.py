@@ -21,7 +21,8 @@ import torch
 
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
 from elmo_model.errors import ElmoUserError
-from elmo_model.model import LSTM_IMPLS, BiLM, BiLMConfig, LstmState, PackPlan
+from elmo_model.lstm_steps import choose_step
+from elmo_model.model import BiLM, BiLMConfig, LstmState, LstmStep, PackPlan, reference_step
 
 StateMode = Literal["stateless", "stateful"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,10 +40,12 @@ def select_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def fresh_token_vectors(model: BiLM, tokens: list[str], device: torch.device) -> torch.Tensor:
-    """The char CNN's float32 vectors for ``tokens``, ``[len(tokens), P]``, no cache."""
+def fresh_token_vectors(model: BiLM, tokens: list[str], device: torch.device,
+                        step: LstmStep = reference_step) -> torch.Tensor:
+    """The char CNN's float32 vectors for ``tokens``, ``[len(tokens), P]``, no cache;
+    ``step`` may run its matmuls (``LstmStep.char_cnn_linears``)."""
     ids = np.stack([token_char_ids(t, model.config.max_chars) for t in tokens])
-    return model.token_embedding(torch.from_numpy(ids).to(device)).float()
+    return model.token_embedding(torch.from_numpy(ids).to(device), step).float()
 
 
 class TokenCache:
@@ -60,15 +63,18 @@ class TokenCache:
     def __len__(self) -> int:
         return len(self._vectors)
 
-    def lookup(self, model: BiLM, tokens: list[str], device: torch.device) -> torch.Tensor:
-        """Vectors for ``tokens`` in order, ``[len(tokens), P]``; computes only the misses."""
+    def lookup(self, model: BiLM, tokens: list[str], device: torch.device,
+               step: LstmStep = reference_step) -> torch.Tensor:
+        """Vectors for ``tokens`` in order, ``[len(tokens), P]``; computes only the misses
+        (with ``step``'s char CNN matmuls)."""
         unique = list(dict.fromkeys(tokens))
         missing = [t for t in unique if t not in self._vectors]
         self.hits += len(unique) - len(missing)
         self.misses += len(missing)
         fresh: dict[str, torch.Tensor] = {}
         if missing:
-            fresh = dict(zip(missing, fresh_token_vectors(model, missing, device), strict=True))
+            fresh = dict(zip(missing, fresh_token_vectors(model, missing, device, step),
+                             strict=True))
         rows = []
         for token in unique:
             vector = fresh.get(token)
@@ -90,6 +96,10 @@ class ElmoEmbedder:
 
     ``embed(sentences)`` returns, per sentence, a float32 array ``[L + 1, n_tokens, 2P]``:
     layer 0 the token layer (repeated for both directions), layer j ``[h_fwd_j; h_bwd_j]``.
+
+    ``lstm_impl`` names the LSTM step (``lstm_steps.STEP_NAMES``), chosen once here for
+    the device and dtype: the step object is ``step``, and ``lstm_step`` is ``(name, one-line
+    reason)``, e.g. why not the fused one.
     """
 
     def __init__(
@@ -110,20 +120,14 @@ class ElmoEmbedder:
             raise ElmoUserError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
         if max_batch_tokens < 1:
             raise ElmoUserError("max_batch_tokens must be at least 1")
-        if lstm_impl not in LSTM_IMPLS:
-            raise ElmoUserError(f"unknown lstm_impl {lstm_impl!r}; use one of "
-                                f"{', '.join(LSTM_IMPLS)}")
         self.device = select_device(device)
         if dtype == "float16" and self.device.type != "cuda":
             raise ElmoUserError("float16 compute needs a CUDA device; on the CPU use bfloat16")
         self.model = model.to(self.device).eval()
         self.lstm_impl = lstm_impl
-        self.model.lstm_impl = lstm_impl
-        # (step, one-line reason): which LSTM step runs, e.g. why not the fused one
-        try:
-            self.lstm_step = self.model.resolve_lstm_impl(self.device)
-        except ValueError as error:  # e.g. onednn asked for on a GPU
-            raise ElmoUserError(str(error)) from None
+        chosen = choose_step(lstm_impl, self.device, _DTYPES[dtype])
+        self.step: LstmStep = chosen.step
+        self.lstm_step: tuple[str, str] = (chosen.name, chosen.reason)
         self.mode: StateMode = mode
         self.dtype = dtype
         self.max_batch_tokens = max_batch_tokens
@@ -151,8 +155,8 @@ class ElmoEmbedder:
 
     def _token_vectors(self, tokens: list[str]) -> torch.Tensor:
         if self.cache is not None:
-            return self.cache.lookup(self.model, tokens, self.device)
-        return fresh_token_vectors(self.model, tokens, self.device)
+            return self.cache.lookup(self.model, tokens, self.device, self.step)
+        return fresh_token_vectors(self.model, tokens, self.device, self.step)
 
     def _initial_state(self, batch_size: int) -> LstmState | None:
         if self.mode == "stateful":
@@ -172,11 +176,10 @@ class ElmoEmbedder:
     def _run_batch(self, sentences: list[list[str]]) -> list[np.ndarray]:
         flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
         plan = PackPlan.build(np.array([len(s) + 2 for s in sentences]), self.device)
-        self.model.lstm_impl = self.lstm_impl  # embedders sharing a model each run their own
         with self._autocast():
             tokens = self._token_vectors(flat)  # [N, P]
             lstm_layers, final_state = self.model.contextualize(
-                tokens, plan, self._initial_state(len(sentences)))
+                tokens, plan, self._initial_state(len(sentences)), step=self.step)
         if self.mode == "stateful":
             assert self._carried is not None
             for (h, c), (fh, fc) in zip(self._carried, final_state, strict=True):

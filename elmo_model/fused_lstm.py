@@ -11,18 +11,16 @@ One step of one layer, both directions at once (see ``model.BiLstmLayer``)::
 The unfused step makes ~12 passes over the ``[2, n, 4D]`` float32 gates; here the gates
 are read once, in the matmul's dtype, and the gate math runs in float32 registers.
 
-Two time loops share those kernels:
-
-* ``packed_steps``: the packed layout of ``PackPlan`` (only real tokens at each step).
-* ``PaddedRun.steps``: a fixed ``[steps, batch]`` grid where rows past their length keep
-  their state (masked by ``lengths``); fixed shapes are what a CUDA graph needs, so
-  ``RecurrenceGraphs`` captures this loop once per (batch, steps) bucket and replays it.
+Two time loops share those kernels: ``packed_steps`` here, over the packed layout of
+``PackPlan`` (only real tokens at each step), and ``fused_graphs.PaddedRun.steps``, over a
+fixed ``[steps, batch]`` grid captured as CUDA graphs; ``fused_graphs.FusedStep`` is the
+``LstmStep`` that runs one or the other.
 
 The projection matmul stays cuBLAS (its clip is the second kernel's first operation): a
 Triton matmul with the clip as epilogue would save one small pass over ``[2, n, P]``.
 
-Importing this module imports triton; ``model.py`` imports it only when the fused path is
-chosen. The same launches run on CPU tensors under Triton's interpreter
+Importing this module imports triton; ``lstm_steps`` imports it only when the fused step
+is chosen. The same launches run on CPU tensors under Triton's interpreter
 (``TRITON_INTERPRET=1`` set before triton is imported), which is how the tests check them.
 """
 
@@ -196,7 +194,7 @@ def fused_step(
     )
 
 
-class _Buffers:
+class Buffers:
     """Flat work buffers reused across steps and calls, viewed at each step's shape."""
 
     def __init__(self, device: torch.device) -> None:
@@ -222,7 +220,7 @@ def packed_steps(
     h: torch.Tensor,
     c: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The recurrence over a packed batch (``PackPlan`` layout), as ``model._steps``.
+    """The recurrence over a packed batch (``PackPlan`` layout), as ``model.ReferenceStep``.
 
     pre ``[2, N, 4D]`` without bias; h ``[2, B, P]``, c ``[2, B, D]`` fp32 initial state in
     rank order. Returns the packed output ``[2, N, P]`` fp32 and the final h, c.
@@ -232,7 +230,7 @@ def packed_steps(
     c = c.float().clone()
     h_in = h if weights.dtype == torch.float32 else h.to(weights.dtype)
     out = pre.new_empty(2, pre.shape[1], p, dtype=torch.float32)
-    buffers = _Buffers(pre.device)
+    buffers = Buffers(pre.device)
     for t, n in enumerate(batch_sizes):
         start = offsets[t]
         fused_step(
@@ -242,153 +240,3 @@ def packed_steps(
             proj=buffers.view("proj", (2, n, p), weights.dtype),
         )
     return out, h, c
-
-
-# Bucket sizes: 4 per octave (8, 10, 12, 14, 16, 20, ...), so a bucket wastes under 25% of a
-# dimension and a long job sees a few dozen distinct shapes at most.
-_BUCKETS = sorted({(4 + j) << shift for shift in range(1, 24) for j in range(4)})
-
-
-def bucket_size(n: int) -> int:
-    """The smallest bucket >= n (n >= 1)."""
-    if n < 1:
-        raise ValueError(f"bucket_size needs n >= 1, got {n}")
-    for size in _BUCKETS:
-        if size >= n:
-            return size
-    raise ValueError(f"{n} is beyond the largest bucket {_BUCKETS[-1]}")
-
-
-def padded_positions(batch_sizes: list[int], padded_batch: int) -> np.ndarray:
-    """For each packed position (step t, rank r), its row ``t * padded_batch + r`` in the
-    padded ``[steps, padded_batch]`` grid."""
-    sizes = np.asarray(batch_sizes, dtype=np.int64)
-    steps = np.repeat(np.arange(len(sizes)), sizes)
-    ranks = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-    return steps * padded_batch + ranks
-
-
-@dataclass
-class PaddedRun:
-    """Inputs and outputs of one padded time loop; all tensors stay put between calls."""
-
-    pre: torch.Tensor  # [2, steps * batch, 4D] matmul dtype, no bias
-    lengths: torch.Tensor  # [batch] int32, rank order; 0 for padding rows
-    h: torch.Tensor  # [2, batch, P] fp32: initial state in, final state out
-    h_in: torch.Tensor  # h, or its matmul-dtype copy
-    c: torch.Tensor  # [2, batch, D] fp32, in and out
-    out: torch.Tensor  # [2, steps * batch, P] fp32
-    rec: torch.Tensor
-    cell: torch.Tensor
-    proj: torch.Tensor
-
-    @classmethod
-    def allocate(cls, buffers: _Buffers, batch: int, steps: int, d: int, p: int,
-                 dtype: torch.dtype) -> PaddedRun:
-        f32 = torch.float32
-        h = buffers.view("h", (2, batch, p), f32)
-        return cls(
-            pre=buffers.view("pre", (2, steps * batch, 4 * d), dtype),
-            lengths=buffers.view("lengths", (batch,), torch.int32),
-            h=h,
-            h_in=h if dtype == f32 else buffers.view("h_in", (2, batch, p), dtype),
-            c=buffers.view("c", (2, batch, d), f32),
-            out=buffers.view("out", (2, steps * batch, p), f32),
-            rec=buffers.view("rec", (2, batch, 4 * d), dtype),
-            cell=buffers.view("cell", (2, batch, d), dtype),
-            proj=buffers.view("proj", (2, batch, p), dtype),
-        )
-
-    def steps(self, weights: StepWeights) -> None:
-        """The whole time loop; every launch has a fixed shape (capturable)."""
-        batch = self.h.shape[1]
-        for t in range(self.pre.shape[1] // batch):
-            rows = slice(t * batch, (t + 1) * batch)
-            fused_step(weights, self.pre[:, rows], self.h, self.h_in, self.c, self.out[:, rows],
-                       self.rec, self.cell, self.proj, lengths=self.lengths, step=t)
-
-
-class RecurrenceGraphs:
-    """The padded time loop per (layer, batch bucket, steps bucket, dtype), captured as a
-    CUDA graph on first use and replayed after; on a CPU device (the interpreter in tests)
-    the same loop runs uncaptured.
-
-    All captured tensors live in one set of flat buffers shared by every layer and bucket
-    (layers run one after another), so memory is that of the largest bucket, not the sum.
-    When a larger bucket needs bigger buffers, every graph is dropped and recaptured.
-    """
-
-    # Padded grid cells per real token above which the packed loop is the better deal:
-    # padding costs FLOPs in proportion, launch overhead only matters for small batches.
-    max_padding = 1.35
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.buffers = _Buffers(device)
-        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-
-    def fits(self, batch_sizes: list[int]) -> bool:
-        """Whether a batch is worth padding to its bucket (similar sentence lengths, as
-        the stateless embedder's length-sorted batches have)."""
-        grid = bucket_size(batch_sizes[0]) * bucket_size(len(batch_sizes))
-        return grid <= self.max_padding * sum(batch_sizes)
-
-    def run(
-        self,
-        key: object,
-        weights: StepWeights,
-        x: torch.Tensor,
-        w_in: torch.Tensor,
-        batch_sizes: list[int],
-        lengths: np.ndarray,
-        h: torch.Tensor,
-        c: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x ``[2, N, P]`` packed layer input (matmul dtype); lengths ``[B]`` rank order;
-        h, c initial state ``[2, B, *]`` rank order. Returns as ``packed_steps``."""
-        batch, p, d = h.shape[1], h.shape[-1], c.shape[-1]
-        padded_batch, steps = bucket_size(batch), bucket_size(len(batch_sizes))
-        self.buffers.grew = False
-        run = PaddedRun.allocate(self.buffers, padded_batch, steps, d, p, weights.dtype)
-        if self.buffers.grew:
-            self.graphs.clear()
-        # Inputs go into the captured tensors; padding rows get length 0 and zero state.
-        positions = torch.from_numpy(padded_positions(batch_sizes, padded_batch)).to(x.device)
-        x_padded = x.new_zeros(2, steps * padded_batch, p)
-        x_padded[:, positions] = x
-        torch.bmm(x_padded, w_in, out=run.pre)
-        run.lengths.zero_()
-        run.lengths[:batch] = torch.from_numpy(lengths.astype(np.int32)).to(x.device)
-        run.h.zero_()
-        run.h[:, :batch] = h
-        if run.h_in is not run.h:
-            run.h_in.copy_(run.h)
-        run.c.zero_()
-        run.c[:, :batch] = c
-        if self.device.type != "cuda":
-            run.steps(weights)
-        else:
-            graph_key = (key, padded_batch, steps, weights.dtype)
-            graph = self.graphs.get(graph_key)
-            if graph is None:
-                graph = self._capture(run, weights)
-                self.graphs[graph_key] = graph
-            graph.replay()
-        return run.out[:, positions], run.h[:, :batch].clone(), run.c[:, :batch].clone()
-
-    def _capture(self, run: PaddedRun, weights: StepWeights) -> torch.cuda.CUDAGraph:
-        # One uncaptured run first compiles the kernels and picks cuBLAS algorithms; it
-        # updates h and c in place, so the inputs are put back before capturing (capture
-        # itself executes nothing; ``run`` replays the graph next).
-        saved = [t.clone() for t in (run.h, run.h_in, run.c)]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            run.steps(weights)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run.steps(weights)
-        for tensor, value in zip((run.h, run.h_in, run.c), saved, strict=True):
-            tensor.copy_(value)
-        return graph

@@ -9,18 +9,26 @@ large products gain less (the input projection over 1,077 tokens: 77 -> 93 GFLOP
 See BENCHMARKS.md for the model's figures.
 
 The ops are torch's own (``torch.ops.mkldnn``, which inductor's CPU backend uses the same
-way), but private, so ``onednn_unavailable`` tries them once before the model relies on
-them; where they are missing (a torch built without oneDNN) the model runs the torch step.
+way), but private, so ``onednn_unavailable`` tries them once before a step is chosen;
+where they are missing (a torch built without oneDNN) ``auto`` picks the torch step.
 
-The model keeps its packings with ``model.derived_weights``, rebuilt when a weight
-changes.
+``OnednnStep`` is the CPU's default ``LstmStep``: the torch step's in-place recurrence
+with these matmuls, and the char CNN's highway and projection through them too. Its
+packings are kept per model and dtype (``weight_versions.DerivedWeights``) until the
+weights change.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
+
+from elmo_model.model import BiLstmLayer, CharCNN
+from elmo_model.pack_plan import PackPlan
+from elmo_model.torch_step import cell_update_
+from elmo_model.weight_versions import DerivedWeights
 
 
 @functools.cache
@@ -64,3 +72,74 @@ class PackedLinear:
                                                       "none", [], "")
         return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), add.contiguous(),
                                                          self.weight, self.bias, "add")
+
+
+def _require(dtype: torch.dtype) -> None:
+    missing = onednn_unavailable(dtype)
+    if missing is not None:  # choose_step checks the embedder's dtype; this came another way
+        raise ValueError(f"the onednn LSTM step cannot run {dtype} here: {missing}")
+
+
+# Per layer: one (input, recurrent, projection) packing per direction; per char CNN: its
+# highways' and projection's. Shared by every step object, so embedders on one model
+# share them.
+_LAYER_PACKINGS = DerivedWeights()
+_CHAR_CNN_PACKINGS = DerivedWeights()
+
+
+class OnednnStep:
+    """``LstmStep``: the in-place recurrence with oneDNN matmuls on weights reordered once,
+    one direction after the other: the matmuls are per direction anyway, and only one
+    direction's input projections are held at a time."""
+
+    def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
+                 c: torch.Tensor, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        _require(dtype)
+        low = dtype != torch.float32
+        batch, d, p = c.shape[1], c.shape[-1], layer.projection.shape[-1]
+        directions = _LAYER_PACKINGS.get(layer, dtype, lambda: [
+            (PackedLinear(layer.input_weight[k], None if low else layer.bias[k], dtype, 1024),
+             PackedLinear(layer.recurrent_weight[k], None, dtype),
+             PackedLinear(layer.projection[k], None, dtype))
+            for k in range(2)])
+        out = x.new_empty(2, x.shape[1], p, dtype=torch.float32)
+        c = c.clone()  # updated in place; rows that end keep their final value
+        final_h = h.clone()
+        flat_cell = x.new_empty(batch * d, dtype=torch.float32)
+        flat_gates = x.new_empty(batch * 4 * d, dtype=torch.float32) if low else None
+        for k, (w_in, w_rec, w_proj) in enumerate(directions):
+            # In low precision without the bias, as ``BiLstmLayer.input_projection`` does
+            # (rounding x W alone is more accurate); the bias is added in float32 per step.
+            pre = w_in(x[k].to(dtype))  # [N, 4D]
+            h_k = h[k]
+            for t, n in enumerate(plan.batch_sizes):
+                if n < h_k.shape[0]:  # sentences of rank >= n just ended: keep their state
+                    final_h[k, n : h_k.shape[0]] = h_k[n:]
+                    h_k = h_k[:n]
+                start = plan.offsets[t]
+                if flat_gates is None:
+                    gates = w_rec(h_k, add=pre[start : start + n])  # [n, 4D]
+                else:
+                    gates = flat_gates[: n * 4 * d].view(n, 4 * d)
+                    gates.copy_(w_rec(h_k.to(dtype))).add_(pre[start : start + n])
+                    gates.add_(layer.bias[k])
+                cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d),
+                                    layer.cell_clip)
+                h_k = w_proj(cell.to(dtype)).float()  # [n, P]
+                if layer.proj_clip:
+                    h_k.clamp_(-layer.proj_clip, layer.proj_clip)
+                out[k, start : start + n] = h_k
+            final_h[k, : h_k.shape[0]] = h_k
+        return out, final_h, c
+
+    def char_cnn_linears(self, char_cnn: CharCNN, dtype: torch.dtype
+                         ) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+        """The highways' and the projection's maps, packed in ``dtype`` for the char CNN's
+        fixed chunk of rows; each takes its input in any dtype."""
+        _require(dtype)
+        rows = char_cnn.chunk_tokens
+        linears = [*(highway.linear for highway in char_cnn.highways), char_cnn.projection]
+        packed = _CHAR_CNN_PACKINGS.get(char_cnn, dtype, lambda: [
+            PackedLinear(linear.weight.t(), linear.bias, dtype, rows) for linear in linears])
+        return [lambda x, f=f: f(x.to(f.dtype)) for f in packed]

@@ -12,9 +12,11 @@ import torch
 
 import elmo_model
 from elmo_model.char_ids import token_char_ids
+from elmo_model.lstm_steps import choose_step
 
-# The CPU's two inference steps: the torch step, and the oneDNN one that ``auto`` picks.
-CPU_STEPS = ["reference", "onednn"]
+# Every step that runs on this CPU: the reference recurrence, the in-place torch step, and
+# the oneDNN one that ``auto`` picks (the fused one: ``test_fused_lstm.py``, interpreted).
+CPU_STEPS = ["reference", "torch", "onednn"]
 
 
 def _fixture_embedder(fixture: Path, mode: str, lstm_impl: str = "auto",
@@ -60,10 +62,10 @@ def test_char_cnn_reproduces_token_embeddings(elmo_fixture_dir: Path, lstm_impl:
     vocab = (elmo_fixture_dir / "vocab_test.txt").read_text(encoding="utf-8").splitlines()
     model = elmo_model.build_model(elmo_fixture_dir / "options.json",
                                    elmo_fixture_dir / "lm_weights.hdf5")
-    model.lstm_impl = lstm_impl  # onednn also runs the highway and projection matmuls
+    step = choose_step(lstm_impl, "cpu").step  # onednn runs the highway and projection too
     ids = torch.from_numpy(np.stack([token_char_ids(t) for t in vocab]))
     with torch.inference_mode():
-        got = model.token_embedding(ids).numpy()
+        got = model.token_embedding(ids, step).numpy()
     want = h5py.File(elmo_fixture_dir / "elmo_token_embeddings.hdf5", "r")["embedding"][...]
     assert got.shape == want.shape == (458, 16)
     assert np.allclose(got, want, atol=1e-6, rtol=1e-5)
@@ -152,14 +154,14 @@ def test_warm_state_changes_vectors_and_is_stored(elmo_fixture_dir: Path, tmp_pa
 
 
 def test_autograd_path_matches_in_place_inference_path(elmo_fixture_dir: Path) -> None:
-    """Training runs the out-of-place recurrence; inference the in-place one."""
+    """Training runs the out-of-place recurrence; inference the in-place ones."""
     from elmo_model.char_ids import batch_char_ids
 
     model = elmo_model.build_model(elmo_fixture_dir / "options.json",
                                    elmo_fixture_dir / "lm_weights.hdf5")
     ids = torch.from_numpy(batch_char_ids([["a", "b", "c", "d"], ["e", "f"], ["g"]]))
     with torch.inference_mode():
-        fast = model(ids).layers
+        fast = model(ids, step=choose_step("torch", "cpu").step).layers
     with torch.enable_grad():
         slow = model(ids).layers
         slow.sum().backward()  # the graph is intact

@@ -1,4 +1,5 @@
-"""The fused Triton LSTM step (``elmo_model.fused_lstm``) against the reference torch step.
+"""The fused Triton LSTM step (``elmo_model.fused_lstm``, ``fused_graphs``) against the
+reference step.
 
 Triton's interpreter runs the kernels on CPU tensors, but only when ``TRITON_INTERPRET=1``
 is set before triton is imported. So the checks below (``check_*``) run together in one
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from elmo_model.model import BiLM, BiLMConfig, BiLstmLayer, PackPlan
+from elmo_model.model import BiLM, BiLMConfig, BiLstmLayer, LstmStep, PackPlan, reference_step
 
 # Small on purpose; D = 40 and P = 12 are not powers of two, so column masks matter, and
 # clips this low are hit by a fair share of cells and outputs.
@@ -44,6 +45,7 @@ def _layer_and_input(lengths: np.ndarray, seed: int = 0) -> tuple[BiLstmLayer, P
     layer = BiLstmLayer(CONFIG).eval()
     with torch.no_grad():
         layer.bias.normal_(0.0, 0.5)
+        layer.projection.mul_(8)  # large enough that the projection clip bites
     plan = PackPlan.build(lengths)
     x = torch.randn(2, plan.n_tokens, CONFIG.projection_dim)
     return layer, plan, x
@@ -103,51 +105,55 @@ def check_one_step_matches_the_reference_math(fixture_dir: Path) -> None:
         assert (want_c.abs() == 0.5).any() and (want_out.abs() == 0.3).any()  # clips hit
 
 
-def _run_layer(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, impl: str,
-               graphs: object = None, seed: int = 5):
+def _run_layer(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, step: LstmStep,
+               seed: int = 5):
     h0, c0 = _random_state(len(plan.lengths), seed)
     with torch.inference_mode():
-        return layer(x, plan, h0, c0, impl, graphs)
+        return layer(x, plan, h0, c0, step)
+
+
+def _fused_steps() -> dict[str, LstmStep]:
+    """The fused step's two loops: packed, and padded as captured in CUDA graphs (here
+    even for ragged batches, which on a GPU would run packed)."""
+    from elmo_model.fused_graphs import FusedStep
+
+    graphs = FusedStep()
+    graphs.recurrence_graphs(torch.device("cpu")).max_padding = float("inf")
+    return {"packed": FusedStep(graphs=False), "graphs": graphs}
 
 
 def check_fp32_loops_match_the_reference_step(fixture_dir: Path) -> None:
-    """Packed and padded (graph-shaped) loops within 1e-5 of the in-place reference;
-    the padded loop's shared buffers survive growing to a larger bucket and back."""
-    from elmo_model.fused_lstm import RecurrenceGraphs
-
-    graphs = RecurrenceGraphs(torch.device("cpu"))
-    graphs.max_padding = float("inf")  # the padded loop even for these ragged batches
+    """Packed and padded (graph-shaped) loops within 1e-5 of the reference step; the
+    padded loop's shared buffers survive growing to a larger bucket and back."""
+    steps = _fused_steps()
     for lengths in (LENGTHS, np.array([3, 9, 1, 2, 8, 8, 4, 5, 6, 2, 1]), LENGTHS[:3]):
         layer, plan, x = _layer_and_input(lengths)
-        want = _run_layer(layer, plan, x, "reference")
+        want = _run_layer(layer, plan, x, reference_step)
         assert (want[2].abs() == CONFIG.cell_clip).any()  # the cell clip is exercised
-        for impl in ("triton", "triton-graphs"):
-            got = _run_layer(layer, plan, x, impl, graphs if impl == "triton-graphs" else None)
+        assert (want[0].abs() == CONFIG.proj_clip).any()  # and the projection clip
+        for loop, step in steps.items():
+            got = _run_layer(layer, plan, x, step)
             for name, a, b in zip(("out", "h", "c"), got, want, strict=True):
-                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"{impl} {name}")
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"{loop} {name}")
 
 
 def check_low_precision_stays_close_to_fp32(fixture_dir: Path) -> None:
     """bf16 and fp16 matmuls (fp32 state and gate math): cosine >= 0.9999 per token."""
-    from elmo_model.fused_lstm import RecurrenceGraphs
-
     torch.manual_seed(0)
     model = BiLM(CONFIG).eval()
     plan = PackPlan.build(LENGTHS)
     tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
-    model._recurrence_graphs(torch.device("cpu")).max_padding = float("inf")
+    steps = _fused_steps()
     with torch.inference_mode():
-        model.lstm_impl = "reference"
         fp32, _ = model.contextualize(tokens, plan)
         for dtype in (torch.bfloat16, torch.float16):
-            for impl in ("triton", "triton-graphs"):
-                model.lstm_impl = impl
+            for loop, step in steps.items():
                 with torch.autocast("cpu", dtype=dtype):
-                    low, state = model.contextualize(tokens, plan)
+                    low, state = model.contextualize(tokens, plan, step=step)
                 assert low.dtype == torch.float32 and state[0][1].dtype == torch.float32
                 cosine = _cosines(low, fp32)
-                assert cosine.min() >= 0.9999, (dtype, impl, cosine.min())
-    assert isinstance(model._graphs[torch.device("cpu")], RecurrenceGraphs)
+                assert cosine.min() >= 0.9999, (dtype, loop, cosine.min())
+    assert steps["graphs"].recurrence_graphs(torch.device("cpu")).buffers._flat  # padded ran
 
 
 def check_model_paths_agree_with_initial_state(fixture_dir: Path) -> None:
@@ -157,15 +163,11 @@ def check_model_paths_agree_with_initial_state(fixture_dir: Path) -> None:
     plan = PackPlan.build(LENGTHS)
     tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
     state = [_random_state(len(LENGTHS), seed) for seed in range(CONFIG.n_layers)]
-    model._recurrence_graphs(torch.device("cpu")).max_padding = float("inf")
-    results = {}
     with torch.inference_mode():
-        for impl in ("reference", "triton", "triton-graphs"):
-            model.lstm_impl = impl
-            results[impl] = model.contextualize(tokens, plan, state)
-    want_layers, want_state = results["reference"]
-    for impl in ("triton", "triton-graphs"):
-        layers, final = results[impl]
+        want_layers, want_state = model.contextualize(tokens, plan, state)
+        results = {loop: model.contextualize(tokens, plan, state, step=step)
+                   for loop, step in _fused_steps().items()}
+    for layers, final in results.values():
         torch.testing.assert_close(layers, want_layers, atol=1e-5, rtol=1e-5)
         for got_hc, want_hc in zip(final, want_state, strict=True):
             for a, b in zip(got_hc, want_hc, strict=True):
@@ -180,29 +182,33 @@ def check_bilm_tf_conformance_on_the_fused_paths(fixture_dir: Path) -> None:
 
     sentences = json.loads((fixture_dir / "sentences.json").read_text())
     expected = [h5py.File(fixture_dir / f"lm_embeddings_{k}.hdf5", "r") for k in range(3)]
-    for impl in ("triton", "triton-graphs"):
+    for loop in ("packed", "graphs"):
         embedder = elmo_model.load(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5",
-                                   mode="stateful", device="cpu")
-        embedder.model.lstm_impl = impl
-        embedder.model._recurrence_graphs(torch.device("cpu")).max_padding = float("inf")
+                                   mode="stateful", device="cpu", lstm_impl="fused")
+        assert embedder.lstm_step == ("fused", "set explicitly")
+        embedder.step.graphs = loop == "graphs"  # type: ignore[attr-defined]
+        embedder.step.recurrence_graphs(torch.device("cpu")).max_padding = float("inf")
         for i in range(2):
             batch = [sentences[k][i].split() for k in range(3)]
             for k, layers in enumerate(embedder.embed(batch)):
                 top = layers[-1]
                 got = np.stack([top[:, :16], top[:, 16:]])
                 want = expected[k][str(i)][...]
-                assert np.allclose(got, want, atol=1e-6, rtol=1e-5), (impl, i, k)
+                assert np.allclose(got, want, atol=1e-6, rtol=1e-5), (loop, i, k)
 
 
 def check_auto_picks_the_fused_step_on_cuda(fixture_dir: Path) -> None:
-    model = BiLM(CONFIG)
-    assert model.resolve_lstm_impl("cuda") == ("triton-graphs", "CUDA device and triton importable")
-    impl, reason = model.resolve_lstm_impl("cpu")
-    assert impl == "onednn" and "oneDNN" in reason  # never the fused step on the CPU
+    from elmo_model.fused_graphs import FusedStep
+    from elmo_model.lstm_steps import choose_step
+
+    chosen = choose_step("auto", "cuda")
+    assert (chosen.name, chosen.reason) == ("fused", "CUDA device and triton importable")
+    assert isinstance(chosen.step, FusedStep) and chosen.step.graphs
+    assert choose_step("auto", "cpu").name == "onednn"  # never the fused step on the CPU
 
 
 def check_buckets(fixture_dir: Path) -> None:
-    from elmo_model.fused_lstm import bucket_size, padded_positions
+    from elmo_model.fused_graphs import bucket_size, padded_positions
 
     assert [bucket_size(n) for n in (1, 8, 9, 15, 17, 33, 100, 4000)] == [
         8, 8, 10, 16, 20, 40, 112, 4096]
@@ -216,7 +222,7 @@ def check_buckets(fixture_dir: Path) -> None:
 
 
 def check_graphs_only_for_batches_that_pad_well(fixture_dir: Path) -> None:
-    from elmo_model.fused_lstm import RecurrenceGraphs
+    from elmo_model.fused_graphs import RecurrenceGraphs
 
     graphs = RecurrenceGraphs(torch.device("cpu"))
     similar = PackPlan.build(np.full(30, 18) + np.arange(30) % 3)  # 18-20 tokens: 32 x 20
@@ -259,39 +265,6 @@ def interpreter_outcomes(elmo_fixture_dir: Path) -> dict[str, str]:
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_in_triton_interpreter(interpreter_outcomes: dict[str, str], name: str) -> None:
     assert interpreter_outcomes[name] == "ok", interpreter_outcomes[name]
-
-
-def test_unknown_lstm_impl_is_refused() -> None:
-    model = BiLM(CONFIG)
-    model.lstm_impl = "cudnn"
-    with pytest.raises(ValueError, match="lstm_impl must be one of"):
-        model.resolve_lstm_impl("cpu")
-
-
-def test_auto_never_runs_the_fused_step_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert BiLM(CONFIG).resolve_lstm_impl("cpu")[0] == "onednn"
-    from elmo_model import onednn  # a torch build without oneDNN: the torch step
-
-    monkeypatch.setattr(onednn, "onednn_unavailable", lambda: "no oneDNN in this build")
-    assert BiLM(CONFIG).resolve_lstm_impl("cpu") == ("reference", "no oneDNN in this build")
-
-
-@pytest.mark.parametrize("impl", ["triton-graphs", "onednn"])
-def test_training_ignores_the_inference_steps(impl: str) -> None:
-    """Autograd always takes the out-of-place reference recurrence (the Triton kernels and
-    the oneDNN ops have no backward), whatever ``lstm_impl`` says; nothing here needs
-    triton."""
-    torch.manual_seed(0)
-    model = BiLM(CONFIG)
-    plan = PackPlan.build(LENGTHS)
-    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
-    model.lstm_impl = "reference"
-    want, _ = model.contextualize(tokens, plan)
-    model.lstm_impl = impl
-    got, _ = model.contextualize(tokens, plan)
-    got.sum().backward()
-    assert torch.equal(got, want)
-    assert model.layers[0].recurrent_weight.grad is not None
 
 
 def test_char_cnn_takes_larger_chunks_on_a_gpu() -> None:

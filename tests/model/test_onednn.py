@@ -1,5 +1,6 @@
-"""The CPU's oneDNN inference step (``lstm_impl="onednn"``, what ``auto`` picks on the CPU)
-against the reference torch step, and the packing cache behind it."""
+"""The CPU's oneDNN inference step (``lstm_impl="onednn"``, what ``auto`` picks on the CPU):
+its matmuls, the char CNN through them, and the packing cache behind it. Its recurrence
+against the reference step: ``test_lstm_steps.py``."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from elmo_model.model import BiLM, BiLMConfig, BiLstmLayer, PackPlan
-from elmo_model.onednn import PackedLinear, onednn_unavailable
+from elmo_model import lstm_steps
+from elmo_model.errors import ElmoUserError
+from elmo_model.model import BiLM, BiLMConfig, BiLstmLayer, LstmStep, PackPlan, reference_step
+from elmo_model.onednn import OnednnStep, PackedLinear, onednn_unavailable
 
 # Small, with sizes that are not powers of two, and clips low enough to be hit often.
 CONFIG = BiLMConfig(n_layers=2, lstm_dim=40, projection_dim=12, cell_clip=0.5, proj_clip=0.3,
@@ -34,11 +37,11 @@ def _layer_plan_input(seed: int = 0) -> tuple[BiLstmLayer, PackPlan, torch.Tenso
     return layer, plan, x, state
 
 
-def _run(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, state, impl: str,
+def _run(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, state, step: LstmStep,
          dtype: torch.dtype | None = None):
     with torch.inference_mode(), torch.autocast("cpu", dtype=dtype or torch.bfloat16,
                                                 enabled=dtype is not None):
-        return layer(x, plan, state[0], state[1], impl)
+        return layer(x, plan, state[0], state[1], step)
 
 
 def test_onednn_runs_in_this_torch_build() -> None:
@@ -57,53 +60,43 @@ def test_packed_linear_is_a_matmul_plus_bias() -> None:
         linear(x.bfloat16())
 
 
-def test_fp32_step_matches_the_reference_step() -> None:
-    layer, plan, x, state = _layer_plan_input()
-    want = _run(layer, plan, x, state, "reference")
-    got = _run(layer, plan, x, state, "onednn")
-    for name, a, b in zip(("output", "final h", "final c"), got, want, strict=True):
-        assert a.dtype == torch.float32 and a.shape == b.shape, name
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (name, (a - b).abs().max())
-    out, _, c = got
-    assert (out.abs() == CONFIG.proj_clip).float().mean() > 0.05  # the clips were exercised
-    assert (c.abs() == CONFIG.cell_clip).float().mean() > 0.05
-
-
-def test_bf16_step_stays_with_fp32_and_the_bf16_reference() -> None:
-    layer, plan, x, state = _layer_plan_input(seed=1)
-    fp32 = _run(layer, plan, x, state, "reference")[0]
-    reference_bf16 = _run(layer, plan, x, state, "reference", torch.bfloat16)[0]
-    got = _run(layer, plan, x, state, "onednn", torch.bfloat16)[0]
-    assert got.dtype == torch.float32  # state and outputs stay fp32; only matmuls are bf16
-    assert torch.allclose(got, reference_bf16, atol=2e-3)
-    cosine = torch.nn.functional.cosine_similarity(got, fp32, dim=-1)
-    assert cosine.min() >= 0.999, cosine.min()
-
-
 def test_char_cnn_matmuls_through_onednn_match() -> None:
     torch.manual_seed(2)
     model = BiLM(CONFIG).eval()
     ids = torch.randint(1, CONFIG.n_characters, (150, CONFIG.max_chars))
+    linears = OnednnStep().char_cnn_linears(model.char_cnn, torch.float32)
     with torch.inference_mode():
         plain = model.char_cnn(ids)
-        packed = model.char_cnn(ids, onednn=torch.float32)
+        packed = model.char_cnn(ids, linears)
         assert torch.allclose(packed, plain, atol=1e-5)
         for subset in ([3], [5, 99, 7], list(range(10, 140, 3))):  # bitwise, any batch
-            assert torch.equal(model.char_cnn(ids[subset], onednn=torch.float32), packed[subset])
+            assert torch.equal(model.char_cnn(ids[subset], linears), packed[subset])
 
 
 def test_packing_follows_weight_changes() -> None:
-    """A packing is rebuilt when a parameter changes in place or is loaded."""
+    """A packing is kept while the weights stay, rebuilt when they are loaded or an
+    in-place edit is declared with ``weights_changed()``."""
+    from elmo_model.onednn import _LAYER_PACKINGS
+
     layer, plan, x, state = _layer_plan_input(seed=3)
-    _run(layer, plan, x, state, "onednn")
+    step = OnednnStep()
+    _run(layer, plan, x, state, step)
+    packing = _LAYER_PACKINGS.get(layer, torch.float32, list)
+    _run(layer, plan, x, state, OnednnStep())  # another embedder's step shares it
+    assert _LAYER_PACKINGS.get(layer, torch.float32, list) is packing
     with torch.no_grad():
         layer.recurrent_weight.mul_(0.5)
-    want = _run(layer, plan, x, state, "reference")
-    assert torch.allclose(_run(layer, plan, x, state, "onednn")[0], want[0], atol=1e-5)
+    layer.weights_changed()
+    want = _run(layer, plan, x, state, reference_step)
+    assert torch.allclose(_run(layer, plan, x, state, step)[0], want[0], atol=1e-5)
     other = BiLstmLayer(CONFIG)
     layer.load_state_dict(other.state_dict())
-    want = _run(layer, plan, x, state, "reference")
-    assert torch.allclose(_run(layer, plan, x, state, "onednn")[0], want[0], atol=1e-5)
+    want = _run(layer, plan, x, state, reference_step)
+    assert torch.allclose(_run(layer, plan, x, state, step)[0], want[0], atol=1e-5)
+    model = BiLM(CONFIG)  # loading the whole model reaches each layer's version
+    before = model.layers[1].weights_version
+    model.load_state_dict(BiLM(CONFIG).state_dict())
+    assert model.layers[1].weights_version == before + 1
 
 
 def test_model_stays_picklable_and_copyable_after_onednn_runs() -> None:
@@ -111,36 +104,36 @@ def test_model_stays_picklable_and_copyable_after_onednn_runs() -> None:
     model = BiLM(CONFIG).eval()
     plan = PackPlan.build(LENGTHS)
     tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
+    step = OnednnStep()
     with torch.inference_mode():
-        want, _ = model.contextualize(tokens, plan)
+        want, _ = model.contextualize(tokens, plan, step=step)
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         with torch.inference_mode():
-            got, _ = clone.contextualize(tokens, plan)
+            got, _ = clone.contextualize(tokens, plan, step=step)
         assert torch.equal(got, want)
+        clone.load_state_dict(model.state_dict())  # the load hook survives the copy
+        assert clone.layers[0].weights_version == model.layers[0].weights_version + 1
 
 
 def test_onednn_is_refused_off_the_cpu() -> None:
-    model = BiLM(CONFIG)
-    model.lstm_impl = "onednn"
-    assert model.resolve_lstm_impl("cpu") == ("onednn", "set explicitly")
-    with pytest.raises(ValueError, match="lstm_impl onednn cannot run on cuda: it is for the CPU"):
-        model.resolve_lstm_impl("cuda")
+    assert lstm_steps.choose_step("onednn", "cpu").reason == "set explicitly"
+    with pytest.raises(ElmoUserError, match="lstm_impl onednn cannot run on cuda: it is for "
+                                            "the CPU; use auto or torch"):
+        lstm_steps.choose_step("onednn", "cuda")
 
 
-def test_a_dtype_onednn_refuses_falls_back_to_the_torch_step(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where oneDNN cannot run bf16 (a CPU without the instructions it wants), the bf16
-    matmuls take the torch step instead of failing mid-embed."""
-    from elmo_model import onednn
+def test_a_dtype_onednn_refuses_gets_the_torch_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where oneDNN cannot run bf16 (a CPU without the instructions it wants), ``auto``
+    chooses the torch step for a bf16 embedder, and ``onednn`` is refused, before any
+    embedding starts."""
+    from elmo_model.torch_step import TorchStep
 
-    layer, plan, x, state = _layer_plan_input(seed=6)
-    want = _run(layer, plan, x, state, "reference", torch.bfloat16)
-    monkeypatch.setattr(onednn, "onednn_unavailable",
+    monkeypatch.setattr(lstm_steps, "onednn_unavailable",
                         lambda dtype=torch.float32: "no bf16 here" if dtype != torch.float32
                         else None)
-    monkeypatch.setattr(onednn.PackedLinear, "__init__", _refuse)
-    assert torch.equal(_run(layer, plan, x, state, "onednn", torch.bfloat16)[0], want[0])
-
-
-def _refuse(*args: object, **kwargs: object) -> None:
-    raise AssertionError("no oneDNN packing may be built for a refused dtype")
+    chosen = lstm_steps.choose_step("auto", "cpu", torch.bfloat16)
+    assert (chosen.name, chosen.reason) == ("torch", "no bf16 here")
+    assert isinstance(chosen.step, TorchStep)
+    assert lstm_steps.choose_step("auto", "cpu", torch.float32).name == "onednn"
+    with pytest.raises(ElmoUserError, match="onednn cannot run on cpu: no bf16 here"):
+        lstm_steps.choose_step("onednn", "cpu", torch.bfloat16)

@@ -9,6 +9,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 
 import elmo_model
 from elmo_model import ElmoUserError
@@ -65,6 +66,46 @@ def test_missing_tensor_and_bad_options(tmp_path: Path, elmo_fixture_dir: Path) 
     options.write_text(json.dumps({"lstm": {"dim": 4}, "char_cnn": {}}))
     with pytest.raises(ElmoUserError, match="missing key"):
         elmo_model.load(options, weights)
+
+
+def test_every_foreign_tensor_shape_is_checked(tmp_path: Path, elmo_fixture_dir: Path) -> None:
+    """Each tensor of the bilm-tf layout, and each of our safetensors, given one extra row
+    is refused before anything is copied, naming the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    from elmo_model.weights import _bilm_tf_tensors
+
+    options, weights = _copy_fixture(elmo_fixture_dir, tmp_path)
+    names = [name for name, _ in _bilm_tf_tensors(elmo_model.read_options(options))]
+    with h5py.File(weights, "r") as handle:
+        assert sorted(names) == sorted(  # the layout lists every tensor the file holds
+            name for name, item in _datasets(handle))
+    for name in names:
+        broken = tmp_path / "broken.hdf5"
+        shutil.copy(weights, broken)
+        with h5py.File(broken, "a") as handle:
+            value = handle[name][...]
+            del handle[name]
+            handle[name] = np.concatenate([value, value[:1]])
+        with pytest.raises(ElmoUserError, match=f"tensor {name} has shape"):
+            elmo_model.load(options, broken)
+    model_dir = elmo_model.save_model_dir(elmo_model.build_model(options, weights),
+                                          tmp_path / "ours")
+    tensors = load_file(str(model_dir / "weights.safetensors"))
+    for name in tensors:
+        grown = dict(tensors)
+        grown[name] = torch.cat([tensors[name], tensors[name][:1]])
+        save_file(grown, str(model_dir / "weights.safetensors"))
+        with pytest.raises(ElmoUserError, match=f"tensor {name} has shape"):
+            elmo_model.load_model_dir(model_dir)
+
+
+def _datasets(group: h5py.Group, prefix: str = ""):
+    for key, item in group.items():
+        if isinstance(item, h5py.Dataset):
+            yield prefix + key, item
+        else:
+            yield from _datasets(item, f"{prefix}{key}/")
 
 
 def test_unknown_weight_format_is_refused(tmp_path: Path, elmo_fixture_dir: Path) -> None:

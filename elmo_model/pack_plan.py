@@ -1,0 +1,48 @@
+"""The packed batch layout the biLM's recurrence runs over (see ``model.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class PackPlan:
+    """Where each real token sits in the packed, length-sorted, time-major layout.
+
+    Tokens are numbered in *canonical* order: sentence after sentence, boundaries
+    included. Packed position ``offsets[t] + r`` holds time step ``t`` of the sentence of
+    rank ``r`` (by descending length); ``forward_index`` / ``backward_index`` give its
+    canonical number read forwards / backwards.
+    """
+
+    lengths: np.ndarray  # [B] tokens per sentence, canonical order
+    order: np.ndarray  # [B] sentence index of each rank
+    batch_sizes: list[int]  # [T] active sentences at each step (non-increasing)
+    offsets: list[int]  # [T] packed start of each step
+    forward_index: torch.Tensor  # [N] packed -> canonical, forward reading
+    backward_index: torch.Tensor  # [N] packed -> canonical, reversed reading
+
+    @classmethod
+    def build(cls, lengths: np.ndarray, device: torch.device | str = "cpu") -> PackPlan:
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.size == 0 or lengths.min() < 1:
+            raise ValueError("every sequence needs at least one token")
+        order = np.argsort(-lengths, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        sorted_lengths = lengths[order]
+        batch_sizes = [int((sorted_lengths > t).sum()) for t in range(int(sorted_lengths[0]))]
+        offsets = np.concatenate([[0], np.cumsum(batch_sizes)[:-1]]).astype(int).tolist()
+        fwd, bwd = [], []
+        for t, n in enumerate(batch_sizes):
+            rows = order[:n]
+            fwd.append(starts[rows] + t)
+            bwd.append(starts[rows] + lengths[rows] - 1 - t)
+        to_tensor = lambda parts: torch.from_numpy(np.concatenate(parts)).to(device)  # noqa: E731
+        return cls(lengths, order, batch_sizes, offsets, to_tensor(fwd), to_tensor(bwd))
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.lengths.sum())

@@ -1,0 +1,161 @@
+"""Every LSTM step that runs on this CPU against the reference recurrence, and the one
+place that chooses a step (``elmo_model.lstm_steps``). The fused Triton step is checked
+the same way under Triton's interpreter in ``test_fused_lstm.py``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from elmo_model import lstm_steps
+from elmo_model.errors import ElmoUserError
+from elmo_model.model import BiLM, BiLMConfig, BiLstmLayer, LstmStep, PackPlan, reference_step
+from elmo_model.onednn import OnednnStep
+from elmo_model.torch_step import TorchStep
+
+# Small, with sizes that are not powers of two, and clips low enough to be hit often.
+CONFIG = BiLMConfig(n_layers=2, lstm_dim=40, projection_dim=12, cell_clip=0.5, proj_clip=0.3,
+                    char_embedding_dim=4, filters=((1, 4), (2, 8), (3, 20)), n_highway=2)
+LENGTHS = np.array([5, 2, 7, 1, 4, 7, 3])
+FAST_CPU_STEPS = {"torch": TorchStep, "onednn": OnednnStep}
+
+
+def _layer_plan_input(seed: int = 0) -> tuple[BiLstmLayer, PackPlan, torch.Tensor,
+                                               tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(seed)
+    layer = BiLstmLayer(CONFIG).eval()
+    with torch.no_grad():
+        layer.bias.normal_(0.0, 0.5)
+        layer.recurrent_weight.mul_(4)  # large enough that both clips bite
+        layer.projection.mul_(8)
+    plan = PackPlan.build(LENGTHS)
+    x = torch.randn(2, plan.n_tokens, CONFIG.projection_dim)
+    batch, p, d = len(LENGTHS), CONFIG.projection_dim, CONFIG.lstm_dim
+    state = (torch.randn(2, batch, p) * 0.2, torch.randn(2, batch, d) * 0.4)
+    return layer, plan, x, state
+
+
+def _run(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, state, step: LstmStep,
+         dtype: torch.dtype | None = None):
+    with torch.inference_mode(), torch.autocast("cpu", dtype=dtype or torch.bfloat16,
+                                                enabled=dtype is not None):
+        return layer(x, plan, state[0], state[1], step)
+
+
+@pytest.mark.parametrize("name", sorted(FAST_CPU_STEPS))
+def test_fp32_step_matches_the_reference_step(name: str) -> None:
+    layer, plan, x, state = _layer_plan_input()
+    want = _run(layer, plan, x, state, reference_step)
+    got = _run(layer, plan, x, state, FAST_CPU_STEPS[name]())
+    for part, a, b in zip(("output", "final h", "final c"), got, want, strict=True):
+        assert a.dtype == torch.float32 and a.shape == b.shape, part
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5, msg=f"{name} {part}")
+    out, _, c = want
+    assert (out.abs() == CONFIG.proj_clip).float().mean() > 0.05  # the clips were exercised
+    assert (c.abs() == CONFIG.cell_clip).float().mean() > 0.05
+
+
+@pytest.mark.parametrize("name", sorted(FAST_CPU_STEPS))
+def test_bf16_step_stays_with_fp32_and_the_bf16_reference(name: str) -> None:
+    layer, plan, x, state = _layer_plan_input(seed=1)
+    fp32 = _run(layer, plan, x, state, reference_step)[0]
+    reference_bf16 = _run(layer, plan, x, state, reference_step, torch.bfloat16)[0]
+    got = _run(layer, plan, x, state, FAST_CPU_STEPS[name](), torch.bfloat16)[0]
+    assert got.dtype == torch.float32  # state and outputs stay fp32; only matmuls are bf16
+    assert torch.allclose(got, reference_bf16, atol=2e-3)
+    cosine = torch.nn.functional.cosine_similarity(got, fp32, dim=-1)
+    assert cosine.min() >= 0.999, cosine.min()
+
+
+@pytest.mark.parametrize("name", sorted(FAST_CPU_STEPS))
+def test_whole_model_with_carried_state_matches_the_reference(name: str) -> None:
+    """``contextualize`` (2 layers, skip connection, initial state) and the char CNN."""
+    torch.manual_seed(0)
+    model = BiLM(CONFIG).eval()
+    plan = PackPlan.build(LENGTHS)
+    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
+    state = [(torch.randn(2, len(LENGTHS), CONFIG.projection_dim) * 0.2,
+              torch.randn(2, len(LENGTHS), CONFIG.lstm_dim) * 0.4) for _ in range(2)]
+    ids = torch.randint(1, CONFIG.n_characters, (70, CONFIG.max_chars))
+    step = FAST_CPU_STEPS[name]()
+    with torch.inference_mode():
+        want_layers, want_state = model.contextualize(tokens, plan, state)
+        layers, final = model.contextualize(tokens, plan, state, step=step)
+        torch.testing.assert_close(model.token_embedding(ids, step), model.token_embedding(ids),
+                                   atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layers, want_layers, atol=2e-6, rtol=1e-5)
+    for got_hc, want_hc in zip(final, want_state, strict=True):
+        for a, b in zip(got_hc, want_hc, strict=True):
+            torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
+
+
+class _NeverCalled:
+    """A step the model must not call: it stands for the fused one, which has no backward."""
+
+    def __call__(self, *args: object) -> None:
+        raise AssertionError("a fast step ran while autograd was recording")
+
+    def char_cnn_linears(self, *args: object) -> None:
+        raise AssertionError("a fast step ran while autograd was recording")
+
+
+@pytest.mark.parametrize("step", [TorchStep(), OnednnStep(), _NeverCalled()],
+                         ids=["torch", "onednn", "never-called"])
+def test_training_runs_the_reference_step_whatever_step_is_passed(step: LstmStep) -> None:
+    """Autograd always takes the out-of-place reference recurrence (the fast steps have no
+    backward); the model falls back to it by itself while autograd records."""
+    torch.manual_seed(0)
+    model = BiLM(CONFIG)
+    plan = PackPlan.build(LENGTHS)
+    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
+    want, _ = model.contextualize(tokens, plan)
+    got, _ = model.contextualize(tokens, plan, step=step)
+    got.sum().backward()
+    assert torch.equal(got, want)
+    assert model.layers[0].recurrent_weight.grad is not None
+    ids = torch.randint(1, CONFIG.n_characters, (5, CONFIG.max_chars))
+    assert torch.equal(model.token_embedding(ids, step), model.token_embedding(ids))
+
+
+def test_auto_on_the_cpu_is_onednn_and_explicit_names_are_kept() -> None:
+    chosen = lstm_steps.choose_step("auto", "cpu")
+    assert chosen.name == "onednn" and "oneDNN" in chosen.reason
+    assert isinstance(chosen.step, OnednnStep)
+    assert lstm_steps.choose_step("reference", "cpu").step is reference_step
+    assert isinstance(lstm_steps.choose_step("torch", "cpu").step, TorchStep)
+    for name in ("reference", "torch", "onednn"):
+        assert lstm_steps.choose_step(name, "cpu").reason == "set explicitly"
+
+
+def test_auto_without_onednn_takes_the_torch_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lstm_steps, "onednn_unavailable",
+                        lambda dtype=torch.float32: "no oneDNN in this build")
+    chosen = lstm_steps.choose_step("auto", "cpu")
+    assert (chosen.name, chosen.reason) == ("torch", "no oneDNN in this build")
+
+
+def test_unknown_and_misplaced_steps_are_user_errors() -> None:
+    with pytest.raises(ElmoUserError, match="unknown lstm_impl 'cudnn'; use one of auto, "
+                                            "reference, torch, onednn, fused"):
+        lstm_steps.choose_step("cudnn", "cpu")
+    with pytest.raises(ElmoUserError, match="lstm_impl fused cannot run on cpu: the fused "
+                                            "Triton LSTM step is for CUDA devices"):
+        lstm_steps.choose_step("fused", "cpu")
+
+
+def test_an_embedder_chooses_once_and_keeps_its_step(tiny_model_dir) -> None:
+    """Two embedders on one model run their own steps; the model holds no choice."""
+    import elmo_model
+
+    model = elmo_model.load_model_dir(tiny_model_dir, device="cpu").model
+    fast = elmo_model.ElmoEmbedder(model, device="cpu", lstm_impl="onednn", cache_size=0)
+    plain = elmo_model.ElmoEmbedder(model, device="cpu", lstm_impl="reference", cache_size=0)
+    assert isinstance(fast.step, OnednnStep) and plain.step is reference_step
+    sentences = [["the", "cat", "sat"], ["a", "dog"]]
+    first = fast.embed(sentences)
+    plain.embed(sentences)
+    assert isinstance(fast.step, OnednnStep)  # untouched by the other embedder
+    for a, b in zip(fast.embed(sentences), first, strict=True):
+        assert np.array_equal(a, b)
+    assert not hasattr(model, "lstm_impl")
