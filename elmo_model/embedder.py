@@ -13,6 +13,7 @@ Two state modes:
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Literal
 
@@ -89,6 +90,31 @@ class TokenCache:
         position = {t: i for i, t in enumerate(unique)}
         table = torch.stack(rows)
         return table[torch.tensor([position[t] for t in tokens], device=table.device)]
+
+
+def stateless_batches(rows: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Sequence indices grouped for stateless batches: sorted by length (similar lengths
+    together, little padding), each group within ``max_batch_tokens`` rows (a sequence
+    longer than the budget goes alone). Stateless results do not depend on the grouping,
+    so any grouping is exact; this one is fast."""
+    batches: list[list[int]] = []
+    budget = 0
+    for index in sorted(range(len(rows)), key=lambda i: rows[i]):
+        if not batches or budget + rows[index] > max_batch_tokens:
+            batches.append([])
+            budget = 0
+        batches[-1].append(index)
+        budget += rows[index]
+    return batches
+
+
+def expand_state(state: LstmState | None, batch_size: int) -> LstmState | None:
+    """One sequence's state, per layer ``(h [2, P], c [2, D])``, repeated for every row of
+    a batch: ``(h [2, B, P], c [2, B, D])``. None (zeros) stays None."""
+    if state is None:
+        return None
+    return [(h[:, None].expand(-1, batch_size, -1).contiguous(),
+             c[:, None].expand(-1, batch_size, -1).contiguous()) for h, c in state]
 
 
 class ElmoEmbedder:
@@ -168,10 +194,7 @@ class ElmoEmbedder:
                     gh[:, : h.shape[1]], gc[:, : c.shape[1]] = h, c
                 self._carried = grown
             return [(h[:, :batch_size], c[:, :batch_size]) for h, c in self._carried]
-        if self.warm_state is None:
-            return None
-        return [(h[:, None].expand(-1, batch_size, -1).contiguous(),
-                 c[:, None].expand(-1, batch_size, -1).contiguous()) for h, c in self.warm_state]
+        return expand_state(self.warm_state, batch_size)
 
     def _run_batch(self, sentences: list[list[str]]) -> list[np.ndarray]:
         flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
@@ -204,21 +227,12 @@ class ElmoEmbedder:
             return self._run_batch(sentences)
         # Stateless: results do not depend on grouping, so batch by a token budget over
         # length-sorted sentences (similar lengths together, little padding anywhere).
-        order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
         results: list[np.ndarray | None] = [None] * len(sentences)
-        batch: list[int] = []
-        budget = 0
-        for index in order:
-            cost = len(sentences[index]) + 2
-            if batch and budget + cost > self.max_batch_tokens:
-                for i, vectors in zip(batch, self._run_batch([sentences[i] for i in batch]),
-                                      strict=True):
-                    results[i] = vectors
-                batch, budget = [], 0
-            batch.append(index)
-            budget += cost
-        for i, vectors in zip(batch, self._run_batch([sentences[i] for i in batch]), strict=True):
-            results[i] = vectors
+        rows = [len(sentence) + 2 for sentence in sentences]  # with <S> and </S>
+        for batch in stateless_batches(rows, self.max_batch_tokens):
+            for i, vectors in zip(batch, self._run_batch([sentences[i] for i in batch]),
+                                  strict=True):
+                results[i] = vectors
         return results  # type: ignore[return-value]
 
 

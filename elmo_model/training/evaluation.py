@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from elmo_model.embedder import expand_state, stateless_batches
+from elmo_model.lstm_steps import choose_step
 from elmo_model.model import BiLM, LstmState, PackPlan
 from elmo_model.training.data import Corpus, embed_types
 from elmo_model.training.lm_head import Softmax, perplexity
@@ -15,35 +17,25 @@ from elmo_model.training.lm_head import Softmax, perplexity
 def contextual_batches(model: BiLM, corpus: Corpus, lines: list[np.ndarray],
                        initial_state: LstmState | None, max_batch_tokens: int
                        ) -> Iterator[tuple[list[int], torch.Tensor]]:
-    """The embedder's stateless batching: length-sorted lines grouped under a token
-    budget, each line from ``initial_state`` (one ``(h [2, P], c [2, D])`` per layer;
-    zeros when None). Yields each batch's line indices and its top LSTM layer
-    ``[N, 2P]``, the lines' rows one after another, ``<S>`` and ``</S>`` included.
+    """The embedder's stateless batches (``stateless_batches``, ``expand_state``) over
+    type-id lines that already hold ``<S>`` and ``</S>`` (both ends are predictions here,
+    where ``ElmoEmbedder.embed`` drops them). Yields each batch's line indices and its top
+    LSTM layer ``[N, 2P]``, the lines' rows one after another.
 
-    Kept apart so it can become a call to the embedder once the embedder yields its
-    batches with the boundary rows (``ElmoEmbedder.embed`` drops them, and both ends
-    are predictions here).
+    The weights changed in place since the last evaluation (optimizer steps), so they are
+    declared changed before the fast inference step derives its copies from them.
     """
     device = next(model.parameters()).device
-    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
-    batches: list[list[int]] = [[]]
-    budget = 0
-    for index in order:
-        if batches[-1] and budget + len(lines[index]) > max_batch_tokens:
-            batches.append([])
-            budget = 0
-        batches[-1].append(index)
-        budget += len(lines[index])
-    for batch in batches:
-        if not batch:
-            continue
+    model.weights_changed()
+    step = choose_step("auto", device, torch.float32).step
+    state = None if initial_state is None else [
+        (h.to(device), c.to(device)) for h, c in initial_state]
+    for batch in stateless_batches([len(line) for line in lines], max_batch_tokens):
         ids = np.concatenate([lines[i] for i in batch])
         plan = PackPlan.build(np.array([len(lines[i]) for i in batch]), device)
-        state = None if initial_state is None else [
-            (h.to(device)[:, None].expand(-1, len(batch), -1).contiguous(),
-             c.to(device)[:, None].expand(-1, len(batch), -1).contiguous())
-            for h, c in initial_state]
-        layers, _ = model.contextualize(embed_types(model, corpus, ids), plan, state)
+        tokens = embed_types(model, corpus, ids)
+        layers, _ = model.contextualize(tokens, plan, expand_state(state, len(batch)),
+                                        step=step)
         yield batch, layers[-1]
 
 
