@@ -273,14 +273,17 @@ class DocumentTable:
             ids, fields = read_documents(ds, path)
             for doc_id, row in zip(ids, fields, strict=True):
                 self.fields[(part, shard, doc_id)] = row
-        self.kinds = field_kinds(self.fields.values())
+        # A field whose values mix kinds is compared as text.
+        seen = {name for row in self.fields.values() for name in row}
+        self.kinds = {**dict.fromkeys(sorted(seen), "string"),
+                      **field_kinds(self.fields.values())}
 
     def of(self, part: str, shard: int, doc_id: str) -> dict[str, Any]:
         return self.fields.get((part, shard, doc_id), {})
 
     def names(self) -> list[str]:
         return ["doc_id", *DOCUMENT_COLUMNS,
-                *(n for n in self.kinds if n not in DOCUMENT_COLUMNS)]
+                *sorted(n for n in self.kinds if n not in DOCUMENT_COLUMNS)]
 
     def check(self, name: str) -> str:
         """The kind of field ``name``; an unknown name is a user error listing the known."""
