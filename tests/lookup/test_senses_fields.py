@@ -281,3 +281,30 @@ def test_assignments_cover_repeated_and_unsampled_occurrences(index: str) -> Non
     similarities = table.column("similarity").to_pylist()
     assert sum(s is not None for s in similarities) == 10
     assert np.isin(table.column("cluster").to_numpy(), [1, 2]).all()
+
+
+def test_index_built_before_document_fields_joins_them_then_rebuilds(
+        dataset: Path, index: str, tmp_path: Path) -> None:
+    import shutil
+
+    from pipeline.lookup.index import INDEX_META, SenseIndex, build_index
+    from pipeline.lookup.senses import search_senses
+
+    old = tmp_path / "old"
+    shutil.copytree(index, old)
+    meta = json.loads((old / INDEX_META).read_text())
+    del meta["doc_fields"]  # what an index written before document fields records
+    (old / INDEX_META).write_text(json.dumps(meta))
+    ix = SenseIndex(str(old))
+    assert ix.meta.doc_fields is None and ix.indexed_fields() == {"doc_id": "string"}
+    # Every field is then matched on the documents table: same answers, same fields.
+    assert ix.fields_where(as_filters({"year": [2000, 2010]})).startswith("(doc_id IN (")
+    hits = search_senses(ix, "The bank lent him money.", "bank", k=100,
+                         filters={"year": [2000, 2010], "president": "Barack Obama"})
+    assert {h.doc_id for h in hits} == _ids(year=2009)
+    assert all(h.fields["president"] == "Barack Obama" for h in hits)
+    lines: list[str] = []
+    build_index(str(dataset), "top", str(old), kind="flat", progress=lines.append)
+    assert f"{old} was built without document fields: rebuilding it" in lines
+    assert SenseIndex(str(old)).meta.doc_fields == {"president": "string", "sense": "string",
+                                                   "year": "int"}
