@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -261,25 +261,43 @@ def as_filters(filters: Filters) -> list[FieldFilter]:
 
 
 class DocumentTable:
-    """Every live document's fields (read once from the dataset's documents table), by
-    ``(part, shard, doc_id)``: what results show, and what filters on fields the index
-    does not store are matched against."""
+    """The live documents' fields, by ``(part, shard, doc_id)``: what results show, and
+    what filters on fields the index does not store are matched against. A shard's
+    documents file is read when a result from it is first shown; all of them when a filter
+    needs the field kinds or a join (then kept)."""
 
     def __init__(self, ds: Dataset) -> None:
-        self.fields: dict[tuple[str, int, str], dict[str, Any]] = {}
+        self.ds = ds
+        self.files: dict[tuple[str, int], str] = {}
         for key, path in ds.shard_files("documents"):
             part, shard_text, _ = key.split("/")
-            shard = int(shard_text.split("=", 1)[1])
-            ids, fields = read_documents(ds, path)
-            for doc_id, row in zip(ids, fields, strict=True):
-                self.fields[(part, shard, doc_id)] = row
-        # A field whose values mix kinds is compared as text.
-        seen = {name for row in self.fields.values() for name in row}
-        self.kinds = {**dict.fromkeys(sorted(seen), "string"),
-                      **field_kinds(self.fields.values())}
+            self.files[(part, int(shard_text.split("=", 1)[1]))] = path
+        self.shards: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+        self._kinds: dict[str, str] | None = None
+
+    def _shard(self, part: str, shard: int) -> dict[str, dict[str, Any]]:
+        if (part, shard) not in self.shards:
+            path = self.files.get((part, shard))
+            ids, fields = read_documents(self.ds, path) if path else ([], [])
+            self.shards[(part, shard)] = dict(zip(ids, fields, strict=True))
+        return self.shards[(part, shard)]
 
     def of(self, part: str, shard: int, doc_id: str) -> dict[str, Any]:
-        return self.fields.get((part, shard, doc_id), {})
+        return self._shard(part, shard).get(doc_id, {})
+
+    def rows(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``(doc_id, fields)`` of every document."""
+        for part, shard in self.files:
+            yield from self._shard(part, shard).items()
+
+    @property
+    def kinds(self) -> dict[str, str]:
+        """Each field's kind (``field_kinds``); a field whose values mix kinds is text."""
+        if self._kinds is None:
+            seen = {name for _, row in self.rows() for name in row}
+            self._kinds = {**dict.fromkeys(sorted(seen), "string"),
+                           **field_kinds(row for _, row in self.rows())}
+        return self._kinds
 
     def names(self) -> list[str]:
         return ["doc_id", *DOCUMENT_COLUMNS,
@@ -296,9 +314,7 @@ class DocumentTable:
 
     def doc_ids_where(self, filters: Sequence[FieldFilter]) -> list[str]:
         """The doc_ids of the documents that pass every (typed) filter."""
-        keep = set()
-        for (_, _, doc_id), row in self.fields.items():
-            if all(f.matches(doc_id if f.field == "doc_id" else row.get(f.field))
-                   for f in filters):
-                keep.add(doc_id)
+        keep = {doc_id for doc_id, row in self.rows()
+                if all(f.matches(doc_id if f.field == "doc_id" else row.get(f.field))
+                       for f in filters)}
         return sorted(keep)
