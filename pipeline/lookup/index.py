@@ -579,7 +579,8 @@ class SenseIndex:
         for condition in filters:
             kind = indexed.get(condition.field) or self.documents().check(condition.field)
             typed = condition.typed(kind)
-            if condition.field in indexed:
+            # "contains" reads a number as its digits: that comparison runs on the join.
+            if condition.field in indexed and (condition.op != "~" or kind == "string"):
                 clauses.append(typed.lance(field_column(condition.field)))
             else:
                 joined.append(typed)

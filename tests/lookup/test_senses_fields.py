@@ -125,7 +125,8 @@ def test_search_hits_carry_fields_and_filters_keep_only_passing_documents(
               (_ids(year=1901) | _ids(year=1905)) & _ids(**{"speech-type": "written"})),
              ([FieldFilter("president", "~", "roosevelt")], _ids(president="Theodore Roosevelt")),
              ({"doc_id": ("money-0-bank", "river-0-Bank")}, {"money-0-bank", "river-0-Bank"}),
-             ({"speech-type": "sung"}, set())]
+             ({"speech-type": "sung"}, set()),
+             (parse_where("year~200"), _ids(year=2001) | _ids(year=2009))]
     for filters, expected in cases:
         found = search_senses(ix, query, "bank", k=100, filters=filters)
         assert {h.doc_id for h in found} == expected, filters
