@@ -6,8 +6,11 @@ One row per stored token: ``vector`` (the mix, float32), ``token``, ``token_lowe
 ``token_stem`` (the Snowball English stem of ``token_lower``: plays, played and playing
 are all ``play``), ``doc_id``, ``sent_idx``, ``tok_idx``, ``part``, ``shard``,
 ``sentence`` (its text) and ``start``/``end`` (the token's character span inside
-``sentence``, for highlighting). Scalar BTree indexes on ``token``, ``token_lower`` and
-``token_stem`` make ``token_stem = ...`` prefilters (a word and its forms) cheap.
+``sentence``, for highlighting), then its document's ``source`` and metadata fields as
+``meta_<name>`` columns (``doc_fields``: the fields whose values were all numbers or all
+text when the index was created), so that searches filter on them before the vector
+search. Scalar BTree indexes on ``token``, ``token_lower`` and ``token_stem`` make
+``token_stem = ...`` prefilters (a word and its forms) cheap.
 
 Vector index (``--index``): ``flat`` (none: exact brute-force search), ``hnsw``
 (IVF_HNSW_SQ, cosine) or ``auto`` (hnsw from ``HNSW_MIN_ROWS`` rows on, else flat).
@@ -28,7 +31,8 @@ rows into the existing vector and scalar indexes. Only a changed mix needs ``--r
 Each build also rewrites ``<out>/_word_counts.parquet`` (rows per lowercase token, with
 its stem), which routes filtered queries without a count query; the search parameters
 follow the index size (``SearchParams.for_rows``) unless given. An index written before
-stems were stored is rebuilt by the next build (its rows lack the column).
+stems or document fields were stored is rebuilt by the next build (its rows lack the
+columns).
 """
 
 from __future__ import annotations
