@@ -309,3 +309,29 @@ def test_index_built_before_document_fields_joins_them_then_rebuilds(
     assert f"{old} was built without document fields: rebuilding it" in lines
     assert SenseIndex(str(old)).meta.doc_fields == {"president": "string", "sense": "string",
                                                    "year": "int"}
+
+
+def test_case_centring_keeps_what_tells_lowercase_words_apart() -> None:
+    from pipeline.lookup.sense_clusters import centred, form_offsets
+
+    rng = np.random.default_rng(0)
+    capital, plural = np.eye(8)[0] * 3, np.eye(8)[1] * 3
+    tokens = ["Union"] * 6 + ["union"] * 6 + ["unions"] * 6 + ["UNION"] * 2
+    shift = {"Union": capital, "union": 0, "unions": plural, "UNION": capital}
+    x = np.stack([np.eye(8)[2] + shift[t] + rng.normal(0, 0.1, 8) for t in tokens])
+    x /= np.linalg.norm(x, axis=1, keepdims=True)  # unit vectors, as cluster_senses has
+
+    def means(v: np.ndarray) -> dict[str, np.ndarray]:
+        return {t: v[[i for i, s in enumerate(tokens) if s == t]].mean(0) for t in set(tokens)}
+
+    case_centred = centred(x, tokens, form_offsets(x, tokens, "case"))
+    by_case = means(case_centred)
+    # Union and union now share a mean; unions keeps its own; UNION (2 uses) is left as is.
+    assert np.linalg.norm(by_case["Union"] - by_case["union"]) < 0.05
+    assert np.linalg.norm(by_case["unions"] - by_case["union"]) > 0.5
+    np.testing.assert_allclose(case_centred[-2:], x[-2:], atol=1e-6)
+    by_form = means(centred(x, tokens, form_offsets(x, tokens, "forms")))
+    assert np.linalg.norm(by_form["unions"] - by_form["union"]) < 0.05
+    assert form_offsets(x, tokens, "none") == {}
+    with pytest.raises(ElmoUserError, match="centre must be one of case, forms, none"):
+        form_offsets(x, tokens, "lower")
