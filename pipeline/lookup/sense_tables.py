@@ -143,7 +143,9 @@ def assignments_table(result: ClusterResult) -> Any:
         "start": pa.array([h.start for h in hits], pa.int32()),
         "end": pa.array([h.end for h in hits], pa.int32()),
     }
-    fields = list(dict.fromkeys(n for h in hits for n in h.fields))
+    seen = dict.fromkeys(n for h in hits for n in h.fields)
+    fields = [n for n in ("source", "line") if n in seen] + \
+        [n for n in seen if n not in ("source", "line")]
     for name in fields:
         values = [h.fields.get(name) for h in hits]
         try:
