@@ -54,8 +54,8 @@ examples:
 """
 
 INDEX_INFO_EPILOG = """\
-Prints the dataset the index was built from, its mix, rows, vector index and search
-parameters.
+Prints the dataset the index was built from, its mix, rows, vector index, search
+parameters and the document fields it holds (filtered before the vector search).
 
 examples:
   elmo index info data/ds-top.lance
@@ -270,11 +270,15 @@ def run_index_info(args: argparse.Namespace) -> int:
 
     ix = SenseIndex(args.uri)
     m = ix.meta
+    fields = ", ".join(f"{name} ({kind})" for name, kind in ix.indexed_fields().items())
+    if m.doc_fields is None:
+        fields += " (others are filtered on a join; a rebuild stores them)"
     print(f"index {args.uri}\n  dataset {m.dataset}\n  mix {ix.mix.describe()}\n"
           f"  rows {ix.table.count_rows()}, dim {m.dim}, vector index {m.built} "
           f"(nprobes {m.search.nprobes}, ef {m.search.ef}, refine {m.search.refine_factor})\n"
           f"  shard files {len(m.indexed)}\n"
-          f"  word forms {m.stemmer + ' stems' if ix.has_stems else 'not indexed: rebuild'}")
+          f"  word forms {m.stemmer + ' stems' if ix.has_stems else 'not indexed: rebuild'}\n"
+          f"  document fields {fields}")
     return 0
 
 

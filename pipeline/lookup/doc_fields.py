@@ -266,10 +266,12 @@ class DocumentTable:
     documents file is read when a result from it is first shown; all of them when a filter
     needs the field kinds or a join (then kept)."""
 
-    def __init__(self, ds: Dataset) -> None:
-        self.ds = ds
+    def __init__(self, ds: Dataset | None, unreadable: str = "") -> None:
+        """``ds`` None: the dataset cannot be read (``unreadable`` says why); results then
+        carry no fields and only the index's own fields can be filtered."""
+        self.ds, self.unreadable = ds, unreadable
         self.files: dict[tuple[str, int], str] = {}
-        for key, path in ds.shard_files("documents"):
+        for key, path in ds.shard_files("documents") if ds is not None else []:
             part, shard_text, _ = key.split("/")
             self.files[(part, int(shard_text.split("=", 1)[1]))] = path
         self.shards: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
@@ -278,7 +280,7 @@ class DocumentTable:
     def _shard(self, part: str, shard: int) -> dict[str, dict[str, Any]]:
         if (part, shard) not in self.shards:
             path = self.files.get((part, shard))
-            ids, fields = read_documents(self.ds, path) if path else ([], [])
+            ids, fields = read_documents(self.ds, path) if path and self.ds else ([], [])
             self.shards[(part, shard)] = dict(zip(ids, fields, strict=True))
         return self.shards[(part, shard)]
 
@@ -307,6 +309,9 @@ class DocumentTable:
         """The kind of field ``name``; an unknown name is a user error listing the known."""
         if name == "doc_id":
             return "string"
+        if self.ds is None:
+            raise ElmoUserError(f"cannot filter on {name!r}: {self.unreadable}; filter on "
+                                "the fields the index holds (`elmo index info` lists them)")
         if name not in self.kinds:
             raise ElmoUserError(f"no document has a field {name!r}; the fields are "
                                 f"{', '.join(self.names())}")

@@ -565,8 +565,13 @@ class SenseIndex:
     def documents(self) -> DocumentTable:
         """The dataset's documents and their fields (read on first use, then kept)."""
         if self._documents is None:
-            self._documents = DocumentTable(open_dataset(self.meta.dataset,
-                                                         self.storage_options))
+            try:
+                self._documents = DocumentTable(open_dataset(self.meta.dataset,
+                                                             self.storage_options))
+            except (ElmoUserError, OSError) as error:
+                # Clusters need only the index: without its dataset they show no fields.
+                self._documents = DocumentTable(None, f"the index's dataset is not readable "
+                                                      f"({error})")
         return self._documents
 
     def indexed_fields(self) -> dict[str, str]:

@@ -337,3 +337,24 @@ def test_case_centring_keeps_what_tells_lowercase_words_apart() -> None:
     assert form_offsets(x, tokens, "none") == {}
     with pytest.raises(ElmoUserError, match="centre must be one of case, forms, none"):
         form_offsets(x, tokens, "lower")
+
+
+def test_without_its_dataset_an_index_still_clusters_and_filters_its_own_fields(
+        index: str, tmp_path: Path) -> None:
+    import shutil
+
+    from pipeline.lookup.index import INDEX_META, SenseIndex
+    from pipeline.lookup.senses import cluster_senses
+
+    moved = tmp_path / "moved"
+    shutil.copytree(index, moved)
+    meta = json.loads((moved / INDEX_META).read_text())
+    meta["dataset"] = str(tmp_path / "gone")
+    (moved / INDEX_META).write_text(json.dumps(meta))
+    ix = SenseIndex(str(moved))
+    result = cluster_senses(ix, ["bank"], k=2, filters={"year": [2000, 2010]})
+    assert {h.doc_id for h in result.occurrences} == _ids(year=2001) | _ids(year=2009)
+    assert all(h.fields == {} for h in result.occurrences)
+    with pytest.raises(ElmoUserError, match="cannot filter on 'speech-type': the index's "
+                                            "dataset is not readable"):
+        cluster_senses(ix, ["bank"], filters={"speech-type": "spoken"})
