@@ -53,9 +53,9 @@ class DerivedWeights:
     counter (``p._version``) would see in-place edits by itself, but it is private and
     inference tensors have none; a checksum would read every weight (hundreds of MB) at
     each call. So in-place edits are declared: training runs the reference step, which
-    derives nothing, and its held-out evaluation declares the optimizer's edits first. The entries live beside the module, not on
-    it: a oneDNN reordered weight cannot be pickled, and a model must stay picklable and
-    copyable.
+    derives nothing, and its held-out evaluation declares the optimizer's edits first.
+    The entries live beside the module, not on it: a oneDNN reordered weight cannot be
+    pickled, and a model must stay picklable and copyable.
     """
 
     def __init__(self) -> None:

@@ -7,10 +7,14 @@
 - ``parquet_layers``: the direct decoder of float16 layer columns ``iter_mixed`` uses.
 - ``sql``: DuckDB views over a dataset plus the ``elmo_mix`` / ``elmo_cosine`` functions.
 - ``index``: the LanceDB index of mixed token vectors (with word stems) for sense search.
-- ``senses``: sense search (nearest occurrences of a word in context) and clustering.
+- ``senses``: sense search (nearest occurrences of a word in context); re-exports the
+  names of ``sense_hits`` (``Hit``: an occurrence with its document's fields) and
+  ``sense_clusters`` (clustering, with written forms centred first).
+- ``doc_fields``: document fields (source, metadata) and the filters on them.
+- ``sense_tables``: a clustering counted by a document field, and exported as Parquet.
 - ``sense_maps``: the clustering drawn as a PNG (matplotlib) and an HTML page (plotly).
 - ``probe``: learned task weights (``elmo mix fit``).
-- ``cli``: the ``elmo sql / index / senses / mix`` verbs.
+- ``cli``: the ``elmo sql / index / senses / mix`` verbs (``senses_cli``: ``elmo senses``).
 
 Nothing here writes to a dataset except ``elmo mix fit`` (its ``_mixes.json``); indexes
 and maps go where the user says.

@@ -1,4 +1,5 @@
-"""``elmo sql``, ``elmo index``, ``elmo senses`` and ``elmo mix``: the lookup verbs.
+"""``elmo sql``, ``elmo index``, ``elmo senses`` and ``elmo mix``: the lookup verbs
+(``elmo senses`` in ``senses_cli``).
 
 Imports nothing heavy at module level; each handler imports what it needs.
 """
@@ -7,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
+
+from pipeline.lookup.senses_cli import register_senses
 
 SQL_EPILOG = """\
 views: tokens (doc_id, sent_idx, tok_idx, token, char_start, char_end, layer_0..layer_L,
@@ -52,49 +54,12 @@ examples:
 """
 
 INDEX_INFO_EPILOG = """\
-Prints the dataset the index was built from, its mix, rows, vector index and search
-parameters.
+Prints the dataset the index was built from, its mix, rows, vector index, search
+parameters and the document fields it holds (filtered before the vector search).
 
 examples:
   elmo index info data/ds-top.lance
   elmo index info runs/demo/index        # the index `elmo demo` builds
-"""
-
-SENSES_EPILOG = """\
-Both verbs read an index built by `elmo index build` (--index, or $ELMO_INDEX); it
-remembers its dataset and mix.
-
-examples:
-  elmo senses search "He plays the guitar in a band" --word plays --index data/ds-top.lance
-  elmo senses cluster play --index data/ds-top.lance --plot play.png --html play.html
-"""
-
-SENSES_SEARCH_EPILOG = """\
-The query sentence is split with the dataset's tokenizer and embedded with the dataset's
-own model (or --model DIR, checked by fingerprint), then mixed like the index. By default
-only occurrences of the same word count, in any of its forms (plays finds play, played,
-playing: Snowball stems); --same-form keeps only the word as written (any case),
---any-word searches every token. A context found twice (the same sentence around the same
-word) is listed once.
-
-examples:
-  elmo senses search "He plays the guitar in a band" --word plays --index data/ds-top.lance
-  elmo senses search "She sat on the bank of the river" --word bank -k 20
-  elmo senses search "He plays the guitar in a band" --word plays --any-word
-  elmo senses search "The play was a success" --word play --same-form --exact
-"""
-
-SENSES_CLUSTER_EPILOG = """\
-Clusters the mixed vectors of every distinct context of the word(s) with k-means (cosine
-geometry); --k auto picks k in 2..8 by silhouette. Each sense is named by its most typical
-neighbour phrases and context words, with the examples nearest its centre. --plot writes a
-PNG map (PCA, one colour per sense, legend), --html an interactive map (open it in a
-browser, hover a dot to read its sentence; plotly.js is inside the file, no network).
-
-examples:
-  elmo senses cluster play --index data/ds-top.lance --plot play.png --html play.html
-  elmo senses cluster play plays played --k 3
-  elmo senses cluster kind --examples 5
 """
 
 MIX_EPILOG = """\
@@ -177,41 +142,7 @@ def register(subparsers: Any) -> None:
     i.set_defaults(handler=run_index_info)
     index.set_defaults(handler=lambda args: _help(index))
 
-    senses = _add(subparsers, "senses", "contextual word senses: search and cluster",
-                  SENSES_EPILOG)
-    sv = senses.add_subparsers(dest="senses_command", metavar="VERB")
-    s = _add(sv, "search", "occurrences nearest to a word as used in a sentence",
-             SENSES_SEARCH_EPILOG)
-    s.add_argument("sentence", metavar="SENTENCE", help="a sentence using the word")
-    s.add_argument("--word", required=True, help="the word of SENTENCE to look up")
-    s.add_argument("-k", type=int, default=10, help="neighbours to show (default 10)")
-    which = s.add_mutually_exclusive_group()
-    which.add_argument("--any-word", dest="match", action="store_const", const="any",
-                       help="neighbours among every token, whatever its word (default: "
-                            "only WORD, in any of its forms)")
-    which.add_argument("--same-form", dest="match", action="store_const", const="word",
-                       help="only WORD as written (any case), not its other forms")
-    # The default since word forms were indexed; kept so that older scripts still run.
-    which.add_argument("--same-word", dest="match", action="store_const", const="forms",
-                       help=argparse.SUPPRESS)
-    s.set_defaults(match="forms")
-    s.add_argument("--occurrence", type=int, default=1,
-                   help="which occurrence of --word in SENTENCE (default 1)")
-    s.add_argument("--exact", action="store_true", help="exact search, bypassing the ANN index")
-    _index_args(s)
-    s.add_argument("--model", metavar="DIR", help="model directory (default: the dataset's)")
-    s.set_defaults(handler=run_senses_search)
-    c = _add(sv, "cluster", "group the occurrences of a word into senses, and map them",
-             SENSES_CLUSTER_EPILOG)
-    c.add_argument("words", nargs="+", metavar="WORD", help="word(s), matched in lowercase")
-    c.add_argument("--k", default="auto", help="number of senses, or auto (silhouette, 2..8)")
-    c.add_argument("--examples", type=int, default=3, help="sentences shown per sense (3)")
-    c.add_argument("--plot", metavar="PNG", help="write the sense map as a PNG picture")
-    c.add_argument("--html", metavar="HTML", help="write an interactive sense map (hover a "
-                   "dot to read its sentence)")
-    _index_args(c)
-    c.set_defaults(handler=run_senses_cluster)
-    senses.set_defaults(handler=lambda args: _help(senses))
+    register_senses(subparsers, _add, _help)
 
     mix = _add(subparsers, "mix", "named layer mixes: list them, fit task weights", MIX_EPILOG)
     mv = mix.add_subparsers(dest="mix_command", metavar="VERB")
@@ -232,22 +163,9 @@ def register(subparsers: Any) -> None:
     mix.set_defaults(handler=lambda args: _help(mix))
 
 
-def _index_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--index", default=os.environ.get("ELMO_INDEX"), metavar="URI",
-                   help="index built by `elmo index build` (default $ELMO_INDEX)")
-
-
 def _help(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 2
-
-
-def _need_index(args: argparse.Namespace) -> str:
-    from elmo_model.errors import ElmoUserError
-
-    if not args.index:
-        raise ElmoUserError("which index? pass --index URI (or set ELMO_INDEX)")
-    return str(args.index)
 
 
 # --------------------------------------------------------------------------- sql
@@ -352,76 +270,15 @@ def run_index_info(args: argparse.Namespace) -> int:
 
     ix = SenseIndex(args.uri)
     m = ix.meta
+    fields = ", ".join(f"{name} ({kind})" for name, kind in ix.indexed_fields().items())
+    if m.doc_fields is None:
+        fields += " (others are filtered on a join; a rebuild stores them)"
     print(f"index {args.uri}\n  dataset {m.dataset}\n  mix {ix.mix.describe()}\n"
           f"  rows {ix.table.count_rows()}, dim {m.dim}, vector index {m.built} "
           f"(nprobes {m.search.nprobes}, ef {m.search.ef}, refine {m.search.refine_factor})\n"
           f"  shard files {len(m.indexed)}\n"
-          f"  word forms {m.stemmer + ' stems' if ix.has_stems else 'not indexed: rebuild'}")
-    return 0
-
-
-# --------------------------------------------------------------------------- senses
-
-
-def _highlight() -> tuple[str, str]:
-    return ("\033[1;31m", "\033[0m") if sys.stdout.isatty() else ("[", "]")
-
-
-def run_senses_search(args: argparse.Namespace) -> int:
-    from pipeline.lookup.senses import search_senses
-
-    hits = search_senses(_need_index(args), args.sentence, args.word, k=args.k,
-                         match=args.match, occurrence=args.occurrence,
-                         model_dir=args.model, exact=args.exact)
-    left, right = _highlight()
-    for h in hits:
-        print(f"{h.rank:>3}  {h.similarity:6.3f}  {h.doc_id}#{h.sent_idx}.{h.tok_idx}  "
-              f"{h.highlighted(left, right)}")
-    among = {"forms": f"uses of {args.word!r} in any of its forms (--same-form: this form "
-                      "only; --any-word: every word)",
-             "word": f"uses of {args.word!r} as written, any case",
-             "any": "every word"}[args.match]
-    sys.stdout.flush()  # the note after the results, also when both go to one pipe
-    print(f"{len(hits) or 'no'} nearest among {among}; repeated contexts shown once",
-          file=sys.stderr)
-    return 0
-
-
-def run_senses_cluster(args: argparse.Namespace) -> int:
-    from elmo_model.errors import ElmoUserError
-    from pipeline.lookup.sense_maps import (
-        check_writable,
-        occurrence_count,
-        write_sense_map_html,
-        write_sense_map_png,
-    )
-    from pipeline.lookup.senses import cluster_senses
-
-    for path in (args.plot, args.html):
-        if path:
-            check_writable(path)
-    k: int | str = args.k
-    if k != "auto":
-        try:
-            k = int(k)
-        except ValueError:
-            raise ElmoUserError(f"--k must be a number or auto, not {args.k!r}") from None
-    result = cluster_senses(_need_index(args), args.words, k=k, examples=args.examples)
-    left, right = _highlight()
-    print(f"{' / '.join(result.words)}: {occurrence_count(result)}, mix {result.mix}")
-    if result.auto:
-        scores = ", ".join(f"k={kk}: {s:.3f}" for kk, s in result.silhouettes.items())
-        print(f"k = {result.k} by silhouette ({scores})")
-    for c in result.clusters:
-        print(c.name())
-        for h in c.examples:
-            print(f"    {h.doc_id}#{h.sent_idx}  {h.highlighted(left, right)}")
-    if args.plot:
-        print(f"wrote {write_sense_map_png(result, args.plot)} (sense map picture)",
-              file=sys.stderr)
-    if args.html:
-        print(f"wrote {write_sense_map_html(result, args.html)} (interactive sense map: open "
-              "it in a browser)", file=sys.stderr)
+          f"  word forms {m.stemmer + ' stems' if ix.has_stems else 'not indexed: rebuild'}\n"
+          f"  document fields {fields}")
     return 0
 
 

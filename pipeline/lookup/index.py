@@ -6,8 +6,11 @@ One row per stored token: ``vector`` (the mix, float32), ``token``, ``token_lowe
 ``token_stem`` (the Snowball English stem of ``token_lower``: plays, played and playing
 are all ``play``), ``doc_id``, ``sent_idx``, ``tok_idx``, ``part``, ``shard``,
 ``sentence`` (its text) and ``start``/``end`` (the token's character span inside
-``sentence``, for highlighting). Scalar BTree indexes on ``token``, ``token_lower`` and
-``token_stem`` make ``token_stem = ...`` prefilters (a word and its forms) cheap.
+``sentence``, for highlighting), then its document's ``source`` and metadata fields as
+``meta_<name>`` columns (``doc_fields``: the fields whose values were all numbers or all
+text when the index was created), so that searches filter on them before the vector
+search. Scalar BTree indexes on ``token``, ``token_lower`` and ``token_stem`` make
+``token_stem = ...`` prefilters (a word and its forms) cheap.
 
 Vector index (``--index``): ``flat`` (none: exact brute-force search), ``hnsw``
 (IVF_HNSW_SQ, cosine) or ``auto`` (hnsw from ``HNSW_MIN_ROWS`` rows on, else flat).
@@ -28,7 +31,8 @@ rows into the existing vector and scalar indexes. Only a changed mix needs ``--r
 Each build also rewrites ``<out>/_word_counts.parquet`` (rows per lowercase token, with
 its stem), which routes filtered queries without a count query; the search parameters
 follow the index size (``SearchParams.for_rows``) unless given. An index written before
-stems were stored is rebuilt by the next build (its rows lack the column).
+stems or document fields were stored is rebuilt by the next build (its rows lack the
+columns).
 """
 
 from __future__ import annotations
@@ -43,6 +47,17 @@ from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import Dataset, open_dataset, open_fs
+from pipeline.lookup.doc_fields import (
+    INDEX_FIELDS,
+    DocumentTable,
+    FieldFilter,
+    field_column,
+    field_kinds,
+    index_field_arrays,
+    indexable_fields,
+    quote,
+    read_documents,
+)
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mixes import iter_mixed
 
@@ -60,10 +75,13 @@ HNSW_MIN_ROWS = 50_000
 # of those rows: 2,000 rows at 256-d, 500 at 1024-d. At 1M x 1024 an exact scan of 500-2,000
 # rows took 42 ms (p50) against 14 ms for the prefiltered graph, which still found 0.98.
 EXACT_FILTER_VALUES = 512_000
+# A filter on a field the index lacks becomes "doc_id IN (...)" of at most this many ids.
+MAX_JOIN_IDS = 100_000
 # From this many rows on, fewer partitions are probed (see SearchParams.for_rows).
 LARGE_INDEX_ROWS = 300_000
 INDEX_KINDS = ("auto", "hnsw", "flat")
-RESULT_COLUMNS = ["token", "doc_id", "sent_idx", "tok_idx", "sentence", "start", "end"]
+RESULT_COLUMNS = ["token", "doc_id", "sent_idx", "tok_idx", "sentence", "start", "end", "part",
+                  "shard"]
 # Fills token_stem. Recorded in the index: matching a word's forms at query time needs the
 # stems the build stored, so an index without them (or with another stemmer's) is rebuilt.
 STEMMER = "snowball-english"
@@ -132,6 +150,9 @@ class IndexMeta:
     rows: int = 0
     counted_rows: int = 0  # rows when WORD_COUNTS was written (0: not written)
     stemmer: str = ""  # what filled token_stem ("": built before stems were stored)
+    # Metadata fields stored as meta_<name> columns, name -> int/float/string (None: built
+    # before document fields were stored, so rows lack even ``source``).
+    doc_fields: dict[str, str] | None = None
     format: str = INDEX_FORMAT
 
     def to_json(self) -> str:
@@ -192,14 +213,6 @@ def _lance_options(storage_options: dict | None) -> dict[str, str] | None:
     return {k: str(v) for k, v in storage_options.items()} if storage_options else None
 
 
-def quote(value: str) -> str:
-    """A Lance SQL string literal. Lance filters take no bind parameters, so user text is
-    quoted here (quotes doubled, control characters refused) and nowhere else."""
-    if any(ord(c) < 32 for c in value):
-        raise ElmoUserError("search words cannot contain control characters")
-    return "'" + value.replace("'", "''") + "'"
-
-
 def column_words(words: Sequence[str], column: str) -> Sequence[str]:
     """``words`` as ``column`` stores them: ``token_lower`` lowercases the words,
     ``token_stem`` stems them, ``token`` takes them as they are."""
@@ -248,9 +261,11 @@ def _shard_filter(key: str) -> str:
 ADD_BYTES = 256 << 20  # float32 vectors per LanceDB add: bounds memory for any shard size
 
 
-def _rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences_path: str | None
-                   ) -> Iterator[pa.Table]:
-    """Index rows of one committed tokens file, in chunks (vectors mixed on read)."""
+def _rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences_path: str | None,
+                   documents: tuple[list[str], list[dict[str, Any]]],
+                   doc_fields: dict[str, str]) -> Iterator[pa.Table]:
+    """Index rows of one committed tokens file, in chunks (vectors mixed on read), with
+    their documents' fields (``documents``: its documents file, ``read_documents``)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -287,7 +302,17 @@ def _rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences_path: s
             "sentence": pc.fill_null(joined["sentence"], ""),
             "start": pc.subtract(joined["char_start"], sent_start).cast(pa.int32()),
             "end": pc.subtract(joined["char_end"], sent_start).cast(pa.int32()),
+            **index_field_arrays(joined["doc_id"].combine_chunks(), documents, doc_fields),
         })
+
+
+def _documents_of(ds: Dataset, key: str, files: dict[str, str],
+                  read: dict[str, tuple[list[str], list[dict[str, Any]]]]
+                  ) -> tuple[list[str], list[dict[str, Any]]]:
+    """The documents of shard file ``key`` (already ``read``, else read now)."""
+    if key not in read:
+        read[key] = read_documents(ds, files[key]) if key in files else ([], [])
+    return read[key]
 
 
 def _has_vector_index(table: Any) -> bool:
@@ -342,13 +367,24 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
         if progress:
             progress(f"{out} was built without {STEMMER} word stems: rebuilding it")
         meta = None
+    if meta is not None and meta.doc_fields is None:
+        # Likewise for rows without their documents' fields (source, metadata columns).
+        if progress:
+            progress(f"{out} was built without document fields: rebuilding it")
+        meta = None
+    document_files = dict(ds.shard_files("documents"))
+    documents: dict[str, tuple[list[str], list[dict[str, Any]]]] = {}
     if meta is None:
+        # Which metadata fields become columns is settled when the index is created.
+        documents = {key: read_documents(ds, path) for key, path in document_files.items()}
         if exists:
             db.drop_table(TABLE)
             exists = False
         meta = IndexMeta(dataset=str(dataset), model_fingerprint=ds.descriptor.model_fingerprint,
                          mix=the_mix.to_json(), mix_name=the_mix.name, dim=ds.descriptor.dim,
-                         kind=kind, stemmer=STEMMER)
+                         kind=kind, stemmer=STEMMER,
+                         doc_fields=indexable_fields(field_kinds(
+                             row for _, rows in documents.values() for row in rows)))
     meta.kind = kind
     if search is not None:
         meta.search, meta.search_auto = search, False
@@ -376,7 +412,9 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
             table.delete(_shard_filter(key))
         n_rows = 0
         t0 = time.perf_counter()
-        for rows in _rows_for_file(ds, the_mix, path, key, sentence_files.get(key)):
+        for rows in _rows_for_file(ds, the_mix, path, key, sentence_files.get(key),
+                                   _documents_of(ds, key, document_files, documents),
+                                   meta.doc_fields or {}):
             t1 = time.perf_counter()
             summary.seconds_read += t1 - t0
             if table is None:
@@ -478,6 +516,7 @@ class SenseIndex:
                                      ).open_table(TABLE)
         self._counts: pa.Table | None = None
         self._counts_read = False
+        self._documents: DocumentTable | None = None
 
     @property
     def has_stems(self) -> bool:
@@ -525,11 +564,55 @@ class SenseIndex:
     def mix(self) -> Mix:
         return self.meta.the_mix()
 
+    def documents(self) -> DocumentTable:
+        """The dataset's documents and their fields (read on first use, then kept)."""
+        if self._documents is None:
+            try:
+                self._documents = DocumentTable(open_dataset(self.meta.dataset,
+                                                             self.storage_options))
+            except (ElmoUserError, OSError) as error:
+                # Clusters need only the index: without its dataset they show no fields.
+                self._documents = DocumentTable(None, f"the index's dataset is not readable "
+                                                      f"({error})")
+        return self._documents
+
+    def indexed_fields(self) -> dict[str, str]:
+        """Document fields this index's rows hold (name -> kind), filtered by LanceDB."""
+        if self.meta.doc_fields is None:  # built before document fields were stored
+            return {"doc_id": "string"}
+        return {**dict.fromkeys(INDEX_FIELDS, "string"), **self.meta.doc_fields}
+
+    def fields_where(self, filters: Sequence[FieldFilter]) -> str | None:
+        """A Lance predicate for document-field ``filters``: on the index's own columns
+        where it has the field, else ``doc_id IN`` the documents that pass."""
+        indexed = self.indexed_fields()
+        clauses, joined = [], []
+        for condition in filters:
+            kind = indexed.get(condition.field) or self.documents().check(condition.field)
+            typed = condition.typed(kind)
+            # "contains" reads a number as its digits: that comparison runs on the join.
+            if condition.field in indexed and (condition.op != "~" or kind == "string"):
+                clauses.append(typed.lance(field_column(condition.field)))
+            else:
+                joined.append(typed)
+        if joined:
+            ids = self.documents().doc_ids_where(joined)
+            if len(ids) > MAX_JOIN_IDS:
+                raise ElmoUserError(
+                    f"{len(ids)} documents pass {' '.join(f.describe() for f in joined)}, too "
+                    f"many to filter on a join; rebuild the index (`elmo index build "
+                    f"{self.meta.dataset} --out {self.uri} --rebuild`) so that it holds "
+                    "these fields, or narrow the filter")
+            clauses.append(f"doc_id IN ({', '.join(quote(i) for i in ids)})" if ids
+                           else "false")
+        return " AND ".join(f"({c})" for c in clauses) if clauses else None
+
     def search(self, vector: np.ndarray, k: int = 10, words: Sequence[str] | None = None,
                exact: bool = False, columns: Sequence[str] = RESULT_COLUMNS,
-               forms: bool = False) -> pa.Table:
+               forms: bool = False, where: str | None = None) -> pa.Table:
         """Nearest tokens by cosine; ``words``: only tokens whose lowercase form is one of
-        them, or with ``forms`` any form of them (same stem: plays, played, playing).
+        them, or with ``forms`` any form of them (same stem: plays, played, playing);
+        ``where``: a further Lance predicate (``fields_where``), also a prefilter.
         Returns the columns plus ``_distance`` (cosine distance), nearest first."""
         import numpy as np
 
@@ -543,9 +626,15 @@ class SenseIndex:
             raise ElmoUserError(f"query vector has {vector.shape[0]} values, index has "
                                 f"{self.meta.dim}")
         query = self.table.search(vector).distance_type("cosine")
-        where = token_filter(words, column) if words else None
-        small = where is not None and self.word_rows(words, column) * self.meta.dim \
-            <= EXACT_FILTER_VALUES
+        word_where = token_filter(words, column) if words else None
+        if where is not None:
+            # Rows the whole filter leaves (a count query: the word counts do not know it).
+            where = f"({word_where}) AND ({where})" if word_where else where
+            small = self.table.count_rows(where) * self.meta.dim <= EXACT_FILTER_VALUES
+        else:
+            where = word_where
+            small = where is not None and self.word_rows(words, column) * self.meta.dim \
+                <= EXACT_FILTER_VALUES
         if exact or self.meta.built != "hnsw" or small:
             query = query.bypass_vector_index()
         else:
@@ -558,8 +647,9 @@ class SenseIndex:
         return query.select([*columns, "_distance"]).limit(k).to_arrow()
 
     def occurrences(self, words: Sequence[str], columns: Sequence[str] = RESULT_COLUMNS,
-                    limit: int = 100_000) -> pa.Table:
-        """Every row whose lowercase token is one of ``words`` (with vectors)."""
-        where = token_filter(words)
+                    limit: int = 100_000, where: str | None = None) -> pa.Table:
+        """Every row whose lowercase token is one of ``words`` (with vectors), and that
+        passes ``where`` (a Lance predicate, ``fields_where``) if given."""
+        where = token_filter(words) if where is None else f"({token_filter(words)}) AND ({where})"
         return (self.table.search().where(where).select([*columns, "vector"])
                 .limit(limit).to_arrow())

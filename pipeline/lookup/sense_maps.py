@@ -57,8 +57,9 @@ def map_title(result: ClusterResult) -> str:
 
 
 def map_subtitle(result: ClusterResult) -> str:
-    return (f"{occurrence_count(result)}; each dot is one occurrence, placed by PCA of its "
-            "contextual vector")
+    where = f" in documents with {' '.join(result.filters)}" if result.filters else ""
+    return (f"{occurrence_count(result)}{where}; each dot is one occurrence, placed by PCA "
+            "of its contextual vector")
 
 
 def occurrence_count(result: ClusterResult) -> str:
@@ -112,7 +113,7 @@ def sense_map_figure(result: ClusterResult, width: float = 9.0, height: float = 
 
 def write_sense_map_png(result: ClusterResult, path: str | Path, dpi: int = 120) -> Path:
     figure = sense_map_figure(result)
-    return _write_whole(path, lambda tmp: figure.savefig(tmp, dpi=dpi, format="png"))
+    return write_whole(path, lambda tmp: figure.savefig(tmp, dpi=dpi, format="png"))
 
 
 def hover_text(hit: Hit, chars: int = HOVER_CHARS, wrap: int = 80) -> str:
@@ -124,7 +125,9 @@ def hover_text(hit: Hit, chars: int = HOVER_CHARS, wrap: int = 80) -> str:
     lines = textwrap.wrap(text, wrap, break_long_words=False, break_on_hyphens=False)
     body = "<br>".join(_escape(line) for line in lines)
     body = body.replace(left, "<b>").replace(right, "</b>")
-    return f"<i>{_escape(hit.doc_id)} #{hit.sent_idx}</i><br>{body}"
+    fields = hit.field_text()
+    where = f"{_escape(hit.doc_id)} #{hit.sent_idx}" + (f" ({_escape(fields)})" if fields else "")
+    return f"<i>{where}</i><br>{body}"
 
 
 def sense_map_plotly(result: ClusterResult) -> Any:
@@ -153,7 +156,7 @@ def sense_map_plotly(result: ClusterResult) -> Any:
 def write_sense_map_html(result: ClusterResult, path: str | Path) -> Path:
     figure = sense_map_plotly(result)
     # plotly.js inside the file: it must open anywhere, offline included.
-    return _write_whole(path, lambda tmp: figure.write_html(tmp, include_plotlyjs=True,
+    return write_whole(path, lambda tmp: figure.write_html(tmp, include_plotlyjs=True,
                                                             full_html=True))
 
 
@@ -167,7 +170,7 @@ def check_writable(path: str | Path) -> Path:
     return path
 
 
-def _write_whole(path: str | Path, write: Callable[[Path], None]) -> Path:
+def write_whole(path: str | Path, write: Callable[[Path], None]) -> Path:
     """``write`` to a temporary file beside ``path``, then move it in: never half a file."""
     path = check_writable(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -219,7 +219,7 @@ def clean_final(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 def reader_views(spec: JobSpec) -> dict[str, Any]:
     """What the other readers see: DuckDB's views and Dataset.shard_files (the index's)."""
-    from pipeline.lookup.mixes import open_dataset
+    from pipeline.lookup.dataset import open_dataset
     from pipeline.lookup.sql import connect
 
     con = connect(spec.output)
