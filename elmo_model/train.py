@@ -30,7 +30,6 @@ import math
 import os
 import sys
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
@@ -43,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
+from elmo_model.corpus.split import is_heldout
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import BiLM, BiLMConfig, LstmState, PackPlan
 from elmo_model.tokenizers import (
@@ -185,12 +185,6 @@ class Corpus:
     @property
     def n_train_tokens(self) -> int:
         return sum(len(x) for x in self.train)
-
-
-def is_heldout(line: str, percent: float) -> bool:
-    """A fixed split by content hash: the same line is always on the same side, whatever
-    the file order, and duplicates never straddle the split."""
-    return zlib.crc32(line.encode("utf-8")) % 10_000 < percent * 100
 
 
 def read_lines(pattern: str) -> Iterator[str]:
