@@ -93,6 +93,9 @@ def build_corpus(out: Path, fetched_sources: Iterable[tuple[Source, Fetched]],
     paragraph is the one kept) under ``out``; returns the manifest it wrote."""
     for split in SPLITS:
         (out / split).mkdir(parents=True, exist_ok=True)
+        # A source left out of this build must not linger from an earlier one.
+        for stale in (out / split).glob("*.jsonl"):
+            stale.unlink()
     deduper = ParagraphDeduper()
     entries = []
     for source, fetched in fetched_sources:

@@ -180,6 +180,8 @@ def test_cli_builds_from_a_directory_source(tmp_path: Path, capsys: pytest.Captu
     classics.mkdir()
     (classics / "a.txt").write_text("one line of text\nanother line of text\n", encoding="utf-8")
     out = tmp_path / "out"
+    (out / "train").mkdir(parents=True)
+    (out / "train" / "sotu.jsonl").write_text("{}\n")  # from an earlier build with sotu
     assert corpus_main(["build", "--out", str(out), "--sources", "classics",
                         "--classics", str(classics), "--heldout-percent", "0"]) == 0
     assert "classics" in capsys.readouterr().out
