@@ -7,8 +7,8 @@ Layout of the output directory::
     heldout/SOURCE.jsonl   the same for the held-out documents
     manifest.json          per source: package, version, licences, artifact sha256,
                            documents, paragraphs and words kept; sha256 of every JSONL file
-    near_duplicates.jsonl  a sample of the near-duplicate paragraphs dropped, with the
-                           paragraph each matched, to check what the threshold removes
+    near_duplicates.jsonl  the first near-duplicate paragraphs dropped in each source, with
+                           the paragraph each matched, to check what the threshold removes
 
 A document's text is its kept paragraphs joined by blank lines. Nothing in the output
 depends on the time or the machine, so a rerun on the same artifacts writes the same bytes.
@@ -34,7 +34,6 @@ from elmo_model.corpus.split import is_heldout
 
 RECIPE_VERSION = "1"
 MANIFEST_FILE = "manifest.json"
-NEAR_DUPLICATE_SAMPLE = 200
 SPLITS = ("train", "heldout")
 
 
@@ -102,9 +101,10 @@ def build_corpus(out: Path, fetched_sources: Iterable[tuple[Source, Fetched]],
         tally = _build_source(out, source, fetched, deduper, heldout_percent)
         entries.append(_source_entry(source, fetched, tally, deduper))
     with (out / "near_duplicates.jsonl").open("w", encoding="utf-8") as handle:
-        for source_name, dropped, matched in deduper.near_examples[:NEAR_DUPLICATE_SAMPLE]:
-            handle.write(json.dumps({"source": source_name, "dropped": dropped,
-                                     "matched": matched}, ensure_ascii=False) + "\n")
+        for source_name, examples in deduper.near_examples.items():
+            for dropped, matched in examples:
+                handle.write(json.dumps({"source": source_name, "dropped": dropped,
+                                         "matched": matched}, ensure_ascii=False) + "\n")
     files = sorted(p.relative_to(out).as_posix() for split in SPLITS
                    for p in (out / split).glob("*.jsonl"))
     manifest = {

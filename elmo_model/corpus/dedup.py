@@ -3,8 +3,9 @@
 Two passes over each paragraph, in the order the sources are read (so reruns keep the same
 copies): an exact match on a normalized form (case, punctuation and spacing ignored) drops
 verbatim and trivially-edited copies cheaply; then MinHash locality-sensitive hashing over
-word 3-gram shingles (datasketch) drops paragraphs whose shingle sets overlap an earlier
-one's by about :data:`NEAR_DUPLICATE_JACCARD` or more (boilerplate notes repeated across
+word 3-gram shingles (datasketch) finds earlier paragraphs that may overlap, and the
+paragraph is dropped when its shingles' Jaccard similarity to one of them is
+:data:`NEAR_DUPLICATE_JACCARD` or more (boilerplate notes repeated across
 pages with a name changed, the same lead in two articles, a verse repeated with one word
 changed). Paragraphs are short, so the shingles are short too: one word changed in a
 30-word paragraph changes 3 of its 28 trigrams (Jaccard 0.8), where 5-grams would drop it
@@ -25,6 +26,7 @@ NUM_PERM = 128
 # A paragraph with fewer shingles than this is only checked for exact copies: a short
 # paragraph's Jaccard estimate swings with a single word.
 MIN_SHINGLES_FOR_NEAR = 3
+NEAR_EXAMPLES_PER_SOURCE = 50
 _WORD_RE = re.compile(r"\w+")
 
 
@@ -40,6 +42,10 @@ def shingles(words: list[str]) -> set[bytes]:
             for i in range(len(words) - SHINGLE_WORDS + 1)}
 
 
+def jaccard(a: set[bytes], b: set[bytes]) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
 @dataclass
 class DedupCounts:
     exact: int = 0
@@ -53,8 +59,8 @@ class ParagraphDeduper:
 
     threshold: float = NEAR_DUPLICATE_JACCARD
     counts: dict[str, DedupCounts] = field(default_factory=dict)
-    # (source, dropped paragraph, the kept paragraph it matched) of the first near-duplicates
-    near_examples: list[tuple[str, str, str]] = field(default_factory=list)
+    # source -> (dropped paragraph, the kept paragraph it matched), the first few of each
+    near_examples: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._seen: set[bytes] = set()
@@ -77,12 +83,16 @@ class ParagraphDeduper:
             signature = MinHash(num_perm=NUM_PERM, seed=1, permutations=self._permutations,
                                 scheme=self._scheme)
             signature.update_batch(list(pieces))
-            matches = self._lsh.query(signature)
-            if matches:
+            # LSH only proposes candidates (a third of them fell below the threshold on
+            # the real corpus): the exact Jaccard of the shingles decides.
+            match = next((key for key in sorted(self._lsh.query(signature))
+                          if jaccard(pieces, shingles(normalize(self._kept_text[key])))
+                          >= self.threshold), None)
+            if match is not None:
                 counts.near += 1
-                if len(self.near_examples) < 10_000:
-                    match = min(matches)  # any one will do; the smallest key, for reruns
-                    self.near_examples.append((source, paragraph, self._kept_text[match]))
+                examples = self.near_examples.setdefault(source, [])
+                if len(examples) < NEAR_EXAMPLES_PER_SOURCE:
+                    examples.append((paragraph, self._kept_text[match]))
                 return False
             key = digest.hex()
             self._lsh.insert(key, signature)

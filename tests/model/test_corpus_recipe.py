@@ -66,6 +66,7 @@ def test_near_duplicate_paragraphs_go_and_different_ones_stay() -> None:
     assert not deduper.keep("b", "a different paragraph")
     assert [(c.exact, c.near, c.kept) for c in deduper.counts.values()] == [(1, 0, 1),
                                                                              (1, 1, 2)]
+    assert deduper.near_examples == {"b": [(LONG.replace("modest", "small") + ".", f"{LONG}.")]}
 
 
 def _fixture_sources(root: Path) -> list[tuple[str, Path]]:
