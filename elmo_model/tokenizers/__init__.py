@@ -15,6 +15,8 @@ Registered tokenizers (all give exact code-point offsets, ``token.text == doc[st
   for a new model.
 - ``elmo-store-words``: words with inner apostrophes and hyphens, one line one sentence;
   the bundled default model was trained with it.
+- ``elmo-store-sentences``: the same words, documents split into sentences (running text:
+  JSONL records, paragraphs); line breaks inside a paragraph are spaces.
 - ``elmo-store-ptb``: elmo-store's PTB-like tokenizer (``do n't``).
 
 A version is ``RULES[+LIBRARY-RELEASE]``. Datasets record the whole version and refuse to
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
-from elmo_model.tokenizers import moses, ptb, words
+from elmo_model.tokenizers import moses, ptb, sentences, words
 from elmo_model.tokenizers.text import Sentence, Token
 
 DECLARATION_KEY = "tokenizer"
@@ -63,6 +65,8 @@ _FACTORIES: dict[str, Callable[[], Tokenizer]] = {
     ptb.NAME: lambda: Tokenizer(ptb.NAME, ptb.VERSION, ptb.split_sentences, ptb.tokenize_words),
     words.NAME: lambda: Tokenizer(words.NAME, words.VERSION, words.split_sentences,
                                   words.tokenize_words),
+    sentences.NAME: lambda: Tokenizer(sentences.NAME, sentences.VERSION,
+                                      sentences.split_sentences, sentences.tokenize_words),
 }
 _BUILT: dict[str, Tokenizer] = {}
 

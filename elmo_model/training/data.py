@@ -11,7 +11,6 @@ were reading.
 from __future__ import annotations
 
 import glob
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
+from elmo_model.corpus.split import is_heldout
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import BiLM
 from elmo_model.tokenizers import TRAIN_DEFAULT, Tokenizer, get_tokenizer
@@ -43,12 +43,6 @@ class Corpus:
     @property
     def n_train_tokens(self) -> int:
         return sum(len(x) for x in self.train)
-
-
-def is_heldout(line: str, percent: float) -> bool:
-    """A fixed split by content hash: the same line is always on the same side, whatever
-    the file order, and duplicates never straddle the split."""
-    return zlib.crc32(line.encode("utf-8")) % 10_000 < percent * 100
 
 
 def read_lines(pattern: str) -> Iterator[str]:

@@ -15,9 +15,16 @@ from sacremoses import MosesTokenizer
 
 from elmo_model.errors import ElmoUserError
 from elmo_model.tokenizers import moses
+from elmo_model.tokenizers.boundaries import (
+    ends_of_spans,
+    ends_of_strings,
+    read_sentence_gold,
+    score_boundaries,
+)
 from pipeline.tokenize import Token, get_tokenizer, model_tokenizer, tokenizer_names
 
 DEFAULT_MODEL = REPO / "models" / "default"
+SENTENCE_GOLD = REPO / "tests" / "fixtures" / "sentences" / "gold.txt"
 
 TRICKY = (
     "Ünïcode\x00text\ttabs\u200bzero — dash 😀 emoji\r\n“Don’t,” she said; it's O'Neill's "
@@ -166,6 +173,58 @@ def test_words_tokenizer_keeps_words_whole_and_reads_lines() -> None:
         "Dr. Who? He left.", "line two", "line three", "last"]
 
 
+def test_sentences_tokenizer_cuts_running_text_into_sentences() -> None:
+    text = ("Mr. and Mrs. Okafor moved to St. Louis in 1998, e.g. for work. Their daughter\n"
+            "studied at M.I.T. in Cambridge! \"Why there?\" her uncle asked. She said nothing."
+            "\n\nA new paragraph ends the last sentence even without a stop\nThis one")
+    sentences = get_tokenizer("elmo-store-sentences").split_sentences(text)
+    assert [text[s.start:s.end] for s in sentences] == [
+        "Mr. and Mrs. Okafor moved to St. Louis in 1998, e.g. for work.",
+        "Their daughter\nstudied at M.I.T. in Cambridge!",  # a line break inside is a space
+        '"Why there?" her uncle asked.',
+        "She said nothing.",
+        "A new paragraph ends the last sentence even without a stop\nThis one"]
+    # the words are elmo-store-words', whatever the sentences: the bundled model's vocabulary
+    assert [t for s in sentences for t in s.tokens] == \
+        get_tokenizer("elmo-store-words").tokenize(text)
+    assert sentences[0].words[:4] == ["Mr", ".", "and", "Mrs"]
+
+
+def test_sentences_tokenizer_leaves_the_line_tokenizer_as_it_was() -> None:
+    """Datasets embedded with elmo-store-words version 1 keep their meaning: one line of
+    running text is still one sentence there."""
+    address = " ".join(f"Sentence number {i} ends here." for i in range(200))
+    assert len(get_tokenizer("elmo-store-words").split_sentences(address)) == 1
+    assert get_tokenizer("elmo-store-words").record() == {"name": "elmo-store-words",
+                                                          "version": "1"}
+    assert len(get_tokenizer("elmo-store-sentences").split_sentences(address)) == 200
+
+
+def test_sentence_boundaries_match_the_hand_checked_gold() -> None:
+    """bench/sentence_splitters.py compares this rule with the PyPI splitters on the same
+    gold; it scored F1 0.994 there (BENCHMARKS.md)."""
+    gold = read_sentence_gold(SENTENCE_GOLD)
+    assert len(gold) >= 90 and sum(len(g.ends) for g in gold) >= 300
+    split = get_tokenizer("elmo-store-sentences").split_sentences
+    score = score_boundaries(gold, [ends_of_spans(g.text, [(s.start, s.end) for s in split(
+        g.text)]) for g in gold])
+    assert score.precision >= 0.99 and score.recall >= 0.98 and score.f1 >= 0.99, score
+    lines = score_boundaries(gold, [ends_of_spans(g.text, [(s.start, s.end) for s in get_tokenizer(
+        "elmo-store-words").split_sentences(g.text)]) for g in gold])
+    assert lines.recall == 0.0  # one paragraph, one "sentence"
+
+
+def test_boundary_scores_count_ends_inside_paragraphs(tmp_path: Path) -> None:
+    gold_file = tmp_path / "gold.txt"
+    gold_file.write_text("# a comment\nOne.\nTwo?\n\nThree\n", encoding="utf-8")
+    gold = read_sentence_gold(gold_file)
+    assert [(g.text, sorted(g.ends)) for g in gold] == [("One. Two?", [4]), ("Three", [])]
+    assert ends_of_strings("One. Two?", [" One.", "Two?"]) == {4}
+    score = score_boundaries(gold, [frozenset({4, 2}), frozenset()])
+    assert (score.true_positives, score.predicted, score.gold) == (1, 2, 1)
+    assert (score.precision, score.recall) == (0.5, 1.0)
+
+
 def test_bundled_model_declares_the_tokenizer_it_learned() -> None:
     assert model_tokenizer(str(DEFAULT_MODEL / "options.json")) == "elmo-store-words"
     assert model_tokenizer(str(DEFAULT_MODEL)) == "elmo-store-words"  # the directory works too
@@ -210,7 +269,7 @@ def _options_with(tmp_path: Path, **extra: object) -> str:
 
 def test_declarations_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ElmoUserError, match="does not have; known: elmo-store-ptb, "
-                                            "elmo-store-words, moses"):
+                                            "elmo-store-sentences, elmo-store-words, moses"):
         model_tokenizer(_options_with(tmp_path, tokenizer={"name": "spacy"}))
     with pytest.raises(ElmoUserError, match="bad tokenizer declaration"):
         model_tokenizer(_options_with(tmp_path, tokenizer="moses"))
@@ -257,5 +316,6 @@ def test_tokenizers_travel_to_workers(name: str) -> None:
 
 
 def test_unknown_tokenizer_names_the_known_ones() -> None:
-    with pytest.raises(ElmoUserError, match="known: elmo-store-ptb, elmo-store-words, moses"):
+    known = "elmo-store-ptb, elmo-store-sentences, elmo-store-words, moses"
+    with pytest.raises(ElmoUserError, match=f"known: {known}"):
         get_tokenizer("nltk")
