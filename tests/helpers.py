@@ -12,7 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from elmo_model.model import BiLMConfig, BiLstmLayer, LstmStep, PackPlan
 from pipeline.embed import EmbedConfig, ModelSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,3 +111,33 @@ def write_toy_corpus(directory: Path, n_lines: int = 300, seed: int = 0) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "toy.txt").write_text("\n".join(lines) + "\n")
     return str(directory / "*.txt")
+
+
+# LSTM step tests: small, with sizes that are not powers of two, and clips low enough to
+# be hit often.
+STEP_TEST_CONFIG = BiLMConfig(n_layers=2, lstm_dim=40, projection_dim=12, cell_clip=0.5,
+                              proj_clip=0.3, char_embedding_dim=4,
+                              filters=((1, 4), (2, 8), (3, 20)), n_highway=2)
+STEP_TEST_LENGTHS = np.array([5, 2, 7, 1, 4, 7, 3])
+
+
+def layer_plan_input(seed: int = 0) -> tuple[BiLstmLayer, PackPlan, torch.Tensor,
+                                              tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(seed)
+    layer = BiLstmLayer(STEP_TEST_CONFIG).eval()
+    with torch.no_grad():
+        layer.bias.normal_(0.0, 0.5)
+        layer.recurrent_weight.mul_(4)  # large enough that both clips bite
+        layer.projection.mul_(8)
+    plan = PackPlan.build(STEP_TEST_LENGTHS)
+    x = torch.randn(2, plan.n_tokens, STEP_TEST_CONFIG.projection_dim)
+    batch, p, d = len(STEP_TEST_LENGTHS), STEP_TEST_CONFIG.projection_dim, STEP_TEST_CONFIG.lstm_dim
+    state = (torch.randn(2, batch, p) * 0.2, torch.randn(2, batch, d) * 0.4)
+    return layer, plan, x, state
+
+
+def run_layer(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, state, step: LstmStep,
+         dtype: torch.dtype | None = None):
+    with torch.inference_mode(), torch.autocast("cpu", dtype=dtype or torch.bfloat16,
+                                                enabled=dtype is not None):
+        return layer(x, plan, state[0], state[1], step)

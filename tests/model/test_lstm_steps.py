@@ -7,47 +7,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import STEP_TEST_CONFIG as CONFIG
+from helpers import STEP_TEST_LENGTHS as LENGTHS
+from helpers import layer_plan_input, run_layer
 
 from elmo_model import lstm_steps
 from elmo_model.errors import ElmoUserError
-from elmo_model.model import BiLM, BiLMConfig, BiLstmLayer, LstmStep, PackPlan, reference_step
+from elmo_model.model import BiLM, LstmStep, PackPlan, reference_step
 from elmo_model.onednn import OnednnStep
 from elmo_model.torch_step import TorchStep
 
-# Small, with sizes that are not powers of two, and clips low enough to be hit often.
-CONFIG = BiLMConfig(n_layers=2, lstm_dim=40, projection_dim=12, cell_clip=0.5, proj_clip=0.3,
-                    char_embedding_dim=4, filters=((1, 4), (2, 8), (3, 20)), n_highway=2)
-LENGTHS = np.array([5, 2, 7, 1, 4, 7, 3])
 FAST_CPU_STEPS = {"torch": TorchStep, "onednn": OnednnStep}
-
-
-def _layer_plan_input(seed: int = 0) -> tuple[BiLstmLayer, PackPlan, torch.Tensor,
-                                               tuple[torch.Tensor, torch.Tensor]]:
-    torch.manual_seed(seed)
-    layer = BiLstmLayer(CONFIG).eval()
-    with torch.no_grad():
-        layer.bias.normal_(0.0, 0.5)
-        layer.recurrent_weight.mul_(4)  # large enough that both clips bite
-        layer.projection.mul_(8)
-    plan = PackPlan.build(LENGTHS)
-    x = torch.randn(2, plan.n_tokens, CONFIG.projection_dim)
-    batch, p, d = len(LENGTHS), CONFIG.projection_dim, CONFIG.lstm_dim
-    state = (torch.randn(2, batch, p) * 0.2, torch.randn(2, batch, d) * 0.4)
-    return layer, plan, x, state
-
-
-def _run(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, state, step: LstmStep,
-         dtype: torch.dtype | None = None):
-    with torch.inference_mode(), torch.autocast("cpu", dtype=dtype or torch.bfloat16,
-                                                enabled=dtype is not None):
-        return layer(x, plan, state[0], state[1], step)
 
 
 @pytest.mark.parametrize("name", sorted(FAST_CPU_STEPS))
 def test_fp32_step_matches_the_reference_step(name: str) -> None:
-    layer, plan, x, state = _layer_plan_input()
-    want = _run(layer, plan, x, state, reference_step)
-    got = _run(layer, plan, x, state, FAST_CPU_STEPS[name]())
+    layer, plan, x, state = layer_plan_input()
+    want = run_layer(layer, plan, x, state, reference_step)
+    got = run_layer(layer, plan, x, state, FAST_CPU_STEPS[name]())
     for part, a, b in zip(("output", "final h", "final c"), got, want, strict=True):
         assert a.dtype == torch.float32 and a.shape == b.shape, part
         torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5, msg=f"{name} {part}")
@@ -58,10 +35,10 @@ def test_fp32_step_matches_the_reference_step(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(FAST_CPU_STEPS))
 def test_bf16_step_stays_with_fp32_and_the_bf16_reference(name: str) -> None:
-    layer, plan, x, state = _layer_plan_input(seed=1)
-    fp32 = _run(layer, plan, x, state, reference_step)[0]
-    reference_bf16 = _run(layer, plan, x, state, reference_step, torch.bfloat16)[0]
-    got = _run(layer, plan, x, state, FAST_CPU_STEPS[name](), torch.bfloat16)[0]
+    layer, plan, x, state = layer_plan_input(seed=1)
+    fp32 = run_layer(layer, plan, x, state, reference_step)[0]
+    reference_bf16 = run_layer(layer, plan, x, state, reference_step, torch.bfloat16)[0]
+    got = run_layer(layer, plan, x, state, FAST_CPU_STEPS[name](), torch.bfloat16)[0]
     assert got.dtype == torch.float32  # state and outputs stay fp32; only matmuls are bf16
     assert torch.allclose(got, reference_bf16, atol=2e-3)
     cosine = torch.nn.functional.cosine_similarity(got, fp32, dim=-1)

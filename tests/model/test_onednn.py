@@ -7,41 +7,16 @@ from __future__ import annotations
 import copy
 import pickle
 
-import numpy as np
 import pytest
 import torch
+from helpers import STEP_TEST_CONFIG as CONFIG
+from helpers import STEP_TEST_LENGTHS as LENGTHS
+from helpers import layer_plan_input, run_layer
 
 from elmo_model import lstm_steps
 from elmo_model.errors import ElmoUserError
-from elmo_model.model import BiLM, BiLMConfig, BiLstmLayer, LstmStep, PackPlan, reference_step
+from elmo_model.model import BiLM, BiLstmLayer, PackPlan, reference_step
 from elmo_model.onednn import OnednnStep, PackedLinear, onednn_unavailable
-
-# Small, with sizes that are not powers of two, and clips low enough to be hit often.
-CONFIG = BiLMConfig(n_layers=2, lstm_dim=40, projection_dim=12, cell_clip=0.5, proj_clip=0.3,
-                    char_embedding_dim=4, filters=((1, 4), (2, 8), (3, 20)), n_highway=2)
-LENGTHS = np.array([5, 2, 7, 1, 4, 7, 3])
-
-
-def _layer_plan_input(seed: int = 0) -> tuple[BiLstmLayer, PackPlan, torch.Tensor,
-                                               tuple[torch.Tensor, torch.Tensor]]:
-    torch.manual_seed(seed)
-    layer = BiLstmLayer(CONFIG).eval()
-    with torch.no_grad():
-        layer.bias.normal_(0.0, 0.5)
-        layer.recurrent_weight.mul_(4)  # large enough that both clips bite
-        layer.projection.mul_(8)
-    plan = PackPlan.build(LENGTHS)
-    x = torch.randn(2, plan.n_tokens, CONFIG.projection_dim)
-    batch, p, d = len(LENGTHS), CONFIG.projection_dim, CONFIG.lstm_dim
-    state = (torch.randn(2, batch, p) * 0.2, torch.randn(2, batch, d) * 0.4)
-    return layer, plan, x, state
-
-
-def _run(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, state, step: LstmStep,
-         dtype: torch.dtype | None = None):
-    with torch.inference_mode(), torch.autocast("cpu", dtype=dtype or torch.bfloat16,
-                                                enabled=dtype is not None):
-        return layer(x, plan, state[0], state[1], step)
 
 
 def test_onednn_runs_in_this_torch_build() -> None:
@@ -78,21 +53,21 @@ def test_packing_follows_weight_changes() -> None:
     in-place edit is declared with ``weights_changed()``."""
     from elmo_model.onednn import _LAYER_PACKINGS
 
-    layer, plan, x, state = _layer_plan_input(seed=3)
+    layer, plan, x, state = layer_plan_input(seed=3)
     step = OnednnStep()
-    _run(layer, plan, x, state, step)
+    run_layer(layer, plan, x, state, step)
     packing = _LAYER_PACKINGS.get(layer, torch.float32, list)
-    _run(layer, plan, x, state, OnednnStep())  # another embedder's step shares it
+    run_layer(layer, plan, x, state, OnednnStep())  # another embedder's step shares it
     assert _LAYER_PACKINGS.get(layer, torch.float32, list) is packing
     with torch.no_grad():
         layer.recurrent_weight.mul_(0.5)
     layer.weights_changed()
-    want = _run(layer, plan, x, state, reference_step)
-    assert torch.allclose(_run(layer, plan, x, state, step)[0], want[0], atol=1e-5)
+    want = run_layer(layer, plan, x, state, reference_step)
+    assert torch.allclose(run_layer(layer, plan, x, state, step)[0], want[0], atol=1e-5)
     other = BiLstmLayer(CONFIG)
     layer.load_state_dict(other.state_dict())
-    want = _run(layer, plan, x, state, reference_step)
-    assert torch.allclose(_run(layer, plan, x, state, step)[0], want[0], atol=1e-5)
+    want = run_layer(layer, plan, x, state, reference_step)
+    assert torch.allclose(run_layer(layer, plan, x, state, step)[0], want[0], atol=1e-5)
     model = BiLM(CONFIG)  # loading the whole model reaches each layer's version
     before = model.layers[1].weights_version
     model.load_state_dict(BiLM(CONFIG).state_dict())
