@@ -12,6 +12,12 @@ from typing import Any
 
 from elmo_model.errors import ElmoUserError
 
+DATASET_EPILOG = """\
+examples:
+  elmo dataset verify runs/example            # every committed file against the manifest
+  elmo dataset verify s3://bucket/ds --json
+"""
+
 VERIFY_EPILOG = """\
 examples:
   elmo dataset verify runs/example
@@ -31,7 +37,8 @@ Exit status: 0 when every file checks out, 1 when any is damaged, 2 on misuse.
 def register(subparsers: Any) -> None:
     group = subparsers.add_parser(
         "dataset", help="check a stored dataset (verify)",
-        description="Work with a stored dataset as a whole.")
+        description="Work with a stored dataset as a whole.", epilog=DATASET_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = group.add_subparsers(dest="dataset_command", metavar="VERB")
     group.set_defaults(handler=lambda _args: _usage(group))
     v = verbs.add_parser(
