@@ -26,12 +26,12 @@ readers bitwise.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from zlib_ng import zlib_ng
 
 from elmo_model.errors import ElmoUserError
 
@@ -285,7 +285,7 @@ def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: Vector
             raise UnsupportedLayoutError("bad page sizes")
         body = view[pos:pos + compressed_size]
         pos += compressed_size
-        if 4 in header and zlib.crc32(body) != header[4] & 0xFFFFFFFF:
+        if 4 in header and zlib_ng.crc32(body) != header[4] & 0xFFFFFFFF:
             raise CorruptPageError(f"page CRC mismatch in column chunk at byte "
                                    f"{chunk.data_page_offset}: the file is corrupt")
         if kind == _INDEX_PAGE:
