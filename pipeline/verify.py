@@ -20,7 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.lookup.dataset import committed_shards, iter_parts, shard_from_entry
+from elmo_model.errors import ElmoUserError
+from pipeline.lookup.dataset import (
+    committed_shards,
+    iter_parts,
+    open_dataset,
+    shard_from_entry,
+)
 from schemas import TABLE_SCHEMAS, DatasetDescriptor
 
 OK = "ok"
@@ -218,3 +224,15 @@ def _schema_problem(found: Any, expected: Any) -> str | None:
     parts = ([f"missing {', '.join(missing)}"] if missing else []) + other + (
         [f"unexpected {', '.join(extra)}"] if extra else [])
     return "; ".join(parts) or "columns in another order"
+
+
+def require_intact(uri: str, storage_options: dict | None = None) -> VerifyReport:
+    """Verify a whole dataset; raise an ``ElmoUserError`` naming the first damaged file
+    and the fix, for readers that cannot check page CRCs themselves (DuckDB)."""
+    ds = open_dataset(uri, storage_options)
+    report = verify_dataset(ds.fs, ds.root, ds.descriptor)
+    if report.problems:
+        raise ElmoUserError(
+            f"{uri}: {len(report.problems)} damaged file(s), first {report.problems[0].line()}; "
+            "rerun its `elmo embed` with --repair")
+    return report

@@ -23,7 +23,7 @@ from pipeline.embed import embed_corpus
 from pipeline.lookup.dataset import committed_shards, open_dataset, open_fs
 from pipeline.lookup.mixes import iter_mixed
 from pipeline.lookup.parquet_layers import CorruptPageError
-from pipeline.verify import CORRUPT, MISSING, OK, TRUNCATED, verify_dataset
+from pipeline.verify import CORRUPT, MISSING, OK, TRUNCATED, require_intact, verify_dataset
 
 moto_server = pytest.importorskip("moto.server")
 s3fs = pytest.importorskip("s3fs")
@@ -105,6 +105,9 @@ def _check_damage_reported_and_repaired(model: Path, corpus: Path, out: str,
         damaged[rel] = (item, how)
         if how == "flip":
             _assert_readers_refuse(ds)
+            # DuckDB reads no page CRCs: SQL over a dataset checks the manifest first.
+            with pytest.raises(ElmoUserError, match=f"corrupt: {rel}.*--repair"):
+                require_intact(out, options)
 
     report = verify_dataset(fs, root, ds.descriptor)
     status = {c.path: c for c in report.problems}
@@ -179,8 +182,10 @@ def test_flip_truncate_delete_on_local_disk_are_reported_and_repaired(
     assert lines[0].startswith(f"corrupt: {entry['files']['tokens']}: sha256")
     assert f"[part main item {item} (" in lines[0]
     assert "--repair" in lines[-1]
-    # `elmo sql` over a truncated file raises; the flipped byte is DuckDB's blind spot
-    # (it reads no CRCs; docs/dataset_format.md, "Integrity"), which verify catches.
+    query = "SELECT sum(list_sum(layer_1::FLOAT[])) FROM tokens"
+    assert cli.main(["sql", out, "--verify", query]) == 2
+    assert "--repair" in capsys.readouterr().err
+    # A truncated file fails in DuckDB itself, without --verify.
     _damage(fs, f"{root}/{entry['files']['tokens']}", "truncate")
     from pipeline.lookup.sql import run_query
 
