@@ -95,7 +95,9 @@ class VerifyReport:
 
 
 @dataclass(frozen=True)
-class _Expected:
+class ExpectedFile:
+    """One file as its commit record describes it (None: not recorded)."""
+
     part: str
     item: int
     table: str
@@ -106,7 +108,7 @@ class _Expected:
     source: dict
 
 
-def expected_files(fs: Any, root: str, parts: Iterable[str] | None = None) -> list[_Expected]:
+def expected_files(fs: Any, root: str, parts: Iterable[str] | None = None) -> list[ExpectedFile]:
     """What the manifest says is committed: every file of every committed item of
     ``parts`` (default: every part, live or not)."""
     out = []
@@ -114,7 +116,7 @@ def expected_files(fs: Any, root: str, parts: Iterable[str] | None = None) -> li
         for item, entry in sorted(committed_shards(fs, root, part).items()):
             shard = shard_from_entry(entry, part, item)
             for table, rel in sorted(shard.files.items()):
-                out.append(_Expected(
+                out.append(ExpectedFile(
                     part, item, table, rel, entry.get("bytes", {}).get(table),
                     entry.get("sha256", {}).get(table), entry.get("counts", {}).get(table),
                     dict(entry.get("item", {}))))
@@ -124,18 +126,21 @@ def expected_files(fs: Any, root: str, parts: Iterable[str] | None = None) -> li
 def verify_dataset(fs: Any, root: str, descriptor: DatasetDescriptor,
                    parts: Iterable[str] | None = None,
                    on_bytes: Callable[[int], None] | None = None,
-                   threads: int = VERIFY_THREADS) -> VerifyReport:
-    """Check every committed file of ``parts`` (default: all) against its commit record
-    and the schema ``descriptor`` implies. ``on_bytes`` is told of each read's size (a
-    progress bar). Reads the files; changes nothing."""
-    wanted = expected_files(fs, root, parts)
+                   threads: int = VERIFY_THREADS,
+                   wanted: list[ExpectedFile] | None = None) -> VerifyReport:
+    """Check every committed file of ``parts`` (default: all; or the files ``wanted``,
+    from ``expected_files``) against its commit record and the schema ``descriptor``
+    implies. ``on_bytes`` is told of each read's size (a progress bar). Reads the files;
+    changes nothing."""
+    if wanted is None:
+        wanted = expected_files(fs, root, parts)
     schemas = {"tokens": descriptor.token_schema(), **TABLE_SCHEMAS}
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         checks = list(pool.map(lambda e: _check_file(fs, root, e, schemas, on_bytes), wanted))
     return VerifyReport(checks)
 
 
-def _check_file(fs: Any, root: str, want: _Expected, schemas: dict[str, Any],
+def _check_file(fs: Any, root: str, want: ExpectedFile, schemas: dict[str, Any],
                 on_bytes: Callable[[int], None] | None) -> FileCheck:
     def verdict(status: str, detail: str = "", read: int = 0) -> FileCheck:
         return FileCheck(want.part, want.item, want.table, want.path, status, detail,
@@ -176,8 +181,7 @@ def _read_whole(fs: Any, path: str, on_bytes: Callable[[int], None] | None
         while chunk := handle.read(READ_BYTES):
             digest.update(chunk)
             size += len(chunk)
-            tail = (tail + chunk)[-FOOTER_TAIL:] if len(chunk) < FOOTER_TAIL else \
-                chunk[-FOOTER_TAIL:]
+            tail = (tail + chunk)[-FOOTER_TAIL:]
             if on_bytes is not None:
                 on_bytes(len(chunk))
     return digest.hexdigest(), size, tail

@@ -83,11 +83,13 @@ def run_verify(args: argparse.Namespace) -> int:
     from pipeline.verify import expected_files, verify_dataset
 
     ds = open_dataset(args.dataset, parse_storage_options(args.storage_option) or None)
-    total = sum(e.size or 0 for e in expected_files(ds.fs, ds.root))
+    wanted = expected_files(ds.fs, ds.root)
+    total = sum(e.size or 0 for e in wanted)
     tty = sys.stderr.isatty()
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
               disable=not args.progress, mininterval=0.5 if tty else 30.0) as bar:
-        report = verify_dataset(ds.fs, ds.root, ds.descriptor, on_bytes=bar.update)
+        report = verify_dataset(ds.fs, ds.root, ds.descriptor, on_bytes=bar.update,
+                                wanted=wanted)
     if args.json:
         print(json.dumps({"dataset": args.dataset, **report.to_json()}, indent=1))
     else:

@@ -232,3 +232,12 @@ def test_records_without_hashes_are_checked_by_size_rows_and_schema(
     bad = verify_dataset(fs, root, ds.descriptor).problems
     assert [(c.item, c.table, c.status) for c in bad] == [(item, "tokens",
                                                            "row count mismatch")]
+    # And the schema: a file of other columns, recorded with its own size, is reported.
+    entry["counts"]["tokens"] -= 1
+    rel = entry["files"]["sentences"]
+    pq.write_table(pq.read_table(f"{root}/{rel}").drop_columns(["n_windows"]), f"{root}/{rel}")
+    entry["bytes"]["sentences"] = fs.size(f"{root}/{rel}")
+    fs.pipe_file(f"{root}/_manifest/main/shard={item}.json", json.dumps(entry).encode())
+    bad = verify_dataset(fs, root, ds.descriptor).problems
+    assert [(c.item, c.table, c.status, c.detail) for c in bad] == [
+        (item, "sentences", "schema mismatch", "missing n_windows")]
