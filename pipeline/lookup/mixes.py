@@ -241,8 +241,8 @@ def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
 
 
 def _read_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
-                   direct: dict[str, VectorColumn], group: int, mix: Mix, columns: list[str],
-                   buffers: Any) -> tuple[pa.Table, np.ndarray]:
+                    direct: dict[str, VectorColumn], group: int, mix: Mix,
+                    columns: list[str], buffers: Any) -> tuple[pa.Table, np.ndarray]:
     import pyarrow.parquet as pq
 
     layer_names = [f"layer_{k}" for k in mix.used_layers]

@@ -236,6 +236,7 @@ def iter_vector_pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int,
     boundary). Raises ``UnsupportedLayoutError`` - possibly after some pages, so a
     consumer must be able to start over with pyarrow - for anything outside the layout
     described in the module docstring, a codec error or a malformed header included.
+    A page that fails its recorded CRC raises ``CorruptPageError`` instead: no fallback.
     ``read_buffer`` (flat uint8) receives the chunk's bytes when it is large enough: a
     reader that reuses one per thread saves the page faults of a fresh chunk-sized
     ``bytes`` per call. Reading into it seeks ``source``,
