@@ -15,6 +15,7 @@ from collections.abc import Sequence
 REGISTRARS = (
     "elmo_model.cli",
     "pipeline.embed_cli",
+    "pipeline.verify_cli",
     "pipeline.lookup.cli",
     "jobs.cli",
     "pipeline.demo",
@@ -26,6 +27,7 @@ elmo: corpus-scale ELMo embeddings: embed, store every layer, query with SQL, se
 examples (from the repository root; README.md, "Using it", runs them all in order):
   elmo demo                                               # the tour `make run` gives
   elmo embed 'examples/corpus/*.txt' --out runs/example   # every layer of every token
+  elmo dataset verify runs/example                        # every file against the manifest
   elmo sql runs/example "SELECT token, count(*) n FROM tokens GROUP BY 1 ORDER BY n DESC LIMIT 5"
   elmo index build runs/example --mix top --out runs/example-top.lance
   elmo senses search "Will you play upon this pipe ?" --word play --index runs/example-top.lance

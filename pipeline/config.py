@@ -150,6 +150,10 @@ class EmbedConfig:
     part: str = field(default="main", metadata=exposed(
         flag="--part", not_in_job=_JOB_NAMES_PARTS,
         help="name of this part of the dataset"))
+    repair: bool = field(default=False, metadata=exposed(
+        flag="--repair", job_key="repair",
+        help="first verify the part's committed items (as `elmo dataset verify`) and "
+             "re-embed those whose files are missing, truncated or corrupt"))
     progress: bool = field(default=True, metadata=exposed(
         flag="--no-progress", help="no progress bar",
         not_in_job="how a run reports, not what it stores: `elmo jobs run --progress`"))

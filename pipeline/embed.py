@@ -54,8 +54,10 @@ from pipeline.store import (
     live_counts,
     open_output,
     sum_counts,
+    uncommit_items,
 )
 from pipeline.tokenize import get_tokenizer, model_tokenizer
+from pipeline.verify import verify_dataset
 from pipeline.work_item import (
     ItemSettings,
     peak_rss_bytes,
@@ -80,6 +82,7 @@ class EmbedSummary:
     errors: int = 0
     items_written: int = 0
     items_resumed: int = 0  # committed by an earlier run, kept as they were
+    repaired: list[str] = field(default_factory=list)  # --repair: damaged files found
     documents_resumed: int = 0
     tokens_resumed: int = 0
     elapsed_s: float = 0.0
@@ -96,7 +99,7 @@ class EmbedSummary:
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def lines(self) -> list[str]:
-        lines = []
+        lines = [f"repair: {line}" for line in self.repaired]
         if self.items_resumed:
             lines.append(f"resumed: {self.items_resumed} items committed by an earlier run kept "
                          f"({self.documents_resumed} documents, {self.tokens_resumed} tokens)")
@@ -183,11 +186,24 @@ def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
     return summary
 
 
+def _uncommit_damaged(fs: Any, root: str, part: str, descriptor: Any, write: PartWrite,
+                      summary: EmbedSummary) -> None:
+    """``--repair``, under the lock: verify the part's committed items and un-commit the
+    damaged ones, so that the resume below re-embeds exactly those."""
+    report = verify_dataset(fs, root, descriptor, parts=[part])
+    bad = report.bad_items().get(part, set())
+    uncommit_items(fs, root, part, {k: write.resumed[k] for k in bad if k in write.resumed})
+    write.resumed = {k: v for k, v in write.resumed.items() if k not in bad}
+    summary.repaired = [check.line() for check in report.problems]
+
+
 def _write(fs: Any, root: str, cfg: EmbedConfig, descriptor: Any, sources: list[Any],
            target: int, executor: Any, run_id: str, summary: EmbedSummary,
            write: PartWrite) -> None:
     with DatasetLock(fs, root):
         begin_part(fs, root, write, descriptor, plan_record(sources, cfg.read, target))
+        if cfg.repair:
+            _uncommit_damaged(fs, root, cfg.part, descriptor, write, summary)
         done = write.resumed
         summary.items_resumed = len(done)
         resumed = sum_counts(done.values())

@@ -121,6 +121,7 @@ class TokenWriter:
                 # Dictionary-encoding float16 lists is 2-4x slower to write and 6-10x to read.
                 use_dictionary=["doc_id", "token"],
                 write_statistics=["doc_id", "sent_idx", "tok_idx", "char_start", "char_end"],
+                write_page_checksum=True,  # readers check each page's CRC (dataset_format.md)
             )
         table = pa.concat_tables(self.buffer).cast(self.schema)
         self.writer.write_table(table, row_group_size=self.rows_per_group)
@@ -143,5 +144,5 @@ def write_small_tables(files: ItemFiles, rows_by_table: dict[str, list[dict]]) -
             continue
         table = pa.Table.from_pylist(rows, schema=TABLE_SCHEMAS[name])
         handle = files.open(name)
-        pq.write_table(table, handle, compression="zstd")
+        pq.write_table(table, handle, compression="zstd", write_page_checksum=True)
         files.closed(name, handle)

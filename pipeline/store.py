@@ -348,6 +348,18 @@ def abandon_part(fs: Any, root: str, write: PartWrite) -> None:
             remove_if_empty(fs, root)
 
 
+def uncommit_items(fs: Any, root: str, part: str, entries: dict[int, dict]) -> None:
+    """Under the dataset lock: make items uncommitted again (damaged ones a repair run
+    re-embeds). The manifest entry goes first, since it is the commit point; the files
+    after it are then leftovers that the item's next commit replaces anyway."""
+    for item, entry in sorted(entries.items()):
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(manifest_path(root, part, item))
+        for rel in shard_from_entry(entry, part, item).files.values():
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(f"{root}/{rel}")
+
+
 def live_counts(fs: Any, root: str) -> dict[str, int]:
     """Row counts of the live view (what readers see), from the manifest."""
     return sum_counts(entry for part in live_parts(fs, root)

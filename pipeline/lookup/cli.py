@@ -27,6 +27,7 @@ examples:
                   elmo_vector('a.txt:3', 0, 4, 'top')) AS sim
       FROM tokens WHERE lower(token) = \\$w ORDER BY sim DESC LIMIT 5" --param w=play
   elmo sql data/ds "SELECT * FROM documents" --format parquet --out docs.parquet
+  elmo sql data/ds --verify "SELECT sum(list_sum(layer_2::FLOAT[])) FROM tokens"
   elmo sql data/ds --mix top "SELECT doc_id, sent_idx, tok_idx,
       array_cosine_similarity(vector, (SELECT vector FROM mix_top WHERE doc_id = 'a.txt:3'
           AND sent_idx = 0 AND tok_idx = 4)) AS sim
@@ -112,6 +113,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--mix", action="append", default=[], metavar="MIX",
                    help="precompute table mix_<name> (doc_id, sent_idx, tok_idx, token, "
                         "vector FLOAT[dim]) before the query; repeatable")
+    p.add_argument("--verify", action="store_true",
+                   help="first check every file against the manifest (`elmo dataset "
+                        "verify`): DuckDB does not check Parquet page checksums")
     p.set_defaults(handler=run_sql)
 
     index = _add(subparsers, "index", "build LanceDB indexes of mixed token vectors",
@@ -214,6 +218,10 @@ def run_sql(args: argparse.Namespace) -> int:
 
     if args.format == "parquet" and not args.out:
         raise ElmoUserError("--format parquet needs --out FILE")
+    if args.verify:
+        from pipeline.verify import require_intact
+
+        require_intact(args.dataset)
     table = run_query(args.dataset, args.query, _params(args.param), mixes=args.mix)
     if args.format == "parquet":
         import pyarrow.parquet as pq

@@ -245,7 +245,7 @@ def _sentence_lookup(ds: Dataset, path: str | None) -> pa.Table:
     if path is None:
         return SENTENCE_SCHEMA.empty_table().select(columns)
     with ds.fs.open(path, "rb") as handle:
-        return pq.read_table(handle, columns=columns)
+        return pq.read_table(handle, columns=columns, page_checksum_verification=True)
 
 
 def _split_key(key: str) -> tuple[str, int]:

@@ -35,6 +35,7 @@ from pipeline.lookup.dataset import open_dataset as open_dataset  # its old home
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mix_specs import resolve_mix as resolve_mix  # its old home
 from pipeline.lookup.parquet_layers import (
+    CorruptPageError,
     UnsupportedLayoutError,
     VectorColumn,
     iter_vector_pages,
@@ -227,11 +228,26 @@ def _reused(buffers: Any, slot: str, size: int, dtype: type) -> np.ndarray:
 def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
                    direct: dict[str, VectorColumn], group: int, mix: Mix, columns: list[str],
                    buffers: Any) -> tuple[pa.Table, np.ndarray]:
+    """One row group's metadata columns and mixed vectors; a page that fails its CRC
+    (our page reader or pyarrow's) is a damaged file, named with the fix."""
+    try:
+        return _read_row_group(fs, path, metadata, direct, group, mix, columns, buffers)
+    except (CorruptPageError, OSError) as error:
+        if not isinstance(error, CorruptPageError) and "checksum" not in str(error).lower():
+            raise
+        raise CorruptPageError(
+            f"{path}: {error}; run `elmo dataset verify` on the dataset, then rerun its "
+            "`elmo embed` with --repair") from None
+
+
+def _read_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
+                    direct: dict[str, VectorColumn], group: int, mix: Mix,
+                    columns: list[str], buffers: Any) -> tuple[pa.Table, np.ndarray]:
     import pyarrow.parquet as pq
 
     layer_names = [f"layer_{k}" for k in mix.used_layers]
     with fs.open_input_file(path) as source:
-        parquet = pq.ParquetFile(source, metadata=metadata)
+        parquet = pq.ParquetFile(source, metadata=metadata, page_checksum_verification=True)
         vectors = None
         if len(direct) == len(layer_names) and not mix.token_norm:
             try:
