@@ -16,6 +16,7 @@ REGISTRARS = (
     "elmo_model.cli",
     "pipeline.embed_cli",
     "pipeline.lookup.cli",
+    "pipeline.lookup.serve_cli",
     "jobs.cli",
     "pipeline.demo",
 )

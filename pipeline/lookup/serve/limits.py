@@ -1,0 +1,22 @@
+"""What one request may ask of the server: every bound the routes and the page check."""
+
+from __future__ import annotations
+
+MAX_BODY_BYTES = 256 * 1024  # a request body; larger ones get 413 before they are read
+MAX_SENTENCES = 64  # per /embed request
+MAX_SENTENCE_CHARS = 2_000  # per sentence (embed and search)
+MAX_K = 200  # neighbours per sense search
+MAX_OCCURRENCE = 100  # which occurrence of the word in the query sentence
+MAX_CLUSTERS = 8  # k of /senses/{word}; "auto" tries 2..this
+MAX_PAGE = 1_000  # rows per /occurrences page
+MAX_CONTEXT = 20  # sentences either side in /sentences
+MAX_FILTERS = 16  # document-field filters per search
+MAX_WORD_CHARS = 100
+
+# Batching: a search waits at most this long for others to share its model call.
+BATCH_WINDOW_S = 0.003
+MAX_BATCH = 32
+
+SQL_TIMEOUT_S = 10.0  # a query running longer is interrupted
+SQL_MAX_ROWS = 10_000  # rows returned; the answer says when more were cut
+MAX_SQL_CHARS = 20_000
