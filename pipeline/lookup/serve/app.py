@@ -145,7 +145,11 @@ def _add_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> None:
 
     @app.get("/info", summary="the dataset and the indexes served")
     async def info() -> dict[str, Any]:
-        return await run_in_threadpool(store.info)
+        described = await run_in_threadpool(store.info)
+        stats = batcher.stats
+        described["batching"] = {"batches": stats.batches, "jobs": stats.jobs,
+                                 "largest": stats.largest}
+        return described
 
     @app.post("/embed", summary="tokens and vectors of sentences")
     async def embed(body: EmbedRequest) -> dict[str, Any]:
@@ -239,7 +243,10 @@ def cluster_json(result: Any, store: ServedStore) -> dict[str, Any]:
                      for c in result.clusters],
         "points": [{"x": round(float(x), 5), "y": round(float(y), 5), "cluster": int(label),
                     "doc_id": h.doc_id, "sent_idx": h.sent_idx, "tok_idx": h.tok_idx,
-                    "token": h.token, "snippet": h.snippet(120, "<b>", "</b>")}
+                    "token": h.token,
+                    # Marked with control characters: the page escapes the text, then
+                    # turns them into bold.
+                    "snippet": h.snippet(120, "\u0002", "\u0003")}
                    for (x, y), label, h in zip(result.points, result.labels,
                                                result.occurrences, strict=True)],
     }
