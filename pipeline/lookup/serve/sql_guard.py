@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.mixes import Dataset
-from pipeline.lookup.serve.limits import MAX_SQL_CHARS, SQL_MAX_ROWS, SQL_TIMEOUT_S
+from pipeline.lookup.serve.limits import (
+    MAX_SQL_CHARS,
+    SQL_MAX_RESULT_BYTES,
+    SQL_MAX_ROWS,
+    SQL_TIMEOUT_S,
+)
 from pipeline.lookup.sql import _one_line, connect
 
 if TYPE_CHECKING:
@@ -93,6 +98,9 @@ class GuardedSql:
                 timer.cancel()
         truncated = table.num_rows > self.max_rows
         table = table.slice(0, self.max_rows)
+        if table.nbytes > SQL_MAX_RESULT_BYTES:
+            raise ElmoUserError(f"the result is over {SQL_MAX_RESULT_BYTES >> 20} MB; select "
+                                "fewer columns or rows")
         return SqlResult(table.column_names, [list(r.values()) for r in table.to_pylist()],
                          truncated)
 
