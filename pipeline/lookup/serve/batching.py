@@ -19,6 +19,7 @@ short: the answers are those of ``nearest_distinct``, one query at a time.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ from pipeline.lookup.senses import (
     hits_from_table,
     query_vector,
 )
-from pipeline.lookup.serve.limits import BATCH_WINDOW_S, MAX_BATCH
+from pipeline.lookup.serve.exact import ExactSearch
+from pipeline.lookup.serve.limits import BATCH_WINDOW_S, LAYER_CACHE_SENTENCES, MAX_BATCH
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -83,6 +85,8 @@ class Batcher:
         self.queue: asyncio.Queue[EmbedJob | SearchJob] = asyncio.Queue()
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="elmo-batch")
         self.stats = BatchStats()
+        self.exact = ExactSearch()
+        self.layers = LayerCache(embedder)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -138,7 +142,7 @@ class Batcher:
         self.stats.largest = max(self.stats.largest, len(jobs))
         sentences = [s for job in jobs for s in job.sentences]
         try:
-            layers = self.embedder.embed(sentences)
+            layers = self.layers.embed(sentences)
         except Exception as error:  # every job of the batch gets it
             return [(False, error)] * len(jobs)
         outcomes: list[tuple[bool, Any]] = [(False, RuntimeError("not run"))] * len(jobs)
@@ -156,6 +160,13 @@ class Batcher:
             except Exception as error:
                 outcomes[i] = (False, error)
                 continue
+            if job.words is not None and self.exact.takes(job.index, job.words, job.forms):
+                try:
+                    outcomes[i] = (True, self.exact.nearest(job.index, job.words, job.forms,
+                                                            vector, job.k, job.accept))
+                except Exception as error:
+                    outcomes[i] = (False, error)
+                continue
             key = (id(job.index), job.words, job.forms, job.first_fetch())
             groups.setdefault(key, []).append((i, vector))
         for members in groups.values():
@@ -168,6 +179,30 @@ class Batcher:
                 for i, _ in members:
                     outcomes[i] = (False, error)
         return outcomes
+
+
+class LayerCache:
+    """Layers of recently embedded sentences (the embedder is stateless: a sentence's
+    layers do not depend on what else was in its batch). Used by the worker thread only."""
+
+    def __init__(self, embedder: Any, size: int = LAYER_CACHE_SENTENCES) -> None:
+        self.embedder, self.size = embedder, size
+        self.kept: OrderedDict[tuple[str, ...], np.ndarray] = OrderedDict()
+
+    def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        keys = [tuple(s) for s in sentences]
+        missing = list(dict.fromkeys(k for k in keys if k not in self.kept))
+        if missing:
+            for key, layers in zip(missing, self.embedder.embed([list(k) for k in missing]),
+                                   strict=True):
+                self.kept[key] = layers
+        out = []
+        for key in keys:
+            self.kept.move_to_end(key)
+            out.append(self.kept[key])
+        while len(self.kept) > self.size:
+            self.kept.popitem(last=False)
+        return out
 
 
 def search_group(jobs: list[SearchJob], vectors: np.ndarray) -> list[list[Hit]]:

@@ -13,6 +13,15 @@ MAX_CONTEXT = 20  # sentences either side in /sentences
 MAX_FILTERS = 16  # document-field filters per search
 MAX_WORD_CHARS = 100
 
+# Sentences whose layers are kept: the embedder is stateless, so a sentence asked again
+# (the explorer page asks for its words, then searches each clicked word) needs no model run.
+LAYER_CACHE_SENTENCES = 1_024
+# A word whose candidate rows hold at most this many floats is searched exactly in this
+# process, over its rows kept in memory (16k rows of 256-d): a matrix product over them is
+# far cheaper than a LanceDB call. Larger ones go to the index's vector search.
+EXACT_CANDIDATE_VALUES = 1 << 22
+EXACT_CACHE_VALUES = 1 << 25  # floats kept for all such words together (128 MB of float32)
+
 # Batching: a search waits at most this long for others to share its model call.
 BATCH_WINDOW_S = 0.003
 MAX_BATCH = 32
