@@ -147,6 +147,7 @@ class Batcher:
             return [(False, error)] * len(jobs)
         outcomes: list[tuple[bool, Any]] = [(False, RuntimeError("not run"))] * len(jobs)
         groups: dict[tuple[Any, ...], list[tuple[int, np.ndarray]]] = {}
+        mixes: dict[int, Any] = {}  # the index's mix is parsed once per batch
         at = 0
         for i, job in enumerate(jobs):
             mine = layers[at:at + len(job.sentences)]
@@ -155,7 +156,9 @@ class Batcher:
                 outcomes[i] = (True, mine)
                 continue
             try:
-                vector = query_vector(mine[0][:, job.query.position, :], job.index.mix,
+                if id(job.index) not in mixes:
+                    mixes[id(job.index)] = job.index.mix
+                vector = query_vector(mine[0][:, job.query.position, :], mixes[id(job.index)],
                                       self.descriptor)
             except Exception as error:
                 outcomes[i] = (False, error)

@@ -26,6 +26,7 @@ from pipeline.lookup.serve.limits import EXACT_CACHE_VALUES, EXACT_CANDIDATE_VAL
 class Candidates:
     rows: list[dict[str, Any]]  # RESULT_COLUMNS of each row
     unit: np.ndarray  # [n, dim] float32, rows scaled to length 1
+    contexts: list[tuple[str, ...]]  # Hit.context of each row
 
     @property
     def values(self) -> int:
@@ -39,13 +40,17 @@ class ExactSearch:
         self.cache: OrderedDict[tuple[Any, ...], Candidates] = OrderedDict()
         self.held = 0
         self.lock = threading.Lock()
+        self.small: dict[tuple[Any, ...], bool] = {}
 
     def takes(self, index: SenseIndex, words: tuple[str, ...] | None, forms: bool) -> bool:
         """Whether this search is small enough to run here."""
         if words is None:
             return False
-        column = "token_stem" if forms else "token_lower"
-        return index.word_rows(words, column) * index.meta.dim <= self.max_values
+        key = (id(index), words, forms)
+        if key not in self.small:  # the index does not change while it is served
+            column = "token_stem" if forms else "token_lower"
+            self.small[key] = index.word_rows(words, column) * index.meta.dim <= self.max_values
+        return self.small[key]
 
     def candidates(self, index: SenseIndex, words: tuple[str, ...], forms: bool) -> Candidates:
         from pipeline.lookup.mixes import fsl_to_numpy
@@ -61,7 +66,9 @@ class ExactSearch:
                  .to_arrow())
         vectors = fsl_to_numpy(table.column("vector")).astype(np.float32)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        found = Candidates(table.drop_columns(["vector"]).to_pylist(), vectors)
+        rows = table.drop_columns(["vector"]).to_pylist()
+        contexts = [Hit(rank=0, similarity=0.0, **row).context for row in rows]
+        found = Candidates(rows, vectors, contexts)
         with self.lock:
             if key not in self.cache:
                 self.cache[key] = found
@@ -83,10 +90,12 @@ class ExactSearch:
         seen: set[tuple[str, ...]] = set()
         # Hits are made lazily, nearest first, until k distinct ones are found.
         for i in np.argsort(-similarity, kind="stable").tolist():
-            hit = Hit(rank=len(hits) + 1, similarity=float(similarity[i]), **found.rows[i])
-            if (accept is not None and not accept(hit)) or hit.context in seen:
+            if found.contexts[i] in seen:
                 continue
-            seen.add(hit.context)
+            hit = Hit(rank=len(hits) + 1, similarity=float(similarity[i]), **found.rows[i])
+            if accept is not None and not accept(hit):
+                continue
+            seen.add(found.contexts[i])
             hits.append(hit)
             if len(hits) == k:
                 break
