@@ -152,18 +152,18 @@ def _add_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> None:
         return described
 
     @app.post("/embed", summary="tokens and vectors of sentences")
-    async def embed(body: EmbedRequest) -> dict[str, Any]:
+    async def embed(body: EmbedRequest) -> JSONResponse:
         if body.mix is not None:
             store.ds.mix(body.mix)  # an unknown mix is refused before the model runs
         tokens = [store.tokens(s) for s in body.sentences]
         layers = await batcher.embed(tokens)
         vectors = store.mixed(layers, body.mix)
-        return {"mix": body.mix, "sentences": [
+        return JSONResponse({"mix": body.mix, "sentences": [
             {"tokens": t, "vectors": v.round(6).tolist()}
-            for t, v in zip(tokens, vectors, strict=True)]}
+            for t, v in zip(tokens, vectors, strict=True)]})
 
     @app.post("/senses/search", summary="uses of a word nearest in meaning to a sentence's")
-    async def senses_search(body: SearchRequest) -> dict[str, Any]:
+    async def senses_search(body: SearchRequest) -> JSONResponse:
         name, ix = store.index(body.index)
         if not body.any_word:
             ix.require_stems()
@@ -172,9 +172,11 @@ def _add_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> None:
         accept = store.filter_predicate(body.filters)
         words = None if body.any_word else (query.word,)
         hits = await batcher.search(ix, query, body.k, words, not body.any_word, accept)
-        return {"index": name, "query": {"tokens": query.tokens, "position": query.position,
-                                         "word": query.word},
-                "hits": [hit_json(h, store) for h in hits]}
+        # A JSONResponse of plain values: FastAPI's generic encoder would walk it again.
+        return JSONResponse({"index": name, "query": {"tokens": query.tokens,
+                                                      "position": query.position,
+                                                      "word": query.word},
+                             "hits": [hit_json(h, store) for h in hits]})
 
     @lru_cache(maxsize=256)
     def clusters(index_name: str, word: str, k: int | str) -> dict[str, Any]:
