@@ -30,6 +30,8 @@ examples:
   elmo serve runs/example --index runs/example-top.lance --port 8100
   elmo serve data/ds --index top=data/ds-top.lance --index pos=data/ds-pos.lance
   elmo serve data/ds --index data/ds-top.lance --host 0.0.0.0 --token "$(openssl rand -hex 16)"
+  elmo serve data/ds --index data/ds-top.lance --ray-address auto --replicas 4 --host 0.0.0.0 \\
+      --token "$ELMO_SERVE_TOKEN"                      # on Ray Serve, 4 copies
   curl -s localhost:8000/senses/search -H 'content-type: application/json' \\
       -d '{"sentence": "He plays the guitar in a band", "word": "plays", "k": 5}'
 """
@@ -52,6 +54,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--token", default=os.environ.get(TOKEN_ENV), metavar="TOKEN",
                    help=f"require `Authorization: Bearer TOKEN` (default ${TOKEN_ENV})")
     p.add_argument("--model", metavar="DIR", help="model directory (default: the dataset's)")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="run on Ray Serve instead: a cluster address (auto, ray://HOST:PORT) "
+                        "or local (start Ray here)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="with --ray-address: copies of the server, each with its own model "
+                        "(default 1)")
     p.add_argument("--sql-timeout", type=float, default=SQL_TIMEOUT_S, metavar="SECONDS",
                    help=f"stop a /sql query after this long (default {SQL_TIMEOUT_S:g})")
     p.set_defaults(handler=run_serve)
@@ -73,6 +81,10 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ElmoUserError(f"--port must be 0..65535, not {args.port}")
     if not args.sql_timeout > 0:
         raise ElmoUserError("--sql-timeout must be more than 0 seconds")
+    if args.replicas < 1:
+        raise ElmoUserError(f"--replicas must be at least 1, not {args.replicas}")
+    if args.ray_address:
+        return _run_on_ray(args)
     import uvicorn
 
     from pipeline.lookup.serve.app import create_app
@@ -86,4 +98,20 @@ def run_serve(args: argparse.Namespace) -> int:
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                 timeout_graceful_shutdown=2)
+    return 0
+
+
+def _run_on_ray(args: argparse.Namespace) -> int:
+    from pipeline.lookup.serve.ray_app import ReplicaSettings, deploy, wait_until_interrupted
+    from pipeline.lookup.serve.store import index_name
+
+    # Paths as every replica sees them, whatever directory it starts in.
+    indexes = [f"{name}={os.path.abspath(uri) if '://' not in uri else uri}"
+               for name, uri in map(index_name, args.index)]
+    dataset = args.dataset if "://" in args.dataset else os.path.abspath(args.dataset)
+    settings = ReplicaSettings(dataset, indexes, args.model, args.sql_timeout, args.token)
+    deploy(settings, args.ray_address, args.replicas, args.host, args.port)
+    print(f"serving {args.dataset} on Ray Serve ({args.replicas} replica(s)) at "
+          f"http://{args.host}:{args.port}/  (Ctrl-C stops)", file=sys.stderr, flush=True)
+    wait_until_interrupted()
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import math
+import os
 import sys
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -149,6 +150,7 @@ def _add_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> None:
         stats = batcher.stats
         described["batching"] = {"batches": stats.batches, "jobs": stats.jobs,
                                  "largest": stats.largest}
+        described["process"] = os.getpid()  # which server (or Ray Serve replica) answered
         return described
 
     @app.post("/embed", summary="tokens and vectors of sentences")
