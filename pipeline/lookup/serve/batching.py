@@ -7,13 +7,14 @@ runs at a time on one worker thread: the model and LanceDB already use the cores
 two batches at once would only make each slower.
 
 In a batch, every sentence (embed requests and sense-search queries alike) goes to one
-``embedder.embed`` call; the searches are grouped by what LanceDB must be told once per
-call (index, word filter, rows fetched) and each group is one multi-vector search
-(``SenseIndex.vector_query``), whose ``query_index`` column splits the rows back. The
-index routes a filter that leaves few rows to exact search there
-(``EXACT_FILTER_VALUES``). A query whose rows hold too few distinct contexts (repeated
-passages, or a document filter) is searched again further, with the others that came up
-short: the answers are those of ``nearest_distinct``, one query at a time.
+``embedder.embed`` call, less those whose layers are still kept (``LayerCache``). A search
+for a word with few rows is answered in this process over its cached rows
+(``exact.ExactSearch``, below ``EXACT_CANDIDATE_VALUES``); the others are grouped by what
+LanceDB must be told once per call (index, word filter, rows fetched) and each group is
+one multi-vector search (``SenseIndex.vector_query``), whose ``query_index`` column splits
+the rows back. A query whose rows hold too few distinct contexts (repeated passages, or a
+document filter) is searched again further, with the others that came up short: the
+answers are those of ``nearest_distinct``, one query at a time.
 """
 
 from __future__ import annotations
