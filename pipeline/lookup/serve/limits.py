@@ -16,10 +16,11 @@ MAX_WORD_CHARS = 100
 # Sentences whose layers are kept: the embedder is stateless, so a sentence asked again
 # (the explorer page asks for its words, then searches each clicked word) needs no model run.
 LAYER_CACHE_SENTENCES = 1_024
-# A word whose candidate rows hold at most this many floats is searched exactly in this
-# process, over its rows kept in memory (16k rows of 256-d): a matrix product over them is
-# far cheaper than a LanceDB call. Larger ones go to the index's vector search.
-EXACT_CANDIDATE_VALUES = 1 << 22
+# A word whose candidate rows hold at most this many floats (32k rows of 256-d) is searched
+# exactly in this process, over its rows kept in memory: one matrix-vector product. Its cost
+# grows with the rows and meets a prefiltered vector-index search's at about three times
+# this (docs/serving.md); the bound also keeps the cache to a few such words.
+EXACT_CANDIDATE_VALUES = 1 << 23
 EXACT_CACHE_VALUES = 1 << 25  # floats kept for all such words together (128 MB of float32)
 
 # Batching: a search waits at most this long for others to share its model call.
