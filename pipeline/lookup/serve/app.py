@@ -99,7 +99,8 @@ def create_app(store: ServedStore, token: str | None = None) -> FastAPI:
     app.state.store, app.state.batcher = store, batcher
     _add_error_handlers(app)
     _add_routes(app, store, batcher)
-    app.add_middleware(GuardMiddleware, token=token, max_body=MAX_BODY_BYTES)
+    app.add_middleware(GuardMiddleware, token=token, max_body=MAX_BODY_BYTES,
+                       batcher=batcher)
     return app
 
 
@@ -260,8 +261,8 @@ class GuardMiddleware:
     """Bearer token (when set) and body size, checked before a route sees the request."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], token: str | None,
-                 max_body: int) -> None:
-        self.app, self.max_body = app, max_body
+                 max_body: int, batcher: Batcher) -> None:
+        self.app, self.max_body, self.batcher = app, max_body, batcher
         self.expected = f"Bearer {token}".encode() if token else None
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any],
@@ -289,7 +290,12 @@ class GuardMiddleware:
                 raise HTTPException(413, f"request body over {self.max_body} bytes")
             return message
 
-        await self.app(scope, limited, send)
+        # The batcher waits for others only while other requests are under way.
+        self.batcher.requests_in_flight += 1
+        try:
+            await self.app(scope, limited, send)
+        finally:
+            self.batcher.requests_in_flight -= 1
 
 
 async def _send(send: Callable[..., Any], response: JSONResponse) -> None:

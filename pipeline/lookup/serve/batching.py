@@ -1,8 +1,9 @@
 """Concurrent requests share one model call and one LanceDB search.
 
-Requests wait at most ``BATCH_WINDOW_S`` (or until ``MAX_BATCH`` are in) for others;
-while a batch runs, new requests queue and form the next one, so under load batches
-grow by themselves and an idle server adds only the window to a request. One batch
+Requests wait at most ``BATCH_WINDOW_S`` (or until ``MAX_BATCH`` are in) for others,
+and only while other HTTP requests are under way (a lone request goes at once); while a
+batch runs, new requests queue and form the next one, so under load batches grow by
+themselves. One batch
 runs at a time on one worker thread: the model and LanceDB already use the cores, and
 two batches at once would only make each slower.
 
@@ -86,6 +87,7 @@ class Batcher:
         self.queue: asyncio.Queue[EmbedJob | SearchJob] = asyncio.Queue()
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="elmo-batch")
         self.stats = BatchStats()
+        self.requests_in_flight = 0  # HTTP requests being served (the app's middleware counts)
         self.exact = ExactSearch()
         self.layers = LayerCache(embedder)
         self._task: asyncio.Task[None] | None = None
@@ -121,8 +123,8 @@ class Batcher:
                     batch.append(self.queue.get_nowait())
                     continue
                 left = deadline - loop.time()
-                if left <= 0:
-                    break
+                if left <= 0 or self.requests_in_flight <= len(batch):
+                    break  # the window is over, or no other request could join
                 try:
                     batch.append(await asyncio.wait_for(self.queue.get(), left))
                 except TimeoutError:
