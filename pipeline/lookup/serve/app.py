@@ -98,7 +98,9 @@ def create_app(store: ServedStore, token: str | None = None) -> FastAPI:
                   description="ELMo embeddings, sense search and SQL over one dataset.")
     app.state.store, app.state.batcher = store, batcher
     _add_error_handlers(app)
-    _add_routes(app, store, batcher)
+    _add_page_routes(app, store, batcher)
+    _add_sense_routes(app, store, batcher)
+    _add_data_routes(app, store)
     app.add_middleware(GuardMiddleware, token=token, max_body=MAX_BODY_BYTES,
                        batcher=batcher)
     return app
@@ -130,7 +132,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error(500, f"internal error ({type(exc).__name__}); see the server log")
 
 
-def _add_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> None:
+def _add_page_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> None:
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(STATIC / "index.html")
@@ -154,6 +156,8 @@ def _add_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> None:
         described["process"] = os.getpid()  # which server (or Ray Serve replica) answered
         return described
 
+
+def _add_sense_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> None:
     @app.post("/embed", summary="tokens and vectors of sentences")
     async def embed(body: EmbedRequest) -> JSONResponse:
         if body.mix is not None:
@@ -196,6 +200,8 @@ def _add_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> None:
             raise ElmoUserError(f"k must be auto or 1..{MAX_CLUSTERS}")
         return await run_in_threadpool(clusters, name, word.lower(), chosen)
 
+
+def _add_data_routes(app: FastAPI, store: ServedStore) -> None:
     @app.get("/occurrences/{word}", summary="every use of a word, page by page")
     async def occurrences(word: Annotated[str, PathParam(max_length=MAX_WORD_CHARS)],
                           limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
