@@ -237,3 +237,17 @@ def test_other_hosts_need_a_token(data: Served, tmp_path: Path) -> None:
         assert posted.status_code == 401
         assert json.loads(httpx.post(url + "/sql", json={"query": "SELECT 1"}, headers=token
                                      ).text)["rows"] == [[1]]
+
+
+def test_unknown_dataset_or_index_is_one_line(data: Served, tmp_path: Path) -> None:
+    cases = [([str(tmp_path / "nope"), "--index", str(data.index)], "no _dataset.json"),
+             ([str(data.dataset), "--index", str(tmp_path / "nope.lance")],
+              "is not an elmo sense index"),
+             ([str(data.dataset), "--index", f"a={data.index}", "--index", f"a={data.index}"],
+              "two indexes are named 'a'")]
+    for argv, says in cases:
+        done = subprocess.run([*elmo_serve_argv(data, free_port())[:4], *argv], cwd=REPO,
+                              env=serve_env(), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith("elmo: error: ") and says in line

@@ -185,7 +185,7 @@ def _add_sense_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> Non
                                                       "word": query.word},
                              "hits": [hit_json(h, store) for h in hits]})
 
-    @lru_cache(maxsize=256)
+    @lru_cache(maxsize=64)  # a word's map holds up to MAX_CONTEXTS points
     def clusters(index_name: str, word: str, k: int | str) -> dict[str, Any]:
         _, ix = store.index(index_name)
         return cluster_json(cluster_senses(ix, [word], k=k, max_k=MAX_CLUSTERS), store)

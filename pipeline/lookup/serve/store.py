@@ -156,11 +156,11 @@ class ServedStore:
 
     def occurrences(self, index: SenseIndex, word: str, limit: int, offset: int
                     ) -> tuple[int, list[Hit]]:
+        import pyarrow as pa
+
         total = index.word_rows([word])
         table = (index.table.search().where(token_filter([word]))
                  .select(RESULT_COLUMNS).offset(offset).limit(limit).to_arrow())
-        import pyarrow as pa
-
         table = table.append_column("_distance", pa.array([1.0] * table.num_rows))
         hits = hits_from_table(table)
         for rank, hit in enumerate(hits, offset + 1):
