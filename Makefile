@@ -5,7 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean browser
+
+# The explorer page's test drives a real headless browser: Debian's chromium and its
+# driver (CI is a fresh Debian machine, as root). Installed only when missing.
+BROWSER_PACKAGES := chromium chromium-driver curl
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,7 +22,16 @@ run: $(STAMP)
 	$(VENV)/bin/elmo demo
 	@echo "elmo is installed in $(VENV)/bin: run \`. $(VENV)/bin/activate\` to put it on your PATH (README, \"Using it\")"
 
-test: $(STAMP)
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null \
+	    || ! command -v curl >/dev/null; then \
+	  echo "installing $(BROWSER_PACKAGES) (for tests/lookup/test_serve_browser.py)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(BROWSER_PACKAGES); \
+	fi
+
+test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -rs
 

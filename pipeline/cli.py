@@ -17,6 +17,7 @@ REGISTRARS = (
     "pipeline.embed_cli",
     "pipeline.verify_cli",
     "pipeline.lookup.cli",
+    "pipeline.lookup.serve_cli",
     "jobs.cli",
     "pipeline.demo",
 )
@@ -31,6 +32,7 @@ examples (from the repository root; README.md, "Using it", runs them all in orde
   elmo sql runs/example "SELECT token, count(*) n FROM tokens GROUP BY 1 ORDER BY n DESC LIMIT 5"
   elmo index build runs/example --mix top --out runs/example-top.lance
   elmo senses search "Will you play upon this pipe ?" --word play --index runs/example-top.lance
+  elmo serve runs/example --index runs/example-top.lance   # HTTP API + explorer page on :8000
   elmo mix fit runs/example --labels examples/pos_labels.csv --name pos
   elmo jobs run examples/job.toml                         # incremental, scheduled
   elmo train 'examples/corpus/*.txt' --config examples/tiny_options.json --out runs/tiny-lm

@@ -111,5 +111,7 @@ def run_demo(args: argparse.Namespace) -> int:
           f"\"SELECT * FROM sentences LIMIT 5\"`)\n"
           f"  index     {out / 'index'}\n"
           f"  sense map {png}   (picture)\n"
-          f"  sense map {html}   (interactive: open it in a browser, hover a dot)")
+          f"  sense map {html}   (interactive: open it in a browser, hover a dot)\n"
+          f"\nexplore it in a browser: `elmo serve {out / 'dataset'} --index {out / 'index'}`, "
+          "then open http://127.0.0.1:8000/")
     return 0

@@ -616,16 +616,28 @@ class SenseIndex:
         Returns the columns plus ``_distance`` (cosine distance), nearest first."""
         import numpy as np
 
+        vector = np.asarray(vector, np.float32).reshape(1, -1)
+        return self.vector_query(vector, k, words, exact, columns, forms, where).to_arrow()
+
+    def vector_query(self, vectors: np.ndarray, k: int = 10,
+                     words: Sequence[str] | None = None, exact: bool = False,
+                     columns: Sequence[str] = RESULT_COLUMNS, forms: bool = False,
+                     where: str | None = None) -> Any:
+        """The LanceDB query ``search`` runs, for ``[n, dim]`` query vectors: with more
+        than one, LanceDB answers them in one call and adds a ``query_index`` column."""
+        import numpy as np
+
         if forms and words:
             self.require_stems()
         column = "token_stem" if forms else "token_lower"
         if k < 1:
             raise ElmoUserError("-k must be at least 1")
-        vector = np.asarray(vector, np.float32).reshape(-1)
-        if vector.shape[0] != self.meta.dim:
-            raise ElmoUserError(f"query vector has {vector.shape[0]} values, index has "
+        vectors = np.asarray(vectors, np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self.meta.dim:
+            raise ElmoUserError(f"query vector has {vectors.shape[-1]} values, index has "
                                 f"{self.meta.dim}")
-        query = self.table.search(vector).distance_type("cosine")
+        query = self.table.search(vectors[0] if len(vectors) == 1 else list(vectors)
+                                  ).distance_type("cosine")
         word_where = token_filter(words, column) if words else None
         if where is not None:
             # Rows the whole filter leaves (a count query: the word counts do not know it).
@@ -644,7 +656,7 @@ class SenseIndex:
                 query = query.refine_factor(p.refine_factor)
         if where is not None:
             query = query.where(where, prefilter=True)
-        return query.select([*columns, "_distance"]).limit(k).to_arrow()
+        return query.select([*columns, "_distance"]).limit(k)
 
     def occurrences(self, words: Sequence[str], columns: Sequence[str] = RESULT_COLUMNS,
                     limit: int = 100_000, where: str | None = None) -> pa.Table:

@@ -46,6 +46,8 @@ from pipeline.lookup.sense_clusters import (
 from pipeline.lookup.sense_hits import Hit, distinct_contexts, hits_from_table
 
 if TYPE_CHECKING:
+
+    from pipeline.lookup.mix_specs import Mix
     from pipeline.tokenize import Tokenizer
     from schemas import DatasetDescriptor
 
@@ -147,7 +149,6 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
     """The query token's mixed vector, computed as the stored vectors were."""
     import elmo_model
     from pipeline.lookup.dataset import read_dataset_descriptor
-    from pipeline.lookup.mixes import mix_arrays
 
     if descriptor is None:
         descriptor = read_dataset_descriptor(index.meta.dataset)
@@ -155,10 +156,17 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
         options, weights = model_files_for(descriptor, model_dir)
         embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
     layers = embedder.embed([query.tokens])[0][:, query.position, :]  # [L+1, 2P]
+    return query_vector(layers, index.mix, descriptor)
+
+
+def query_vector(layers: np.ndarray, mix: Mix, descriptor: DatasetDescriptor) -> np.ndarray:
+    """The mixed vector of one token's ``[L+1, 2P]`` layers, as the stored ones were made."""
+    from pipeline.lookup.mixes import mix_arrays
+
     storage = np.float16 if descriptor.dtype == "float16" else np.float32
     # Round like the stored rows, so that a sentence from the corpus finds itself at 0.
     rows = [layers[k][None, :].astype(storage) for k in range(layers.shape[0])]
-    return mix_arrays(rows, index.mix)[0]
+    return mix_arrays(rows, mix)[0]
 
 
 def nearest_distinct(index: SenseIndex, vector: np.ndarray, k: int,

@@ -1,0 +1,102 @@
+"""Exact sense search in this process, for words with few rows.
+
+A word's rows (in any of its forms, or as written) are read from the index once, with
+their vectors scaled to unit length, and kept (least recently used dropped past
+``EXACT_CACHE_VALUES``); a query is then one matrix-vector product over them. The
+answer is the index's exact search's: cosine similarity to every candidate, nearest
+first, repeated contexts once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex, token_filter
+from pipeline.lookup.senses import Hit
+from pipeline.lookup.serve.limits import EXACT_CACHE_VALUES, EXACT_CANDIDATE_VALUES
+
+
+@dataclass
+class Candidates:
+    rows: list[dict[str, Any]]  # RESULT_COLUMNS of each row
+    unit: np.ndarray  # [n, dim] float32, rows scaled to length 1
+    contexts: list[tuple[str, ...]]  # Hit.context of each row
+
+    @property
+    def values(self) -> int:
+        return int(self.unit.size)
+
+
+class ExactSearch:
+    def __init__(self, max_values: int = EXACT_CANDIDATE_VALUES,
+                 cache_values: int = EXACT_CACHE_VALUES) -> None:
+        self.max_values, self.cache_values = max_values, cache_values
+        self.cache: OrderedDict[tuple[Any, ...], Candidates] = OrderedDict()
+        self.held = 0
+        self.lock = threading.Lock()
+        self.small: dict[tuple[Any, ...], bool] = {}
+
+    def takes(self, index: SenseIndex, words: tuple[str, ...] | None, forms: bool) -> bool:
+        """Whether this search is small enough to run here."""
+        if words is None:
+            return False
+        key = (id(index), words, forms)
+        if key not in self.small:  # the index does not change while it is served
+            column = "token_stem" if forms else "token_lower"
+            self.small[key] = index.word_rows(words, column) * index.meta.dim <= self.max_values
+        return self.small[key]
+
+    def candidates(self, index: SenseIndex, words: tuple[str, ...], forms: bool) -> Candidates:
+        from pipeline.lookup.mixes import fsl_to_numpy
+
+        key = (id(index), words, forms)
+        with self.lock:
+            if key in self.cache:
+                self.cache.move_to_end(key)
+                return self.cache[key]
+        column = "token_stem" if forms else "token_lower"
+        table = (index.table.search().where(token_filter(words, column))
+                 .select([*RESULT_COLUMNS, "vector"]).limit(max(1, index.meta.rows))
+                 .to_arrow())
+        vectors = fsl_to_numpy(table.column("vector")).astype(np.float32)
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        rows = table.drop_columns(["vector"]).to_pylist()
+        contexts = [Hit(rank=0, similarity=0.0, **row).context for row in rows]
+        found = Candidates(rows, vectors, contexts)
+        with self.lock:
+            if key not in self.cache:
+                self.cache[key] = found
+                self.held += found.values
+                while self.held > self.cache_values and len(self.cache) > 1:
+                    _, dropped = self.cache.popitem(last=False)
+                    self.held -= dropped.values
+        return found
+
+    def nearest(self, index: SenseIndex, words: tuple[str, ...], forms: bool,
+                vector: np.ndarray, k: int, accept: Callable[[Hit], bool] | None = None
+                ) -> list[Hit]:
+        """The ``k`` nearest accepted candidates, a context once (its nearest use)."""
+        found = self.candidates(index, words, forms)
+        query = np.asarray(vector, np.float32)
+        query = query / max(float(np.linalg.norm(query)), 1e-12)
+        similarity = found.unit @ query
+        hits: list[Hit] = []
+        seen: set[tuple[str, ...]] = set()
+        # Hits are made lazily, nearest first, until k distinct ones are found.
+        for i in np.argsort(-similarity, kind="stable").tolist():
+            if found.contexts[i] in seen:
+                continue
+            hit = Hit(rank=len(hits) + 1, similarity=float(similarity[i]), **found.rows[i])
+            if accept is not None and not accept(hit):
+                continue
+            seen.add(found.contexts[i])
+            hits.append(hit)
+            if len(hits) == k:
+                break
+        return hits

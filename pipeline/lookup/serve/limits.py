@@ -1,0 +1,33 @@
+"""What one request may ask of the server: every bound the routes and the page check."""
+
+from __future__ import annotations
+
+MAX_BODY_BYTES = 256 * 1024  # a request body; larger ones get 413 before they are read
+MAX_SENTENCES = 64  # per /embed request
+MAX_SENTENCE_CHARS = 2_000  # per sentence (embed and search)
+MAX_K = 200  # neighbours per sense search
+MAX_OCCURRENCE = 100  # which occurrence of the word in the query sentence
+MAX_CLUSTERS = 8  # k of /senses/{word}; "auto" tries 2..this
+MAX_PAGE = 1_000  # rows per /occurrences page
+MAX_CONTEXT = 20  # sentences either side in /sentences
+MAX_FILTERS = 16  # document-field filters per search
+MAX_WORD_CHARS = 100
+
+# Sentences whose layers are kept: the embedder is stateless, so a sentence asked again
+# (the explorer page asks for its words, then searches each clicked word) needs no model run.
+LAYER_CACHE_SENTENCES = 1_024
+# A word whose candidate rows hold at most this many floats (32k rows of 256-d) is searched
+# exactly in this process, over its rows kept in memory: one matrix-vector product. Its cost
+# grows with the rows and meets a prefiltered vector-index search's at about three times
+# this (docs/serving.md); the bound also keeps the cache to a few such words.
+EXACT_CANDIDATE_VALUES = 1 << 23
+EXACT_CACHE_VALUES = 1 << 25  # floats kept for all such words together (128 MB of float32)
+
+# Batching: a search waits at most this long for others to share its model call.
+BATCH_WINDOW_S = 0.003
+MAX_BATCH = 32
+
+SQL_TIMEOUT_S = 10.0  # a query running longer is interrupted
+SQL_MAX_ROWS = 10_000  # rows returned; the answer says when more were cut
+SQL_MAX_RESULT_BYTES = 32 * 1024 * 1024  # Arrow bytes of those rows; more is refused
+MAX_SQL_CHARS = 20_000
