@@ -98,7 +98,7 @@ def test_explorer_page_searches_maps_and_shows_context(server: str, browser: obj
 
     # A document-field filter: only hits from that source.
     box = driver.find_element(By.ID, "filters")
-    box.send_keys("source=moby_dick_play.txt")
+    box.send_keys("source~moby_dick_play")
     driver.find_element(By.ID, "close-context").click()
     driver.find_elements(By.CSS_SELECTOR, "#tokens .token")[2].click()
     wait.until(lambda d: all("moby_dick_play.txt" in h.text for h in

@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from elmo_model.errors import ElmoUserError
+from pipeline.lookup.doc_fields import as_filters, parse_where
 from pipeline.lookup.senses import Hit, cluster_senses, locate_word
 from pipeline.lookup.serve.batching import Batcher
 from pipeline.lookup.serve.limits import (
@@ -65,7 +66,15 @@ class SearchRequest(Strict):
     occurrence: int = Field(1, ge=1, le=MAX_OCCURRENCE)
     k: int = Field(10, ge=1, le=MAX_K)
     any_word: bool = False
-    filters: dict[str, Scalar] | None = Field(None, max_length=MAX_FILTERS)
+    filters: dict[str, Scalar | Annotated[list[Scalar | None], Field(max_length=20)]] | None = \
+        Field(None, max_length=MAX_FILTERS,
+              description="document fields: {field: value} (equal), {field: [low, high]} (a "
+                          "numeric range, ends included, null for an open end) or {field: "
+                          "[a, b, ...]} (any of these texts)")
+    where: list[Annotated[str, Field(min_length=1, max_length=500)]] = Field(
+        default_factory=list, max_length=MAX_FILTERS,
+        description="conditions as `elmo senses search --where` writes them: 'year>=1900', "
+                    "'year=1900..1950', 'party=A|B', 'source~moby_dick' (contains, any case)")
     index: str | None = Field(None, max_length=200)
 
 
@@ -176,9 +185,13 @@ def _add_sense_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> Non
             ix.require_stems()
         query = locate_word(body.sentence, body.word, body.occurrence,
                             tokenizer=store.tokenizer)
-        accept = store.filter_predicate(body.filters)
+        # Document-field filters become the index's prefilter, as for `elmo senses search
+        # --where`: on the index's own field columns, else a join on the documents table.
+        conditions = as_filters(body.filters) + [c for text in body.where
+                                                 for c in parse_where(text)]
+        where = ix.fields_where(conditions) if conditions else None
         words = None if body.any_word else (query.word,)
-        hits = await batcher.search(ix, query, body.k, words, not body.any_word, accept)
+        hits = await batcher.search(ix, query, body.k, words, not body.any_word, where)
         # A JSONResponse of plain values: FastAPI's generic encoder would walk it again.
         return JSONResponse({"index": name, "query": {"tokens": query.tokens,
                                                       "position": query.position,

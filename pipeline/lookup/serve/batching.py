@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -61,7 +60,7 @@ class SearchJob:
     k: int
     words: tuple[str, ...] | None  # None: every token
     forms: bool
-    accept: Callable[[Hit], bool] | None  # document-field filter (None: all)
+    where: str | None  # document-field prefilter (SenseIndex.fields_where; None: all)
     future: asyncio.Future[Any] = field(repr=False)
 
     @property
@@ -108,9 +107,9 @@ class Batcher:
 
     async def search(self, index: SenseIndex, query: QueryToken, k: int,
                      words: tuple[str, ...] | None, forms: bool,
-                     accept: Callable[[Hit], bool] | None = None) -> list[Hit]:
+                     where: str | None = None) -> list[Hit]:
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put(SearchJob(index, query, k, words, forms, accept, future))
+        await self.queue.put(SearchJob(index, query, k, words, forms, where, future))
         return await future
 
     async def _gather(self) -> None:
@@ -166,14 +165,16 @@ class Batcher:
             except Exception as error:
                 outcomes[i] = (False, error)
                 continue
-            if job.words is not None and self.exact.takes(job.index, job.words, job.forms):
+            # A filtered search goes to the index, whose prefilter knows the fields.
+            if (job.words is not None and job.where is None
+                    and self.exact.takes(job.index, job.words, job.forms)):
                 try:
                     outcomes[i] = (True, self.exact.nearest(job.index, job.words, job.forms,
-                                                            vector, job.k, job.accept))
+                                                            vector, job.k))
                 except Exception as error:
                     outcomes[i] = (False, error)
                 continue
-            key = (id(job.index), job.words, job.forms, job.first_fetch())
+            key = (id(job.index), job.words, job.forms, job.where, job.first_fetch())
             groups.setdefault(key, []).append((i, vector))
         for members in groups.values():
             group_jobs = [jobs[i] for i, _ in members]
@@ -213,20 +214,18 @@ class LayerCache:
 
 def search_group(jobs: list[SearchJob], vectors: np.ndarray) -> list[list[Hit]]:
     """The ``k`` nearest distinct contexts for each job; the jobs share index, words,
-    forms and first fetch size."""
+    forms, prefilter and first fetch size."""
     first = jobs[0]
     results: list[list[Hit] | None] = [None] * len(jobs)
     pending = list(range(len(jobs)))
     fetch = first.first_fetch()
     while pending:
         table = first.index.vector_query(vectors[pending], k=fetch, words=first.words,
-                                         forms=first.forms).to_arrow()
+                                         forms=first.forms, where=first.where).to_arrow()
         still = []
         for j, part in zip(pending, split_by_query(table, len(pending)), strict=True):
             job = jobs[j]
             hits = hits_from_table(part)
-            if job.accept is not None:
-                hits = [h for h in hits if job.accept(h)]
             keep = distinct_contexts(hits)[:job.k]
             if len(keep) < job.k and part.num_rows >= fetch and fetch < MAX_FETCH:
                 still.append(j)  # more rows exist: fetch further

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -32,6 +31,9 @@ class Candidates:
     def values(self) -> int:
         return int(self.unit.size)
 
+
+# The index columns a Hit is made of (its document fields come from the served store).
+HIT_COLUMNS = [c for c in RESULT_COLUMNS if c in {f.name for f in fields(Hit)}]
 
 class ExactSearch:
     def __init__(self, max_values: int = EXACT_CANDIDATE_VALUES,
@@ -62,7 +64,7 @@ class ExactSearch:
                 return self.cache[key]
         column = "token_stem" if forms else "token_lower"
         table = (index.table.search().where(token_filter(words, column))
-                 .select([*RESULT_COLUMNS, "vector"]).limit(max(1, index.meta.rows))
+                 .select([*HIT_COLUMNS, "vector"]).limit(max(1, index.meta.rows))
                  .to_arrow())
         vectors = fsl_to_numpy(table.column("vector")).astype(np.float32)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
@@ -79,9 +81,8 @@ class ExactSearch:
         return found
 
     def nearest(self, index: SenseIndex, words: tuple[str, ...], forms: bool,
-                vector: np.ndarray, k: int, accept: Callable[[Hit], bool] | None = None
-                ) -> list[Hit]:
-        """The ``k`` nearest accepted candidates, a context once (its nearest use)."""
+                vector: np.ndarray, k: int) -> list[Hit]:
+        """The ``k`` nearest candidates, a context once (its nearest use)."""
         found = self.candidates(index, words, forms)
         query = np.asarray(vector, np.float32)
         query = query / max(float(np.linalg.norm(query)), 1e-12)
@@ -93,8 +94,6 @@ class ExactSearch:
             if found.contexts[i] in seen:
                 continue
             hit = Hit(rank=len(hits) + 1, similarity=float(similarity[i]), **found.rows[i])
-            if accept is not None and not accept(hit):
-                continue
             seen.add(found.contexts[i])
             hits.append(hit)
             if len(hits) == k:

@@ -4,8 +4,6 @@ documents' fields and a guarded SQL connection; and the reads the routes make of
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,7 +72,7 @@ class ServedStore:
         out: dict[str, dict[str, Any]] = {}
         rows = self.sql.execute("SELECT doc_id, source, line, metadata FROM documents", {})
         for doc_id, source, line, metadata in rows:
-            fields: dict[str, Any] = {"source": os.path.basename(source), "line": line}
+            fields: dict[str, Any] = {"source": source, "line": line}
             if metadata:
                 try:
                     extra = json.loads(metadata)
@@ -99,27 +97,6 @@ class ServedStore:
         for fields in self.documents.values():
             names.update(dict.fromkeys(fields))
         return list(names)
-
-    # FILTER REWIRE POINT: document-field filters are applied here, to the hits a search
-    # fetched (the search fetches further while they leave fewer than k). When the index
-    # takes field filters itself, pass them to it instead and drop this predicate.
-    def filter_predicate(self, filters: dict[str, Any] | None) -> Callable[[Hit], bool] | None:
-        """Keeps a hit whose document has every ``field: value`` (compared as text)."""
-        if not filters:
-            return None
-        known = self.document_fields()
-        unknown = [name for name in filters if name not in known]
-        if unknown:
-            raise ElmoUserError(f"no document field {unknown[0]!r} (fields: "
-                                f"{', '.join(known)})")
-        wanted = {name: _text(value) for name, value in filters.items()}
-        docs = self.documents
-
-        def accept(hit: Hit) -> bool:
-            fields = docs.get(hit.doc_id, {})
-            return all(_text(fields.get(name)) == value for name, value in wanted.items())
-
-        return accept
 
     def tokens(self, sentence: str) -> list[str]:
         tokens = [t.text for s in self.tokenizer.split_sentences(sentence) for t in s.tokens]

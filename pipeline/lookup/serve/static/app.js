@@ -36,13 +36,10 @@ function escapeHtml(text) {
   return text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
 
-function parseFilters() {
-  const filters = {};
-  for (const part of $("filters").value.split(",")) {
-    const [name, ...rest] = part.split("=");
-    if (name.trim() && rest.length) filters[name.trim()] = rest.join("=").trim();
-  }
-  return Object.keys(filters).length ? filters : null;
+// The filter box holds `elmo senses search --where` conditions, comma-separated:
+// year>=1900, year=1900..1950, party=A|B, source~moby (contains, any case).
+function parseWhere() {
+  return $("filters").value.split(",").map((part) => part.trim()).filter((part) => part);
 }
 
 async function loadInfo() {
@@ -89,7 +86,7 @@ async function chooseWord(position) {
   try {
     const data = await call("/senses/search", {
       sentence: current.sentence, word, occurrence, k: Number($("k").value) || 10,
-      any_word: $("any-word").checked, filters: parseFilters(), index,
+      any_word: $("any-word").checked, where: parseWhere(), index,
     });
     showHits(data.hits);
     status(`${data.hits.length} nearest uses of “${word}”; click one to read it in context`);
@@ -108,8 +105,11 @@ function showHits(hits) {
     const sim = document.createElement("span");
     sim.className = "sim";
     sim.textContent = hit.similarity.toFixed(3);
-    const source = hit.document.source || "";
-    meta.append(sim, `  ${source}  ${hit.doc_id} #${hit.sent_idx}.${hit.tok_idx}`);
+    // doc_id names the file and line; the document's metadata (year, president, ...) follows.
+    const fields = Object.entries(hit.document)
+      .filter(([name, value]) => name !== "source" && name !== "line" && value !== null)
+      .map(([name, value]) => `${name}=${value}`).join(" ");
+    meta.append(sim, `  ${hit.doc_id} #${hit.sent_idx}.${hit.tok_idx}  ${fields}`);
     item.append(marked(hit.sentence, hit.start, hit.end), meta);
     item.addEventListener("click", () => showContext(hit));
     list.append(item);
