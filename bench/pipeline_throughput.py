@@ -163,7 +163,8 @@ def model_vs_pipeline(args: argparse.Namespace, work: Path) -> dict:
     import torch
 
     import elmo_model
-    from pipeline.sources import ReadOptions, list_sources, read_documents
+    from pipeline.read import read_documents
+    from pipeline.sources import ReadOptions, list_sources
     from pipeline.tokenize import get_tokenizer, model_tokenizer, windows
 
     model = Path(args.model) if args.model else elmo_model.default_model_dir()

@@ -1,6 +1,6 @@
 """Stage 2, on a worker: one work item -> its Parquet files in staging -> a commit record.
 
-    read (fsspec, pipeline/sources.py) -> tokenize -> windows -> units -> biLM
+    read (fsspec, pipeline/read.py) -> tokenize -> windows -> units -> biLM
         -> token rows -> Parquet under _staging/<run_id>/<attempt>/ -> CommitRecord
 
 The same code runs in-process (local executor) and in Ray actors. What goes back to the
@@ -34,7 +34,8 @@ import elmo_model
 from pipeline.config import ModelSpec
 from pipeline.item_files import ItemFiles, TokenWriter, write_small_tables
 from pipeline.plan import WorkItem
-from pipeline.sources import DocError, Document, LineCounter, ReadOptions, read_range
+from pipeline.read import LineCounter, read_range
+from pipeline.sources import DocError, Document, ReadOptions
 from pipeline.store import open_output
 from pipeline.tokenize import Sentence, Token, get_tokenizer, windows
 

@@ -13,15 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.plan import WorkItem, item_bytes, plan_items
-from pipeline.sources import (
-    DocError,
-    Document,
-    LineCounter,
-    ReadOptions,
-    list_sources,
-    read_documents,
-    read_range,
-)
+from pipeline.read import LineCounter, read_documents, read_range
+from pipeline.sources import DocError, Document, ReadOptions, list_sources
 
 
 def as_tuples(items: list[Document | DocError]) -> list[tuple]:
