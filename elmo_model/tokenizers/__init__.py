@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
+from elmo_model.options_file import OPTIONS_FILE, read_options_json
 from elmo_model.tokenizers import moses, ptb, sentences, words
 from elmo_model.tokenizers.text import Sentence, Token
 
@@ -114,8 +115,6 @@ def declared_tokenizer(options: dict[str, Any], source: str, check_version: bool
 def model_tokenizer(options_path: str) -> str:
     """The tokenizer name a model declares in its ``options.json`` (the file, or the model
     directory holding it); :data:`UNDECLARED` (``moses``) for weights that declare none."""
-    from elmo_model.options_file import OPTIONS_FILE, read_options_json
-
     path = Path(options_path)
     if path.is_dir():
         path = path / OPTIONS_FILE

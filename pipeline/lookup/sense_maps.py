@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from elmo_model.errors import ElmoUserError
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -162,8 +164,6 @@ def write_sense_map_html(result: ClusterResult, path: str | Path) -> Path:
 
 def check_writable(path: str | Path) -> Path:
     """``path`` if its folder exists (checked before the work, not after)."""
-    from elmo_model.errors import ElmoUserError
-
     path = Path(path)
     if not path.parent.is_dir():
         raise ElmoUserError(f"cannot write {path}: folder {path.parent} does not exist")

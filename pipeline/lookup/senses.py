@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
+from pipeline.lookup.dataset import read_dataset_descriptor
 from pipeline.lookup.doc_fields import Filters, as_filters
 from pipeline.lookup.index import SenseIndex, stem_words
+from pipeline.lookup.mixes import mix_arrays
 from pipeline.lookup.sense_clusters import (
     CENTRINGS,
     MAX_CONTEXTS,
@@ -44,6 +46,7 @@ from pipeline.lookup.sense_clusters import (
     typical,
 )
 from pipeline.lookup.sense_hits import Hit, distinct_contexts, hits_from_table
+from pipeline.tokenize import get_tokenizer, tokenizer_names
 
 if TYPE_CHECKING:
 
@@ -74,8 +77,6 @@ class QueryToken:
 
 def dataset_tokenizer(descriptor: DatasetDescriptor) -> Tokenizer:
     """The tokenizer the dataset recorded: a query must be split the way the corpus was."""
-    from pipeline.tokenize import get_tokenizer, tokenizer_names
-
     name = (descriptor.tokenizer or {}).get("name")
     if not name:
         raise ElmoUserError("the dataset does not record its tokenizer, so a query sentence "
@@ -148,8 +149,6 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
                 ) -> np.ndarray:
     """The query token's mixed vector, computed as the stored vectors were."""
     import elmo_model
-    from pipeline.lookup.dataset import read_dataset_descriptor
-
     if descriptor is None:
         descriptor = read_dataset_descriptor(index.meta.dataset)
     if embedder is None:
@@ -161,8 +160,6 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
 
 def query_vector(layers: np.ndarray, mix: Mix, descriptor: DatasetDescriptor) -> np.ndarray:
     """The mixed vector of one token's ``[L+1, 2P]`` layers, as the stored ones were made."""
-    from pipeline.lookup.mixes import mix_arrays
-
     storage = np.float16 if descriptor.dtype == "float16" else np.float32
     # Round like the stored rows, so that a sentence from the corpus finds itself at 0.
     rows = [layers[k][None, :].astype(storage) for k in range(layers.shape[0])]
@@ -201,8 +198,6 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
     word, any case) or ``any`` (every token). ``filters``: only occurrences in documents
     whose fields pass, e.g. ``{"president": "Abraham Lincoln", "year": [1861, 1865]}``
     (``doc_fields.as_filters``)."""
-    from pipeline.lookup.dataset import read_dataset_descriptor
-
     if match not in MATCHES:
         raise ElmoUserError(f"match must be one of {', '.join(MATCHES)}, not {match!r}")
     if k < 1:

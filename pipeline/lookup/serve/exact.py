@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex, token_filter
+from pipeline.lookup.mixes import fsl_to_numpy
 from pipeline.lookup.senses import Hit
 from pipeline.lookup.serve.limits import EXACT_CACHE_VALUES, EXACT_CANDIDATE_VALUES
 
@@ -55,8 +56,6 @@ class ExactSearch:
         return self.small[key]
 
     def candidates(self, index: SenseIndex, words: tuple[str, ...], forms: bool) -> Candidates:
-        from pipeline.lookup.mixes import fsl_to_numpy
-
         key = (id(index), words, forms)
         with self.lock:
             if key in self.cache:
