@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean browser
+.PHONY: run test quick lint bench clean browser
 
 # The explorer page's test drives a real headless browser: Debian's chromium and its
 # driver (CI is a fresh Debian machine, as root). Installed only when missing.
@@ -34,6 +34,12 @@ browser:
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -rs
+
+# The edit loop: lint, then every test not marked slow (Ray clusters, browser, end to end),
+# stopping at the first failure. `make test` is the whole suite.
+quick: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -x -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
