@@ -27,7 +27,7 @@ DEFAULT_MAX_SENTENCE_TOKENS = 256
 DEFAULT_WINDOW_OVERLAP = 32
 # schemas.STORAGE_DTYPES (which imports pyarrow, too slow for CLI start-up); a test
 # checks the two agree.
-STORAGE_DTYPES = ("float16", "float32")
+STORAGE_DTYPES = ("float16", "float32", "int8")
 EXECUTORS = ("auto", "local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
