@@ -46,6 +46,12 @@ def config(model_dir: Path, sources: list[str], out: Path | str, **kw: object) -
 
 
 def read_table(out: Path | str, table: str) -> pa.Table:
+    """One table of a dataset; tokens with every layer, as readers see them (v3 keeps
+    layer 0 in the types table)."""
+    if table == "tokens":
+        from pipeline.lookup.token_layers import read_tokens
+
+        return read_tokens(str(out))
     return pq.read_table(f"{out}/{table}")
 
 

@@ -184,6 +184,8 @@ def _v3_tokens(con: duckdb.DuckDBPyConnection, ds: Dataset, paths: list[str]) ->
     joined in from each file's own types file (the plain join docs/dataset_format.md
     shows) and int8 layers widened to FLOAT[]."""
     rows = con.read_parquet(paths, hive_partitioning=True, filename=True)
+    if not any(c.startswith("layer_") for c in rows.columns):  # files that keep no layers
+        return con.read_parquet(paths, hive_partitioning=True)
     types = con.read_parquet([types_path(p) for p in paths], filename=True)
     rows.create_view("elmo_token_rows", replace=True)
     types.create_view("elmo_type_rows", replace=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
+from pipeline.lookup.dataset import open_dataset
 from schemas import HALF_LAYER_0, SCALE_SUFFIX, TYPES_SINCE_VERSION
 from schemas.layers import dequantize_int8
 
@@ -136,3 +137,48 @@ def check_layers(schema: pa.Schema, layers: list[str], path: str) -> None:
     if missing:
         raise ElmoUserError(f"{path} has no layer columns {missing}: "
                             f"this dataset stores no layers to mix")
+
+
+def with_every_layer(table: pa.Table, n_output_layers: int, types: TypeVectors | None
+                     ) -> pa.Table:
+    """A tokens table (as stored, any version) with ``layer_0 .. layer_L`` as float
+    fixed-size lists in the version 1/2 places, and no scale columns: float16/float32 as
+    stored, float32 for int8."""
+    import pyarrow as pa
+
+    names = [f"layer_{k}" for k in range(n_output_layers)]
+    vectors = {n: layer_vectors(table, n, types) for n in names}
+    keep = [c for c in table.column_names
+            if not c.startswith("layer_") and not c.endswith(SCALE_SUFFIX)]
+    at = keep.index("char_end") + 1 if "char_end" in keep else len(keep)
+    columns = {c: table.column(c) for c in keep[:at]}
+    for name, values in vectors.items():
+        flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+        columns[name] = pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
+    columns.update({c: table.column(c) for c in keep[at:]})
+    return pa.table(columns)
+
+
+def read_tokens(dataset: Any, filters: Any = None) -> pa.Table:
+    """Every live token row of a dataset (a URI or an opened ``Dataset``) with every layer
+    as floats (``with_every_layer``) and the hive column ``shard``: what
+    ``pq.read_table(OUT / "tokens")`` gave for version 1/2 datasets. For small datasets
+    and checks; streaming readers use ``pipeline.lookup.mixes.iter_mixed``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ds = open_dataset(dataset) if isinstance(dataset, str) else dataset
+    fs = ds.arrow_filesystem()
+    n_layers = ds.descriptor.n_output_layers
+    tables = []
+    for file in ds.shard_files("tokens"):
+        table = pq.read_table(file.path, filesystem=fs, filters=filters)
+        types = None if has_own_layer_0(table.schema) else read_types(fs, file.path)
+        table = with_every_layer(table, n_layers, types)
+        tables.append(table.append_column(
+            "shard", pa.array([file.shard] * table.num_rows, pa.int32())))
+    # An empty piece may carry another float width (no rows to take it from): leave it.
+    rows = [t for t in tables if t.num_rows] or tables[:1]
+    if not rows:
+        raise ElmoUserError(f"{ds.uri} has no committed shards yet")
+    return pa.concat_tables(rows)
