@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean java
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,12 +18,16 @@ run: $(STAMP)
 	$(VENV)/bin/elmo demo
 	@echo "elmo is installed in $(VENV)/bin: run \`. $(VENV)/bin/activate\` to put it on your PATH (README, \"Using it\")"
 
-test: $(STAMP)
+test: $(STAMP) java
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -rs
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# A Java runtime for pyspark (tests/lookup/test_engines.py), from Debian when java is missing.
+java:
+	command -v java >/dev/null || (apt-get update && apt-get install -y default-jre-headless)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -120,7 +120,9 @@ class EmbedConfig:
              "the cluster has GPUs, 0 with --device cpu)"))
     dtype: str = field(default="float16", metadata=exposed(
         flag="--dtype", job_key="dtype", choices=STORAGE_DTYPES,
-        help="storage dtype of the layers (default %(default)s)"))
+        help="storage dtype of the layers (default %(default)s): float16 (Spark cannot "
+             "read it), float32, or int8 (one float32 scale per vector; about half of "
+             "float16's bytes; docs/dataset_format.md)"))
     device: str = field(default="auto", metadata=exposed(
         flag="--device", job_key="device", choices=DEVICES,
         help="where the model runs: auto (default: CUDA when the process or Ray actor has a "
