@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from pipeline.lookup.dataset import open_dataset  # noqa: E402
-from pipeline.lookup.mixes import mix_arrays  # noqa: E402
-from pipeline.lookup.token_layers import read_tokens  # noqa: E402
+from pipeline.lookup.dataset import open_dataset
+from pipeline.lookup.mixes import mix_arrays
+from pipeline.lookup.token_layers import read_tokens
 
 
 def bytes_per_token(path: str) -> dict[str, float]:

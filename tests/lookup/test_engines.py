@@ -147,5 +147,5 @@ def test_spark_reads_float32_and_int8_and_not_float16(stored: dict[str, Path],
             f"{l1} AS layer_1 FROM t JOIN y ON y.token = t.token AND y.shard = t.shard"
         ).collect()
         check(out, (((r[0], r[1], r[2]), r[3], r[4]) for r in rows))
-    with pytest.raises(Exception, match="FLOAT16|Illegal Parquet type"):
+    with pytest.raises(Exception, match=r"FLOAT16|Illegal Parquet type"):
         spark.read.parquet(str(stored["float16"] / "tokens")).collect()
