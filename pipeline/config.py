@@ -118,11 +118,11 @@ class EmbedConfig:
         flag="--gpus-per-actor", job_key="ray.num_gpus", minimum=0, metavar="N",
         help="Ray GPUs per actor, a fraction to share one (default: 1 when --device cuda or "
              "the cluster has GPUs, 0 with --device cpu)"))
-    dtype: str = field(default="float16", metadata=exposed(
+    dtype: str = field(default="int8", metadata=exposed(
         flag="--dtype", job_key="dtype", choices=STORAGE_DTYPES,
-        help="storage dtype of the layers (default %(default)s): float16 (Spark cannot "
-             "read it), float32, or int8 (one float32 scale per vector; about half of "
-             "float16's bytes; docs/dataset_format.md)"))
+        help="storage dtype of the layers (default %(default)s): int8 (one float32 scale "
+             "per vector, about half of float16's bytes), float16 (Spark cannot read it) "
+             "or float32; docs/dataset_format.md"))
     device: str = field(default="auto", metadata=exposed(
         flag="--device", job_key="device", choices=DEVICES,
         help="where the model runs: auto (default: CUDA when the process or Ray actor has a "

@@ -41,3 +41,11 @@ def halves_equal(vectors: np.ndarray) -> bool:
     if dim % 2:
         return False
     return bool(np.array_equal(vectors[:, : dim // 2], vectors[:, dim // 2:]))
+
+
+def as_stored(vectors: np.ndarray, dtype: str) -> np.ndarray:
+    """``[n, dim]`` floats rounded as a dataset of storage ``dtype`` holds them (float32
+    for int8), so that a vector computed now matches a stored one bit for bit."""
+    if dtype == "int8":
+        return dequantize_int8(*quantize_int8(vectors))
+    return np.asarray(vectors).astype(np.float16 if dtype == "float16" else np.float32)

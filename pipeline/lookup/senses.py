@@ -34,6 +34,7 @@ import numpy as np
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex, stem_words
+from schemas.layers import as_stored
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -197,9 +198,8 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
         options, weights = model_files_for(descriptor, model_dir)
         embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
     layers = embedder.embed([query.tokens])[0][:, query.position, :]  # [L+1, 2P]
-    storage = np.float16 if descriptor.dtype == "float16" else np.float32
     # Round like the stored rows, so that a sentence from the corpus finds itself at 0.
-    rows = [layers[k][None, :].astype(storage) for k in range(layers.shape[0])]
+    rows = [as_stored(layers[k][None, :], descriptor.dtype) for k in range(layers.shape[0])]
     return mix_arrays(rows, index.mix)[0]
 
 

@@ -94,7 +94,8 @@ def test_duckdb_reads_the_hive_dataset(tiny_model_dir: Path, tmp_path: Path) -> 
 
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
-    summary = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, n_shards=4))
+    summary = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, n_shards=4,
+                                  dtype="float16"))
     con = duckdb.connect()
     rows = con.execute(
         "SELECT shard, doc_id, count(*) AS n, any_value(len(layer_2)) AS dim, "
