@@ -84,7 +84,8 @@ def stored_layers(dataset: Path) -> tuple[pa.Table, list[np.ndarray]]:
     table = read_tokens(str(dataset)).sort_by([("doc_id", "ascending"),
                                                        ("sent_idx", "ascending"),
                                                        ("tok_idx", "ascending")])
-    layers = [np.array(table[c].to_pylist(), dtype=np.float16) for c in LAYERS]
+    # As stored: float16, or float32 dequantized from int8.
+    layers = [np.stack(table[c].to_numpy(zero_copy_only=False)) for c in LAYERS]
     return table, layers
 
 
@@ -344,7 +345,7 @@ def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
     assert ix.table.count_rows() == len(vectors) + summary.added_rows
     assert not any(i.num_unindexed_rows for i in ix.table.list_indices())
     new = read_tokens(str(ds_copy), filters=[("doc_id", "=", "more.txt:1")])
-    layers = [np.array(new[c].to_pylist(), np.float16) for c in LAYERS]
+    layers = [np.stack(new[c].to_numpy(zero_copy_only=False)) for c in LAYERS]
     query = layer_mix(layers, [0.0, 0.0, 0.0])[3]
     hit = ix.search(query, k=1).to_pylist()[0]
     assert hit["doc_id"] == "more.txt:1" and hit["_distance"] < 1e-5
