@@ -15,7 +15,12 @@ from pipeline.embed import embed_corpus
 from pipeline.lookup.dataset import open_dataset
 from pipeline.lookup.mixes import iter_mixed, mix_arrays
 from pipeline.lookup.sql import connect
-from pipeline.lookup.token_layers import layer_vectors, read_types, stored_columns
+from pipeline.lookup.token_layers import (
+    has_own_layer_0,
+    layer_vectors,
+    read_types,
+    stored_columns,
+)
 from schemas import HALF_LAYER_0, SCHEMA_VERSION
 from schemas.layers import dequantize_int8, quantize_int8
 
@@ -41,7 +46,7 @@ def all_layers(path: Path) -> list[np.ndarray]:
     parts: list[list[np.ndarray]] = [[] for _ in names]
     for file in ds.paths("tokens"):
         table = pq.read_table(file)
-        types = read_types(fs, file)
+        types = None if has_own_layer_0(table.schema) else read_types(fs, file)
         table = table.select(stored_columns(table.schema, names))
         for k, name in enumerate(names):
             parts[k].append(np.asarray(layer_vectors(table, name, types), np.float32))
@@ -118,3 +123,48 @@ def test_appending_v3_to_a_version_2_dataset_is_refused(
     with pytest.raises(ElmoUserError, match=r"schema version 2.*write to a new --out"):
         embed_corpus(config(tiny_model_dir, [str(corpus)], out, dtype="float16",
                             part="more"))
+
+
+def write_as_version_2(v3: Path, out: Path) -> None:
+    """The same dataset in version 2's layout: ``layer_0`` inline, no types files."""
+    import shutil
+
+    import pyarrow as pa
+
+    from pipeline.item_files import token_file_compression
+    from schemas import token_schema
+
+    shutil.copytree(v3, out)
+    shutil.rmtree(out / "types")
+    descriptor = json.loads((out / "_dataset.json").read_text())
+    descriptor["schema_version"] = 2
+    (out / "_dataset.json").write_text(json.dumps(descriptor))
+    schema = token_schema(3, descriptor["dim"], descriptor["dtype"], version=2)
+    for path in sorted(v3.glob("tokens/*/*.parquet")):
+        table = pq.read_table(path)
+        fs = open_dataset(str(v3)).arrow_filesystem()
+        layer_0 = read_types(fs, str(path)).for_tokens(table["token"])
+        full = table.append_column("layer_0", pa.FixedSizeListArray.from_arrays(
+            pa.array(layer_0.reshape(-1)), layer_0.shape[1])).select(schema.names).cast(schema)
+        pq.write_table(full, out / path.relative_to(v3),
+                       compression=token_file_compression(schema), use_dictionary=False)
+    for entry in out.glob("_manifest/*/shard=*.json"):
+        data = json.loads(entry.read_text())
+        data["files"].pop("types", None)
+        entry.write_text(json.dumps(data))
+
+
+def test_a_version_2_dataset_reads_the_same(datasets: dict[str, Path], tmp_path: Path) -> None:
+    """mixes (page reader), SQL and read_tokens on version 2 files give the v3 values."""
+    old = tmp_path / "v2"
+    write_as_version_2(datasets["float16"], old)
+    assert not list(old.glob("types/*"))
+    for mix in ("average", "layer:0"):
+        new_ds, old_ds = open_dataset(str(datasets["float16"])), open_dataset(str(old))
+        want = np.concatenate([v for _, v in iter_mixed(new_ds, new_ds.mix(mix))])
+        got = np.concatenate([v for _, v in iter_mixed(old_ds, old_ds.mix(mix))])
+        np.testing.assert_array_equal(got, want)
+    [(count,)] = connect(str(old)).sql(
+        "SELECT count(elmo_mix(layer_0, layer_1, layer_2, 'top')) FROM tokens").fetchall()
+    assert count == len(want)
+    assert all_layers(old)[0].tolist() == all_layers(datasets["float16"])[0].tolist()
