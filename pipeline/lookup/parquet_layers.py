@@ -326,3 +326,4 @@ def read_vector_column(source: Any, metadata: pq.FileMetaData, row_group: int,
     except UnsupportedLayoutError:
         return None
     return out.reshape(rows, column.dim)
+
