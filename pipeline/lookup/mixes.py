@@ -34,7 +34,6 @@ from pipeline.lookup.dataset import Dataset
 from pipeline.lookup.dataset import open_dataset as open_dataset  # its old home
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mix_specs import resolve_mix as resolve_mix  # its old home
-from pipeline.lookup.parquet_int8 import int8_columns, read_int8_column
 from pipeline.lookup.parquet_layers import (
     UnsupportedLayoutError,
     VectorColumn,
@@ -50,8 +49,6 @@ from pipeline.lookup.token_layers import (
     read_types,
     stored_columns,
 )
-from schemas import SCALE_SUFFIX
-from schemas.layers import dequantize_int8
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -167,8 +164,8 @@ def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_
     workers = workers or max(1, min(4, os.cpu_count() or 1))
     fs = ds.arrow_filesystem()
     buffers = threading.local()  # per worker thread, freed with the pool
-    units = ((path, metadata, direct, int8, types, group)
-             for path, metadata, direct, int8, types in _footers(fs, mix, paths)
+    units = ((path, metadata, direct, types, group)
+             for path, metadata, direct, types in _footers(fs, mix, paths)
              for group in range(metadata.num_row_groups))
     with ThreadPoolExecutor(workers, thread_name_prefix="elmo-mix") as pool:
         pending: deque[Any] = deque()
@@ -183,7 +180,7 @@ def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_
 
 def _footers(fs: Any, mix: Mix, paths: Sequence[str]
              ) -> Iterator[tuple[str, pq.FileMetaData, dict[str, VectorColumn],
-                                 dict[str, VectorColumn], TypeVectors | None]]:
+                                 TypeVectors | None]]:
     """Each file's footer, its directly readable layer columns and (version 3, when the
     mix uses layer 0) its types file, read once per file (a file is opened again per row
     group, on a thread)."""
@@ -197,8 +194,7 @@ def _footers(fs: Any, mix: Mix, paths: Sequence[str]
         check_layers(schema, layer_names, path)
         types = (read_types(fs, path) if "layer_0" in layer_names
                  and not has_own_layer_0(schema) else None)
-        yield (path, metadata, vector_columns(metadata, schema, layer_names),
-               int8_columns(metadata, schema, layer_names), types)
+        yield path, metadata, vector_columns(metadata, schema, layer_names), types
 
 
 def _reused(buffers: Any, slot: str, size: int, dtype: type) -> np.ndarray:
@@ -214,66 +210,38 @@ def _reused(buffers: Any, slot: str, size: int, dtype: type) -> np.ndarray:
 
 
 def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
-                   direct: dict[str, VectorColumn], int8: dict[str, VectorColumn],
-                   types: TypeVectors | None, group: int, mix: Mix, columns: list[str],
-                   buffers: Any) -> tuple[pa.Table, np.ndarray]:
+                   direct: dict[str, VectorColumn], types: TypeVectors | None, group: int,
+                   mix: Mix, columns: list[str], buffers: Any) -> tuple[pa.Table, np.ndarray]:
     import pyarrow.parquet as pq
 
     layer_names = [f"layer_{k}" for k in mix.used_layers]
+    schema = metadata.schema.to_arrow_schema()
     with fs.open_input_file(path) as source:
         parquet = pq.ParquetFile(source, metadata=metadata)
-        pages = bool(direct) and not mix.token_norm
-        # Layers the float page reader cannot take (int8, layer 0 from the types file)
-        # are read whole and accumulated in their turn: the same order, the same bits.
-        arrays = _whole_layers(source, parquet, group, [
-            n for n in layer_names if not (pages and n in direct)], int8, types)
         vectors = None
-        if pages:
-            sources = [direct[n] if n in direct else arrays[n] for n in layer_names]
+        if direct and not mix.token_norm:
+            # Layers the page reader cannot take (int8, layer 0 from the types file) are
+            # read whole and accumulated in their turn: the same order, the same bits.
+            others = [n for n in layer_names if n not in direct]
+            read = parquet.read_row_group(group, columns=stored_columns(schema, others)
+                                          ) if others else None
+            sources = [direct[n] if n in direct else layer_vectors(read, n, types)
+                       for n in layer_names]
             try:
                 vectors = _mix_pages(source, metadata, group, mix, sources, buffers)
             except UnsupportedLayoutError:
                 vectors = None
         if vectors is None:
-            arrays.update(_whole_layers(source, parquet, group,
-                                        [n for n in layer_names if n not in arrays], {}, types))
+            table = parquet.read_row_group(group, columns=stored_columns(schema, layer_names))
             layers: list[np.ndarray | None] = [None] * mix.n_layers
             for k, name in zip(mix.used_layers, layer_names, strict=True):
-                layers[k] = arrays[name]
+                layers[k] = layer_vectors(table, name, types)
             vectors = mix_arrays(layers, mix)
         meta = parquet.read_row_group(group, columns=columns)
     if meta.num_rows != len(vectors):
         raise ElmoUserError(f"{path}: row group {group} has {meta.num_rows} rows but "
                             f"{len(vectors)} vectors")
     return meta, vectors
-
-
-def _whole_layers(source: Any, parquet: pq.ParquetFile, group: int, names: list[str],
-                  int8: dict[str, VectorColumn], types: TypeVectors | None
-                  ) -> dict[str, np.ndarray]:
-    """Layers ``names`` of one row group as floats: int8 ones through the direct int8
-    reader where it applies (their scales, and everything else, through pyarrow)."""
-    if not names:
-        return {}
-    metadata = parquet.metadata
-    quantized = {}
-    for name in names:
-        if name in int8:
-            values = read_int8_column(source, metadata, group, int8[name])
-            if values is not None:
-                quantized[name] = values
-    schema = parquet.schema_arrow
-    wanted = stored_columns(schema, [n for n in names if n not in quantized])
-    wanted += [n + SCALE_SUFFIX for n in quantized]
-    table = parquet.read_row_group(group, columns=wanted)
-    out = {}
-    for name in names:
-        if name in quantized:
-            scale = table.column(name + SCALE_SUFFIX).to_numpy()
-            out[name] = dequantize_int8(quantized[name], scale)
-        else:
-            out[name] = layer_vectors(table, name, types)
-    return out
 
 
 def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,

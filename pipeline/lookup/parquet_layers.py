@@ -326,4 +326,3 @@ def read_vector_column(source: Any, metadata: pq.FileMetaData, row_group: int,
     except UnsupportedLayoutError:
         return None
     return out.reshape(rows, column.dim)
-

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import config, write_corpus
@@ -169,26 +168,3 @@ def test_a_version_2_dataset_reads_the_same(datasets: dict[str, Path], tmp_path:
         "SELECT count(elmo_mix(layer_0, layer_1, layer_2, 'top')) FROM tokens").fetchall()
     assert count == len(want)
     assert all_layers(old)[0].tolist() == all_layers(datasets["float16"])[0].tolist()
-
-
-def test_int8_direct_reader_equals_pyarrow(datasets: dict[str, Path]) -> None:
-    """What the pipeline writes for int8 is what the direct int8 reader reads (no silent
-    fallback), and the same values as pyarrow's."""
-    from pipeline.lookup.parquet_int8 import int8_columns, read_int8_column
-
-    files = [p for table in ("tokens", "types")
-             for p in sorted(datasets["int8"].glob(f"{table}/shard=*/*.parquet"))]
-    for path in files:
-        parquet = pq.ParquetFile(path)
-        names = [n for n in parquet.schema_arrow.names if n.startswith("layer_")
-                 and not n.endswith("_scale")]
-        columns = int8_columns(parquet.metadata, parquet.schema_arrow, names)
-        assert sorted(columns) == names and names
-        with open(path, "rb") as handle:
-            source = pa.PythonFile(handle)
-            for group in range(parquet.num_row_groups):
-                for name in names:
-                    got = read_int8_column(source, parquet.metadata, group, columns[name])
-                    want = parquet.read_row_group(group, columns=[name]).column(name)
-                    assert got is not None
-                    assert np.array_equal(got, np.stack(want.to_numpy(zero_copy_only=False)))
