@@ -5,11 +5,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test quick lint bench clean browser
+.PHONY: run test quick lint bench clean system-packages
 
-# The explorer page's test drives a real headless browser: Debian's chromium and its
-# driver (CI is a fresh Debian machine, as root). Installed only when missing.
-BROWSER_PACKAGES := chromium chromium-driver curl
+# System packages some tests drive, installed with apt-get only when missing (CI is a fresh
+# Debian machine, as root): Debian's chromium and its driver for the explorer page's
+# browser test, curl for the README's serve commands, a Java runtime for pyspark
+# (tests/lookup/test_engines.py).
+SYSTEM_PACKAGES := chromium chromium-driver curl default-jre-headless
+SYSTEM_COMMANDS := chromium chromedriver curl java
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,16 +25,16 @@ run: $(STAMP)
 	$(VENV)/bin/elmo demo
 	@echo "elmo is installed in $(VENV)/bin: run \`. $(VENV)/bin/activate\` to put it on your PATH (README, \"Using it\")"
 
-browser:
-	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null \
-	    || ! command -v curl >/dev/null; then \
-	  echo "installing $(BROWSER_PACKAGES) (for tests/lookup/test_serve_browser.py)"; \
+system-packages:
+	@missing=""; for c in $(SYSTEM_COMMANDS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing $(SYSTEM_PACKAGES) (missing:$$missing) for the browser, README and engine tests"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(BROWSER_PACKAGES); \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(SYSTEM_PACKAGES); \
 	fi
 
-test: $(STAMP) browser
+test: $(STAMP) system-packages
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -rs
 

@@ -44,16 +44,32 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.embed import token_file_compression
+from pipeline.item_files import TokenWriter
 from pipeline.lookup.dataset import open_dataset
 from pipeline.lookup.index import SenseIndex, build_index, token_filter
 from pipeline.lookup.mixes import iter_mixed
 from pipeline.lookup.senses import nearest_distinct
-from schemas import DatasetDescriptor, token_schema
+from schemas import STORAGE_DTYPES, DatasetDescriptor
+
+
+class _ShardFiles:
+    """Where the pipeline's TokenWriter puts a shard's files here: at their final names
+    (a bench dataset needs no staging or checksums)."""
+
+    def __init__(self, out: Path, shard: int) -> None:
+        self.out, self.shard = out, shard
+
+    def open(self, table: str):
+        folder = self.out / table / f"shard={self.shard}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return open(folder / "main.parquet", "wb")
+
+    def closed(self, table: str, handle) -> None:
+        handle.close()
 
 
 def write_synthetic(out: Path, n_tokens: int, dim: int, n_shards: int = 4, vocab: int = 20_000,
-                    seed: int = 0) -> dict[str, np.ndarray]:
+                    seed: int = 0, dtype: str = "float16") -> dict[str, np.ndarray]:
     """Write the dataset; returns the float32 top-layer vectors and tokens for ground truth."""
     rng = np.random.default_rng(seed)
     ranks = np.arange(1, vocab + 1)
@@ -65,12 +81,10 @@ def write_synthetic(out: Path, n_tokens: int, dim: int, n_shards: int = 4, vocab
     senses = (rng.random(n_tokens) * n_senses[words]).astype(np.int64)
     descriptor = DatasetDescriptor(
         model_fingerprint="synthetic-" + hashlib.sha256(f"{seed}".encode()).hexdigest()[:16],
-        n_output_layers=3, dim=dim, dtype="float16", n_shards=n_shards,
+        n_output_layers=3, dim=dim, dtype=dtype, n_shards=n_shards,
         tokenizer={"name": "synthetic", "version": "1"}, model={"synthetic": True})
     out.mkdir(parents=True)
     (out / "_dataset.json").write_text(descriptor.to_json())
-    schema = token_schema(3, dim, "float16")
-    rows_per_group = max(1024, (64 << 20) // (3 * dim * 2))
     top = np.empty((n_tokens, dim), np.float16)
     per_shard = np.array_split(np.arange(n_tokens), n_shards)
     for shard, idx in enumerate(per_shard):
@@ -91,14 +105,14 @@ def write_synthetic(out: Path, n_tokens: int, dim: int, n_shards: int = 4, vocab
             "char_start": pa.array((idx % 20) * 6, pa.int32()),
             "char_end": pa.array((idx % 20) * 6 + 5, pa.int32()),
         }
+        value_dtype = np.float16 if dtype == "float16" else np.float32
         for k, layer in enumerate((layer0, layer1, layer2)):
             cols[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(
-                pa.array(layer.astype(np.float16).reshape(-1)), dim)
-        folder = out / "tokens" / f"shard={shard}"
-        folder.mkdir(parents=True)
-        pq.write_table(pa.table(cols, schema=schema), folder / "main.parquet",
-                       compression=token_file_compression(schema),
-                       use_dictionary=["doc_id", "token"], row_group_size=rows_per_group)
+                pa.array(layer.astype(value_dtype).reshape(-1)), dim)
+        # The pipeline's own writer: the stored layout of ``dtype`` (types file, int8).
+        writer = TokenWriter(_ShardFiles(out, shard), 3, dim, dtype)  # type: ignore[arg-type]
+        writer.add(pa.table(cols))
+        writer.finish()
         sent_ids = np.unique(sent)
         sentences = pa.table({
             "doc_id": pa.array([f"doc{s // 10}" for s in sent_ids]),
@@ -120,7 +134,8 @@ def write_synthetic(out: Path, n_tokens: int, dim: int, n_shards: int = 4, vocab
         manifest.mkdir(parents=True, exist_ok=True)
         (manifest / f"shard={shard}.json").write_text(json.dumps({
             "shard": shard, "part": "main", "run_id": "bench", "counts": {"tokens": n},
-            "files": {"tokens": f"tokens/shard={shard}/main.parquet"}}))
+            "files": {t: f"{t}/shard={shard}/main.parquet" for t in ("tokens", "types")
+                      if (out / t / f"shard={shard}").exists()}}))
     return {"top": top.astype(np.float32), "words": words}
 
 
@@ -378,6 +393,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--skip-sql", action="store_true")
+    parser.add_argument("--dtype", choices=STORAGE_DTYPES, default="float16",
+                        help="storage dtype of the synthetic dataset")
     parser.add_argument("--skip-index", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="nprobes x ef grid")
     parser.add_argument("--grid", help="ANN settings to measure besides the defaults, as "
@@ -423,7 +440,7 @@ def main() -> int:
     if ds_dir.exists():
         shutil.rmtree(ds_dir)
     t0 = time.perf_counter()
-    data = write_synthetic(ds_dir, args.tokens, args.dim)
+    data = write_synthetic(ds_dir, args.tokens, args.dim, dtype=args.dtype)
     print(f"  wrote synthetic dataset in {time.perf_counter() - t0:.1f} s "
           f"({sum(f.stat().st_size for f in ds_dir.rglob('*.parquet')) / 1e6:,.0f} MB)")
     results.update(bench_mix(str(ds_dir), args.tokens, args.repeat))

@@ -27,7 +27,7 @@ DEFAULT_MAX_SENTENCE_TOKENS = 256
 DEFAULT_WINDOW_OVERLAP = 32
 # schemas.STORAGE_DTYPES (which imports pyarrow, too slow for CLI start-up); a test
 # checks the two agree.
-STORAGE_DTYPES = ("float16", "float32")
+STORAGE_DTYPES = ("float16", "float32", "int8")
 EXECUTORS = ("auto", "local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
@@ -118,9 +118,11 @@ class EmbedConfig:
         flag="--gpus-per-actor", job_key="ray.num_gpus", minimum=0, metavar="N",
         help="Ray GPUs per actor, a fraction to share one (default: 1 when --device cuda or "
              "the cluster has GPUs, 0 with --device cpu)"))
-    dtype: str = field(default="float16", metadata=exposed(
+    dtype: str = field(default="int8", metadata=exposed(
         flag="--dtype", job_key="dtype", choices=STORAGE_DTYPES,
-        help="storage dtype of the layers (default %(default)s)"))
+        help="storage dtype of the layers (default %(default)s): int8 (one float32 scale "
+             "per vector, about half of float16's bytes), float16 (Spark cannot read it) "
+             "or float32; docs/dataset_format.md"))
     device: str = field(default="auto", metadata=exposed(
         flag="--device", job_key="device", choices=DEVICES,
         help="where the model runs: auto (default: CUDA when the process or Ray actor has a "

@@ -126,10 +126,10 @@ def ensure_descriptor(fs: Any, root: str, wanted: DatasetDescriptor) -> bool:
         return True
     if current.schema_version < wanted.schema_version:
         raise ElmoUserError(
-            f"{root} is an elmo-store dataset of schema version {current.schema_version} "
-            f"(documents placed in shards by a hash); this release writes version "
-            f"{wanted.schema_version} (shards are work items) and cannot add to it: write to a "
-            "new --out (old datasets stay readable), or re-embed the corpus there")
+            f"{root} is an elmo-store dataset of schema version {current.schema_version}; "
+            f"this release writes version {wanted.schema_version} "
+            "(docs/dataset_format.md) and cannot add to it: write to a new --out (old "
+            "datasets stay readable), or re-embed the corpus there")
     raise ElmoUserError(
         f"refusing to write into {root}: it was made with different settings "
         f"({'; '.join(problems)}); choose another --out or the same model/settings"

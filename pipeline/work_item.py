@@ -225,6 +225,7 @@ def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
     starts, own_start, own_end = (np.array(col, np.int32)
                                   for col in (cols.start, cols.own_start, cols.own_end))
     lo, hi = own_start - starts, own_end - starts
+    # int8 is quantized by the writer (pipeline/item_files.py), from float32.
     np_dtype = np.float16 if dtype == "float16" else np.float32
     stacked = np.concatenate([arr[:, a:b] for arr, a, b in zip(layers, lo, hi, strict=True)],
                              axis=1) if layers else np.zeros((n_out, 0, dim), np.float32)
@@ -295,7 +296,8 @@ class ItemWorker:
             tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
             model_tokens += sum(len(r.tokens) for r in rows)
         content.windows = []
-        counts = {"tokens": tokens.finish(), "sentences": len(content.sentences),
+        counts = {"tokens": tokens.finish(), "types": len(tokens.type_rows),
+                  "sentences": len(content.sentences),
                   "documents": len(content.documents), "errors": len(content.errors)}
         write_small_tables(files, {"sentences": content.sentences,
                                    "documents": content.documents, "errors": content.errors})

@@ -16,12 +16,17 @@ import pyarrow as pa
 
 # 2: shards are work items (byte ranges of the inputs, numbered per part), not
 #    sha256(doc_id) mod n_shards; the file layout and every table are unchanged.
-SCHEMA_VERSION = 2
+# 3: ``layer_0`` moves from ``tokens`` to the ``types`` table (one row per distinct token
+#    of a file; only the first half when its halves are equal); ``int8`` storage.
+SCHEMA_VERSION = 3
+TYPES_SINCE_VERSION = 3
 DATASET_FORMAT = "elmo-store/token-activations"
 DESCRIPTOR_FILE = "_dataset.json"
 PARTITION_COLUMN = "shard"
-TABLES = ("tokens", "sentences", "documents", "errors")
-STORAGE_DTYPES = ("float16", "float32")
+TABLES = ("tokens", "sentences", "documents", "errors", "types")
+STORAGE_DTYPES = ("float16", "float32", "int8")
+SCALE_SUFFIX = "_scale"  # int8 layers: ``layer_k`` holds int8 values, ``layer_k_scale`` their scale
+HALF_LAYER_0 = "layer_0_half"  # the types table's layer 0 when its two halves are equal
 
 
 def layer_columns(n_output_layers: int) -> list[str]:
@@ -29,16 +34,34 @@ def layer_columns(n_output_layers: int) -> list[str]:
     return [f"layer_{k}" for k in range(n_output_layers)]
 
 
-def token_schema(n_output_layers: int, dim: int, dtype: str = "float16") -> pa.Schema:
+def _value_type(dtype: str) -> pa.DataType:
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"dtype must be one of {STORAGE_DTYPES}, not {dtype!r}")
+    return {"float16": pa.float16(), "float32": pa.float32(), "int8": pa.int8()}[dtype]
+
+
+def vector_fields(name: str, dim: int, dtype: str) -> list[pa.Field]:
+    """A stored vector: ``name`` as a fixed-size list of ``dtype``; with int8, followed
+    by ``name_scale`` (float32): value = int8 value x scale (schemas.layers)."""
+    fields = [pa.field(name, pa.list_(_value_type(dtype), dim), nullable=False)]
+    if dtype == "int8":
+        fields.append(pa.field(name + SCALE_SUFFIX, pa.float32(), nullable=False))
+    return fields
+
+
+def _version_metadata(version: int) -> dict[bytes, bytes]:
+    return {b"elmo_store_schema_version": str(version).encode()}
+
+
+def token_schema(n_output_layers: int, dim: int, dtype: str = "float16",
+                 version: int = SCHEMA_VERSION) -> pa.Schema:
     """One row per stored token; the hive partition column ``shard`` lives in the path.
 
     ``token == sentence_text_of_doc[char_start:char_end]`` always holds (offsets count
     Unicode code points of the document text), so tokens are never rewritten (no PTB
     quote conversion) and tokens longer than the model's 50 chars are stored whole.
+    From version 3 ``layer_0`` is in the ``types`` table (``types_schema``), not here.
     """
-    if dtype not in STORAGE_DTYPES:
-        raise ValueError(f"dtype must be one of {STORAGE_DTYPES}, not {dtype!r}")
-    value_type = pa.float16() if dtype == "float16" else pa.float32()
     fields = [
         pa.field("doc_id", pa.string(), nullable=False),
         pa.field("sent_idx", pa.int32(), nullable=False),
@@ -47,11 +70,23 @@ def token_schema(n_output_layers: int, dim: int, dtype: str = "float16") -> pa.S
         pa.field("char_start", pa.int32(), nullable=False),
         pa.field("char_end", pa.int32(), nullable=False),
     ]
-    fields += [
-        pa.field(name, pa.list_(value_type, dim), nullable=False)
-        for name in layer_columns(n_output_layers)
-    ]
-    return pa.schema(fields, metadata={b"elmo_store_schema_version": str(SCHEMA_VERSION).encode()})
+    if dtype == "int8" and version < TYPES_SINCE_VERSION:
+        raise ValueError(f"int8 layers need schema version {TYPES_SINCE_VERSION}")
+    first = 1 if version >= TYPES_SINCE_VERSION else 0
+    for name in layer_columns(n_output_layers)[first:]:
+        fields += vector_fields(name, dim, dtype)
+    return pa.schema(fields, metadata=_version_metadata(version))
+
+
+def types_schema(dim: int, dtype: str, halved: bool) -> pa.Schema:
+    """Version 3: one row per distinct token string of a tokens file, in order of first
+    occurrence, with that token's ``layer_0`` (context free, so the same for every
+    occurrence); ``layer_0_half`` (``dim / 2`` values) instead when the model's layer 0
+    is ``[x; x]``, as ELMo's is: ``layer_0 = layer_0_half || layer_0_half``."""
+    name, width = (HALF_LAYER_0, dim // 2) if halved else ("layer_0", dim)
+    fields = [pa.field("token", pa.string(), nullable=False),
+              *vector_fields(name, width, dtype)]
+    return pa.schema(fields, metadata=_version_metadata(SCHEMA_VERSION))
 
 
 SENTENCE_SCHEMA = pa.schema(
@@ -117,7 +152,7 @@ class DatasetDescriptor:
         return layer_columns(self.n_output_layers)
 
     def token_schema(self) -> pa.Schema:
-        return token_schema(self.n_output_layers, self.dim, self.dtype)
+        return token_schema(self.n_output_layers, self.dim, self.dtype, self.schema_version)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"

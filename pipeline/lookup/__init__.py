@@ -5,6 +5,8 @@
 - ``mix_specs``: named layer mixes (top, average, layer:k, fitted ones): what a mix is.
 - ``mixes``: mixes applied as layers are read (``iter_mixed``, ``mix_arrays``).
 - ``parquet_layers``: the direct decoder of float16 layer columns ``iter_mixed`` uses.
+- ``token_layers``: every layer as floats whatever the stored layout (schema v1-3: layer 0
+  from the ``types`` files, int8 times its scale); ``read_tokens`` for small datasets.
 - ``sql``: DuckDB views over a dataset plus the ``elmo_mix`` / ``elmo_cosine`` functions.
 - ``index``: the LanceDB index of mixed token vectors (with word stems) for sense search.
 - ``senses``: sense search (nearest occurrences of a word in context); re-exports the

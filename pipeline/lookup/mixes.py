@@ -41,6 +41,15 @@ from pipeline.lookup.parquet_layers import (
     iter_vector_pages,
     vector_columns,
 )
+from pipeline.lookup.token_layers import (
+    TypeVectors,
+    check_layers,
+    has_own_layer_0,
+    layer_vectors,
+    matrix,
+    read_types,
+    stored_columns,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -52,28 +61,7 @@ _TOKEN_NORM_EPS = 1e-12  # the epsilon of elmo_model.scalar_mix's layer norm
 # --------------------------------------------------------------------------- mixing
 
 
-def fsl_to_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """``[n, dim]`` numpy view of a fixed-size-list column (no copy for one chunk).
-
-    ``flatten()`` honours slice offsets and is zero-copy for a fixed-size list without
-    nulls; several chunks are concatenated (one copy), so callers iterate batches.
-    """
-    import pyarrow as pa
-
-    if isinstance(array, pa.ChunkedArray):
-        if array.num_chunks == 1:
-            array = array.chunk(0)
-        else:
-            parts = [fsl_to_numpy(c) for c in array.chunks if len(c)]
-            dim = array.type.list_size
-            return np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
-    if not pa.types.is_fixed_size_list(array.type):
-        raise ElmoUserError(f"expected a fixed-size list column of vectors, got {array.type}")
-    dim = array.type.list_size
-    if array.null_count:
-        raise ElmoUserError("layer column holds nulls")
-    values = array.flatten().to_numpy(zero_copy_only=True)
-    return values.reshape(len(array), dim)
+fsl_to_numpy = matrix  # its old name: ``[n, dim]`` view of a fixed-size-list column
 
 
 def _token_norm(layer: np.ndarray) -> np.ndarray:
@@ -157,13 +145,6 @@ def _tensor(array: np.ndarray) -> Any:
         return torch.from_numpy(array)
 
 
-def _check_layers(ds: Dataset, schema: pa.Schema, mix: Mix, path: str) -> None:
-    missing = [f"layer_{k}" for k in mix.used_layers if f"layer_{k}" not in schema.names]
-    if missing:
-        raise ElmoUserError(f"{path} has no layer columns {missing}: "
-                            f"this dataset stores no layers to mix")
-
-
 def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_idx", "tok_idx",
                                                                   "token"),
                files: Sequence[str] | None = None, batch_rows: int = 1 << 16,
@@ -184,8 +165,8 @@ def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_
     workers = workers or max(1, min(4, os.cpu_count() or 1))
     fs = ds.arrow_filesystem()
     buffers = threading.local()  # per worker thread, freed with the pool
-    units = ((path, metadata, direct, group)
-             for path, metadata, direct in _footers(ds, fs, mix, paths)
+    units = ((path, metadata, direct, types, group)
+             for path, metadata, direct, types in _footers(fs, mix, paths)
              for group in range(metadata.num_row_groups))
     with ThreadPoolExecutor(workers, thread_name_prefix="elmo-mix") as pool:
         pending: deque[Any] = deque()
@@ -198,10 +179,12 @@ def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_
             yield from _split(*pending.popleft().result(), batch_rows)
 
 
-def _footers(ds: Dataset, fs: Any, mix: Mix, paths: Sequence[str]
-             ) -> Iterator[tuple[str, pq.FileMetaData, dict[str, VectorColumn]]]:
-    """Each file's footer and its directly readable layer columns, found once per file (a
-    file is opened again per row group, on a thread)."""
+def _footers(fs: Any, mix: Mix, paths: Sequence[str]
+             ) -> Iterator[tuple[str, pq.FileMetaData, dict[str, VectorColumn],
+                                 TypeVectors | None]]:
+    """Each file's footer, its directly readable layer columns and (version 3, when the
+    mix uses layer 0) its types file, read once per file (a file is opened again per row
+    group, on a thread)."""
     import pyarrow.parquet as pq
 
     layer_names = [f"layer_{k}" for k in mix.used_layers]
@@ -209,8 +192,10 @@ def _footers(ds: Dataset, fs: Any, mix: Mix, paths: Sequence[str]
         with fs.open_input_file(path) as source:
             metadata = pq.read_metadata(source)
         schema = metadata.schema.to_arrow_schema()
-        _check_layers(ds, schema, mix, path)
-        yield path, metadata, vector_columns(metadata, schema, layer_names)
+        check_layers(schema, layer_names, path)
+        types = (read_types(fs, path) if "layer_0" in layer_names
+                 and not has_own_layer_0(schema) else None)
+        yield path, metadata, vector_columns(metadata, schema, layer_names), types
 
 
 def _reused(buffers: Any, slot: str, size: int, dtype: type) -> np.ndarray:
@@ -226,12 +211,13 @@ def _reused(buffers: Any, slot: str, size: int, dtype: type) -> np.ndarray:
 
 
 def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
-                   direct: dict[str, VectorColumn], group: int, mix: Mix, columns: list[str],
-                   buffers: Any) -> tuple[pa.Table, np.ndarray]:
+                   direct: dict[str, VectorColumn], types: TypeVectors | None, group: int,
+                   mix: Mix, columns: list[str], buffers: Any) -> tuple[pa.Table, np.ndarray]:
     """One row group's metadata columns and mixed vectors; a page that fails its CRC
     (our page reader or pyarrow's) is a damaged file, named with the fix."""
     try:
-        return _read_row_group(fs, path, metadata, direct, group, mix, columns, buffers)
+        return _read_row_group(fs, path, metadata, direct, types, group, mix, columns,
+                               buffers)
     except (CorruptPageError, OSError) as error:
         if not isinstance(error, CorruptPageError) and "checksum" not in str(error).lower():
             raise
@@ -241,25 +227,32 @@ def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
 
 
 def _read_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
-                    direct: dict[str, VectorColumn], group: int, mix: Mix,
-                    columns: list[str], buffers: Any) -> tuple[pa.Table, np.ndarray]:
+                    direct: dict[str, VectorColumn], types: TypeVectors | None, group: int,
+                    mix: Mix, columns: list[str], buffers: Any) -> tuple[pa.Table, np.ndarray]:
     import pyarrow.parquet as pq
 
     layer_names = [f"layer_{k}" for k in mix.used_layers]
+    schema = metadata.schema.to_arrow_schema()
     with fs.open_input_file(path) as source:
         parquet = pq.ParquetFile(source, metadata=metadata, page_checksum_verification=True)
         vectors = None
-        if len(direct) == len(layer_names) and not mix.token_norm:
+        if direct and not mix.token_norm:
+            # Layers the page reader cannot take (int8, layer 0 from the types file) are
+            # read whole and accumulated in their turn: the same order, the same bits.
+            others = [n for n in layer_names if n not in direct]
+            read = parquet.read_row_group(group, columns=stored_columns(schema, others)
+                                          ) if others else None
+            sources = [direct[n] if n in direct else layer_vectors(read, n, types)
+                       for n in layer_names]
             try:
-                vectors = _mix_pages(source, metadata, group, mix,
-                                     [direct[name] for name in layer_names], buffers)
+                vectors = _mix_pages(source, metadata, group, mix, sources, buffers)
             except UnsupportedLayoutError:
                 vectors = None
         if vectors is None:
-            table = parquet.read_row_group(group, columns=layer_names)
+            table = parquet.read_row_group(group, columns=stored_columns(schema, layer_names))
             layers: list[np.ndarray | None] = [None] * mix.n_layers
             for k, name in zip(mix.used_layers, layer_names, strict=True):
-                layers[k] = fsl_to_numpy(table.column(name))
+                layers[k] = layer_vectors(table, name, types)
             vectors = mix_arrays(layers, mix)
         meta = parquet.read_row_group(group, columns=columns)
     if meta.num_rows != len(vectors):
@@ -269,7 +262,7 @@ def _read_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
 
 
 def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
-               columns: Sequence[VectorColumn], buffers: Any) -> np.ndarray:
+               columns: Sequence[VectorColumn | np.ndarray], buffers: Any) -> np.ndarray:
     """``mix_arrays`` fused with the page reader: each decompressed page is widened,
     scaled and added into its span of the output (``accumulate``) while it is still in
     cache, so the result is bitwise ``mix_arrays``'s. What fusing saves is a float16 copy
@@ -278,10 +271,20 @@ def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
     import torch
 
     row_group = metadata.row_group(group)
-    rows, dim = row_group.num_rows, columns[0].dim
+    rows = row_group.num_rows
+    dim = next(c.dim if isinstance(c, VectorColumn) else c.shape[1] for c in columns)
     out = np.empty((rows, dim), np.float32)
     flat = torch.from_numpy(out).view(-1)
     for i, (column, weight) in enumerate(zip(columns, scaled_weights(mix), strict=True)):
+        if isinstance(column, np.ndarray):  # read whole: one accumulate over every row
+            if column.shape != out.shape:
+                raise ElmoUserError(f"layer arrays differ in shape ({column.shape} vs "
+                                    f"{out.shape})")
+            scratch = None if i == 0 else torch.from_numpy(
+                _reused(buffers, "page", out.size, np.float32))
+            accumulate(flat, _tensor(np.ascontiguousarray(column).reshape(-1)), weight,
+                       i == 0, scratch)
+            continue
         if column.dim != dim:
             raise ElmoUserError(f"layer columns differ in size ({column.dim} vs {dim})")
         start = 0

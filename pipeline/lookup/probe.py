@@ -23,7 +23,13 @@ import numpy as np
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import open_dataset, save_mix
 from pipeline.lookup.mix_specs import Mix, check_name
-from pipeline.lookup.mixes import fsl_to_numpy
+from pipeline.lookup.token_layers import (
+    check_layers,
+    has_own_layer_0,
+    layer_vectors,
+    read_types,
+    stored_columns,
+)
 
 KEYS = ["doc_id", "sent_idx", "tok_idx"]
 
@@ -84,24 +90,33 @@ def gather(dataset: str, labels: Any) -> tuple[list[np.ndarray], np.ndarray, lis
     files = ds.paths("tokens")
     if not files:
         raise ElmoUserError(f"{dataset} has no committed shards yet")
-    source = pads.dataset(files, format="parquet", filesystem=ds.arrow_filesystem())
-    if any(c not in source.schema.names for c in layer_cols):
-        raise ElmoUserError(f"{dataset} stores no layer columns to fit a mix on")
+    fs = ds.arrow_filesystem()
     wanted = pads.field("doc_id").isin(pa.array(labels["doc_id"].unique()))
     layers: list[list[np.ndarray]] = [[] for _ in range(n_layers)]
     keys: list[Any] = []
-    for batch in source.to_batches(columns=KEYS + layer_cols, filter=wanted):
-        if not batch.num_rows:
-            continue
-        meta = pa.table({k: batch.column(k) for k in KEYS}).append_column(
-            "_row", pa.array(np.arange(batch.num_rows), pa.int64()))
-        hit = meta.join(labels, keys=KEYS, join_type="inner").sort_by("_row")
-        if not hit.num_rows:
-            continue
-        rows = hit["_row"].to_numpy()
-        for k, col in enumerate(layer_cols):
-            layers[k].append(fsl_to_numpy(batch.column(col))[rows].astype(np.float32))
-        keys.append(hit.select([*KEYS, "label"]))
+    for path in files:  # per file: a version 3 file's layer 0 is in its own types file
+        source = pads.dataset(path, format="parquet", filesystem=fs)
+        try:
+            check_layers(source.schema, layer_cols, path)
+        except ElmoUserError:
+            raise ElmoUserError(f"{dataset} stores no layer columns to fit a mix on") from None
+        columns = list(dict.fromkeys(KEYS + stored_columns(source.schema, layer_cols)))
+        types = None
+        for batch in source.to_batches(columns=columns, filter=wanted):
+            if not batch.num_rows:
+                continue
+            meta = pa.table({k: batch.column(k) for k in KEYS}).append_column(
+                "_row", pa.array(np.arange(batch.num_rows), pa.int64()))
+            hit = meta.join(labels, keys=KEYS, join_type="inner").sort_by("_row")
+            if not hit.num_rows:
+                continue
+            if types is None and not has_own_layer_0(source.schema):
+                types = read_types(fs, path)
+            rows = hit["_row"].to_numpy()
+            for k, col in enumerate(layer_cols):
+                layers[k].append(np.asarray(layer_vectors(batch, col, types)[rows],
+                                            np.float32))
+            keys.append(hit.select([*KEYS, "label"]))
     if not keys:
         raise ElmoUserError("no labelled token was found in the dataset (check doc_id, "
                             "sent_idx, tok_idx)")

@@ -47,6 +47,7 @@ from pipeline.lookup.sense_clusters import (
 )
 from pipeline.lookup.sense_hits import Hit, distinct_contexts, hits_from_table
 from pipeline.tokenize import get_tokenizer, tokenizer_names
+from schemas.layers import as_stored
 
 if TYPE_CHECKING:
 
@@ -160,9 +161,8 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
 
 def query_vector(layers: np.ndarray, mix: Mix, descriptor: DatasetDescriptor) -> np.ndarray:
     """The mixed vector of one token's ``[L+1, 2P]`` layers, as the stored ones were made."""
-    storage = np.float16 if descriptor.dtype == "float16" else np.float32
     # Round like the stored rows, so that a sentence from the corpus finds itself at 0.
-    rows = [layers[k][None, :].astype(storage) for k in range(layers.shape[0])]
+    rows = [as_stored(layers[k][None, :], descriptor.dtype) for k in range(layers.shape[0])]
     return mix_arrays(rows, mix)[0]
 
 

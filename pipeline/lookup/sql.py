@@ -4,7 +4,9 @@
     con.sql("SELECT token, count(*) FROM tokens GROUP BY ALL ORDER BY 2 DESC LIMIT 5").show()
     con.execute("SELECT * FROM tokens WHERE token = $w", {"w": "bank"})
 
-Views: ``tokens`` (with ``layer_0..layer_L`` as ``FLOAT[]``: DuckDB widens float16),
+Views: ``tokens`` (with ``layer_0..layer_L`` as ``FLOAT[]``: DuckDB widens float16; from
+schema version 3 layer 0 is joined in from the ``types`` files and int8 layers are
+multiplied by their scales),
 ``sentences``, ``documents``, ``errors``, each with the hive column ``shard``. Only files
 of committed shards are in the views, so a query never sees a half-written run.
 
@@ -37,7 +39,14 @@ from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import Dataset, open_dataset
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mixes import iter_mixed, mix_arrays
-from schemas import PARTITION_COLUMN, TABLE_SCHEMAS
+from pipeline.lookup.token_layers import types_path
+from schemas import (
+    HALF_LAYER_0,
+    PARTITION_COLUMN,
+    SCALE_SUFFIX,
+    TABLE_SCHEMAS,
+    TYPES_SINCE_VERSION,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -143,7 +152,10 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
         if not paths:
             continue
         # The relation API takes the file list as values: nothing is pasted into SQL text.
-        relation = con.read_parquet(paths, hive_partitioning=True)
+        if view == "tokens" and ds.descriptor.schema_version >= TYPES_SINCE_VERSION:
+            relation = _v3_tokens(con, ds, paths)
+        else:
+            relation = con.read_parquet(paths, hive_partitioning=True)
         relation.create_view(view, replace=True)
         columns[view] = list(relation.columns)
     if not columns:
@@ -158,6 +170,42 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
     if layers and all(c in columns.get("tokens", []) for c in layers):
         _register_functions(con, ds)
     return con
+
+
+def _dequantized(column: str, names: list[str]) -> str:
+    """SQL for a stored vector column as FLOAT[] (int8 values times their scale)."""
+    if column + SCALE_SUFFIX in names:
+        return f"list_transform({column}, lambda v: v * {column}{SCALE_SUFFIX})"
+    return column
+
+
+def _v3_tokens(con: duckdb.DuckDBPyConnection, ds: Dataset, paths: list[str]) -> Any:
+    """The ``tokens`` view of a version 3 dataset: columns as in versions 1/2, layer 0
+    joined in from each file's own types file (the plain join docs/dataset_format.md
+    shows) and int8 layers widened to FLOAT[]."""
+    rows = con.read_parquet(paths, hive_partitioning=True, filename=True)
+    if not any(c.startswith("layer_") for c in rows.columns):  # files that keep no layers
+        return con.read_parquet(paths, hive_partitioning=True)
+    types = con.read_parquet([types_path(p) for p in paths], filename=True)
+    rows.create_view("elmo_token_rows", replace=True)
+    types.create_view("elmo_type_rows", replace=True)
+    keys = ["doc_id", "sent_idx", "tok_idx", "token", "char_start", "char_end"]
+    select = [f"t.{k}" for k in keys]
+    if HALF_LAYER_0 in types.columns:
+        half = _dequantized(f"y.{HALF_LAYER_0}", [f"y.{c}" for c in types.columns])
+        select.append(f"list_concat({half}, {half}) AS layer_0")
+    else:
+        select.append(_dequantized("y.layer_0", [f"y.{c}" for c in types.columns])
+                      + " AS layer_0")
+    for k in range(1, ds.descriptor.n_output_layers):
+        select.append(_dequantized(f"t.layer_{k}", [f"t.{c}" for c in rows.columns])
+                      + f" AS layer_{k}")
+    select.append(f"t.{PARTITION_COLUMN}")
+    # A tokens file's types file is the same shard=k/<part>.parquet under types/.
+    return con.sql(
+        f"SELECT {', '.join(select)} FROM elmo_token_rows t JOIN elmo_type_rows y "
+        "ON y.token = t.token AND y.filename = "
+        "regexp_replace(t.filename, '/tokens/([^/]+/[^/]+)$', '/types/\\1')")
 
 
 def materialize_mix(con: duckdb.DuckDBPyConnection, dataset: str | Dataset, mix: str | Mix,

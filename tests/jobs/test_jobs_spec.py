@@ -94,7 +94,7 @@ def test_the_documented_example_is_a_valid_spec(tmp_path: Path) -> None:
     ('source = "a/*"\noutput = "o"\nshards = 0\n', "shards: must be at least 1, not 0"),
     ('source = "a/*"\noutput = "o"\nshards = true\n', "shards: must be an integer, not True"),
     ('source = "a/*"\noutput = "o"\ndtype = "bfloat16"\n',
-     "dtype: must be one of float16, float32, not 'bfloat16'"),
+     "dtype: must be one of float16, float32, int8, not 'bfloat16'"),
     ('source = "a/*"\noutput = "o"\nschedule = "0 25 * * *"\n',
      "schedule: not a valid 5-field cron expression: '0 25 * * *'"),
     ('source = "a/*"\noutput = "o"\nschedule = "@daily now"\n', "schedule: not a valid"),

@@ -22,6 +22,7 @@ from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
 from pipeline.lookup.dataset import load_mixes, open_dataset, save_mix
 from pipeline.lookup.mix_specs import Mix, resolve_mix
 from pipeline.lookup.mixes import iter_mixed
+from pipeline.lookup.token_layers import read_tokens
 
 MONEY = [
     "She deposited her salary at the bank on Monday morning.",
@@ -80,10 +81,11 @@ def dataset(fixture_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 def stored_layers(dataset: Path) -> tuple[pa.Table, list[np.ndarray]]:
     """Every token row and its layers, read independently of pipeline.lookup.mixes (sorted)."""
-    table = pq.read_table(dataset / "tokens").sort_by([("doc_id", "ascending"),
+    table = read_tokens(str(dataset)).sort_by([("doc_id", "ascending"),
                                                        ("sent_idx", "ascending"),
                                                        ("tok_idx", "ascending")])
-    layers = [np.array(table[c].to_pylist(), dtype=np.float16) for c in LAYERS]
+    # As stored: float16, or float32 dequantized from int8.
+    layers = [np.stack(table[c].to_numpy(zero_copy_only=False)) for c in LAYERS]
     return table, layers
 
 
@@ -342,8 +344,8 @@ def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
     ix = SenseIndex(str(tmp_path / "ix"))
     assert ix.table.count_rows() == len(vectors) + summary.added_rows
     assert not any(i.num_unindexed_rows for i in ix.table.list_indices())
-    new = pq.read_table(ds_copy / "tokens", filters=[("doc_id", "=", "more.txt:1")])
-    layers = [np.array(new[c].to_pylist(), np.float16) for c in LAYERS]
+    new = read_tokens(str(ds_copy), filters=[("doc_id", "=", "more.txt:1")])
+    layers = [np.stack(new[c].to_numpy(zero_copy_only=False)) for c in LAYERS]
     query = layer_mix(layers, [0.0, 0.0, 0.0])[3]
     hit = ix.search(query, k=1).to_pylist()[0]
     assert hit["doc_id"] == "more.txt:1" and hit["_distance"] < 1e-5

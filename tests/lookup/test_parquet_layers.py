@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,7 @@ from pipeline.lookup.dataset import open_dataset
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mixes import iter_mixed, mix_arrays
 from pipeline.lookup.parquet_layers import read_vector_column, vector_columns
+from pipeline.lookup.token_layers import read_types
 
 ROWS, DIM = 3000, 48
 
@@ -160,7 +162,9 @@ def _embed_test_corpus(model_dir: Path, root: Path, **options: object) -> Path:
 
 @pytest.fixture(scope="module")
 def pipeline_dataset(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _embed_test_corpus(tiny_model_dir, tmp_path_factory.mktemp("direct"))
+    # float16: the layout the direct page reader exists for.
+    return _embed_test_corpus(tiny_model_dir, tmp_path_factory.mktemp("direct"),
+                              dtype="float16")
 
 
 def test_pipeline_files_take_the_direct_path(pipeline_dataset: Path) -> None:
@@ -172,9 +176,11 @@ def test_pipeline_files_take_the_direct_path(pipeline_dataset: Path) -> None:
         codecs = {parquet.metadata.schema.column(i).path.split(".")[0]:
                   parquet.metadata.row_group(0).column(i).compression
                   for i in range(parquet.metadata.num_columns)}
-        assert codecs["layer_0"] == "ZSTD" and codecs["token"] == "ZSTD"
+        assert codecs["token"] == "ZSTD" and "layer_0" not in codecs  # in types/ (v3)
         assert codecs["layer_1"] == codecs["layer_2"] == "SNAPPY"
-        names = ["layer_0", "layer_1", "layer_2"]
+        types = pq.ParquetFile(str(path).replace("/tokens/", "/types/"))
+        assert types.metadata.row_group(0).column(1).compression == "ZSTD"
+        names = ["layer_1", "layer_2"]
         columns = vector_columns(parquet.metadata, parquet.schema_arrow, names)
         assert sorted(columns) == names
         for name in names:
@@ -191,7 +197,7 @@ def test_iter_mixed_is_the_same_for_any_workers_and_batch_size(pipeline_dataset:
     ds = open_dataset(str(pipeline_dataset))
     table = pa.concat_tables([pq.read_table(f) for f in ds.paths("tokens")])
     assert meta_1.column("doc_id").to_pylist() == table.column("doc_id").to_pylist()
-    layers = [_pyarrow_column(table, f"layer_{k}") for k in range(3)]
+    layers = _pyarrow_layers(ds, table)
     assert np.array_equal(vec_1, mix_arrays(layers, ds.mix("average")))
 
 
@@ -207,7 +213,7 @@ def test_every_fast_mix_path_equals_the_reference_equation(
     equation as ``elmo_model.layer_mix`` computes it from pyarrow's decoding."""
     ds = open_dataset(str(pipeline_dataset))
     table = pa.concat_tables([pq.read_table(f) for f in ds.paths("tokens")])
-    layers = [_pyarrow_column(table, f"layer_{k}") for k in range(3)]
+    layers = _pyarrow_layers(ds, table)
     want = layer_mix(layers, mix.scalars, gamma=mix.gamma)
     _, fused = _all_mixed(pipeline_dataset, mix, workers=2)
     monkeypatch.setattr(mixes, "_TORCH_MIN_VALUES", 1 << 60)
@@ -217,6 +223,15 @@ def test_every_fast_mix_path_equals_the_reference_equation(
     for got in (fused, by_numpy, by_torch):
         assert got.dtype == np.float32 and got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _pyarrow_layers(ds: Any, table: pa.Table) -> list[np.ndarray]:
+    """The three layers as pyarrow decodes them; layer 0 from the types files (v3)."""
+    layer_0 = np.concatenate([
+        read_types(ds.arrow_filesystem(), f).for_tokens(pq.read_table(f, columns=["token"])
+                                                        .column("token"))
+        for f in ds.paths("tokens")])
+    return [layer_0] + [_pyarrow_column(table, f"layer_{k}") for k in (1, 2)]
 
 
 def _pyarrow_column(table: pa.Table, name: str) -> np.ndarray:
@@ -252,7 +267,7 @@ def test_float32_storage_mixes_the_same_way(tiny_model_dir: Path, tmp_path: Path
     meta, vectors = _all_mixed(ds_path, "average", workers=2, batch_rows=5)
     ds = open_dataset(str(ds_path))
     table = pa.concat_tables([pq.read_table(f) for f in ds.paths("tokens")])
-    layers = [_pyarrow_column(table, f"layer_{k}") for k in range(3)]
+    layers = _pyarrow_layers(ds, table)
     assert layers[0].dtype == np.float32
     assert np.array_equal(vectors, mix_arrays(layers, ds.mix("average")))
     assert meta.num_rows == table.num_rows

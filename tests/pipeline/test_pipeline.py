@@ -94,11 +94,12 @@ def test_duckdb_reads_the_hive_dataset(tiny_model_dir: Path, tmp_path: Path) -> 
 
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
-    summary = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, n_shards=4))
+    summary = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, n_shards=4,
+                                  dtype="float16"))
     con = duckdb.connect()
     rows = con.execute(
         "SELECT shard, doc_id, count(*) AS n, any_value(len(layer_2)) AS dim, "
-        "any_value(typeof(layer_0)) AS t "
+        "any_value(typeof(layer_1)) AS t "
         "FROM read_parquet(?, hive_partitioning=true) GROUP BY ALL",
         [f"{out}/tokens/*/*.parquet"],
     ).fetchall()
@@ -299,8 +300,8 @@ def test_kill_9_mid_run_then_rerun_equals_an_uninterrupted_run(tiny_model_dir: P
     assert rerun.returncode == 0, rerun.stderr
     assert f"resumed: {committed} items committed by an earlier run kept" in rerun.stderr
     a, b = dataset_files(clean), dataset_files(crashed)
-    # 16 shards x tokens/sentences/documents; no errors, so no errors files.
-    assert a.keys() == b.keys() and len(a) == 48
+    # 16 shards x tokens/types/sentences/documents; no errors, so no errors files.
+    assert a.keys() == b.keys() and len(a) == 64
     for key in a:
         assert a[key].equals(b[key]), key
     assert not (crashed / "_lock").exists() and not (crashed / "_staging").exists()
