@@ -39,13 +39,14 @@ from pipeline.lookup.index import (
     STEMMER,
     TABLE,
     BuildSummary,
-    _lance_options,
-    _rows_for_file,
-    _shard_filter,
     build_index,
+    documents_of,
     finish_index,
+    lance_options,
     quote,
     read_meta,
+    rows_for_file,
+    shard_filter,
 )
 
 INDEX_STATE_DIR = "index"
@@ -129,16 +130,18 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
     ``remove_doc_ids``, add the rows of the token files ``add_files`` (live files of the
     dataset, as paths or URIs) and nothing else, then update the indexes and metadata.
 
-    An index that does not exist yet, was built without word stems, or holds another
-    mix goes to ``build_index`` (which builds it in full, or says to rebuild)."""
+    An index that does not exist yet, was built without word stems or document fields,
+    or holds another mix goes to ``build_index`` (which builds it in full, or says to
+    rebuild)."""
     os.environ.setdefault("LANCEDB_LOG", "error")  # as build_index: no k-means warnings
     import lancedb
 
     ds = open_dataset(dataset, storage_options)
     the_mix = ds.mix(mix)
     meta = read_meta(index_uri, storage_options)
-    db = lancedb.connect(index_uri, storage_options=_lance_options(storage_options))
-    if (meta is None or meta.stemmer != STEMMER or not meta.the_mix().same_vectors(the_mix)
+    db = lancedb.connect(index_uri, storage_options=lance_options(storage_options))
+    if (meta is None or meta.stemmer != STEMMER or meta.doc_fields is None
+            or not meta.the_mix().same_vectors(the_mix)
             or TABLE not in db.list_tables().tables):
         return build_index(dataset, mix, index_uri, storage_options=storage_options)
     live = ds.shard_files("tokens")
@@ -151,15 +154,19 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
         table.delete(f"doc_id IN ({', '.join(quote(i) for i in batch)})")
     live_keys = {f.key for f in live}
     for key in [k for k in meta.indexed if k not in live_keys]:
-        table.delete(_shard_filter(key))  # whatever the doc ids missed of a file gone
+        table.delete(shard_filter(key))  # whatever the doc ids missed of a file gone
         meta.indexed.remove(key)
         summary.removed_files += 1
     sentences = {f.key: f.path for f in ds.shard_files("sentences")}
+    document_files = {f.key: f.path for f in ds.shard_files("documents")}
+    documents: dict[str, Any] = {}
     for file in adding:
         # Rows a killed refresh added without recording them go first: no row twice.
-        table.delete(_shard_filter(file.key))
+        table.delete(shard_filter(file.key))
         t0 = time.perf_counter()
-        for rows in _rows_for_file(ds, the_mix, file.path, file.key, sentences.get(file.key)):
+        for rows in rows_for_file(ds, the_mix, file.path, file.key, sentences.get(file.key),
+                                  documents_of(ds, file.key, document_files, documents),
+                                  meta.doc_fields):
             t1 = time.perf_counter()
             summary.seconds_read += t1 - t0
             table.add(rows)

@@ -209,7 +209,7 @@ def _write_meta(out: str, meta: IndexMeta, storage_options: dict | None = None) 
     write_bytes_atomic(fs, f"{root}/{INDEX_META}", meta.to_json().encode())
 
 
-def _lance_options(storage_options: dict | None) -> dict[str, str] | None:
+def lance_options(storage_options: dict | None) -> dict[str, str] | None:
     return {k: str(v) for k, v in storage_options.items()} if storage_options else None
 
 
@@ -253,7 +253,7 @@ def _split_key(key: str) -> tuple[str, int]:
     return part, int(shard.split("=", 1)[1])
 
 
-def _shard_filter(key: str) -> str:
+def shard_filter(key: str) -> str:
     part, shard = _split_key(key)
     return f"part = {quote(part)} AND shard = {shard}"
 
@@ -261,7 +261,7 @@ def _shard_filter(key: str) -> str:
 ADD_BYTES = 256 << 20  # float32 vectors per LanceDB add: bounds memory for any shard size
 
 
-def _rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences_path: str | None,
+def rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences_path: str | None,
                    documents: tuple[list[str], list[dict[str, Any]]],
                    doc_fields: dict[str, str]) -> Iterator[pa.Table]:
     """Index rows of one committed tokens file, in chunks (vectors mixed on read), with
@@ -306,7 +306,7 @@ def _rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences_path: s
         })
 
 
-def _documents_of(ds: Dataset, key: str, files: dict[str, str],
+def documents_of(ds: Dataset, key: str, files: dict[str, str],
                   read: dict[str, tuple[list[str], list[dict[str, Any]]]]
                   ) -> tuple[list[str], list[dict[str, Any]]]:
     """The documents of shard file ``key`` (already ``read``, else read now)."""
@@ -348,7 +348,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     if ds.descriptor.n_output_layers < 1:
         raise ElmoUserError(f"{dataset} stores no layers to index")
     the_mix = ds.mix(mix)
-    db = lancedb.connect(out, storage_options=_lance_options(storage_options))
+    db = lancedb.connect(out, storage_options=lance_options(storage_options))
     meta = None if rebuild else read_meta(out, storage_options)
     exists = TABLE in db.list_tables().tables
     if meta is not None:
@@ -398,7 +398,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     # dataset's committed view without a rebuild.
     for key in [k for k in meta.indexed if k not in keys_now]:
         if table is not None:
-            table.delete(_shard_filter(key))
+            table.delete(shard_filter(key))
         meta.indexed.remove(key)
         summary.removed_files += 1
     indexed = set(meta.indexed)
@@ -409,11 +409,11 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
         if table is not None:
             # A run killed after an add but before its metadata write leaves rows that no
             # metadata lists: drop them, so that a row is never held twice.
-            table.delete(_shard_filter(key))
+            table.delete(shard_filter(key))
         n_rows = 0
         t0 = time.perf_counter()
-        for rows in _rows_for_file(ds, the_mix, path, key, sentence_files.get(key),
-                                   _documents_of(ds, key, document_files, documents),
+        for rows in rows_for_file(ds, the_mix, path, key, sentence_files.get(key),
+                                   documents_of(ds, key, document_files, documents),
                                    meta.doc_fields or {}):
             t1 = time.perf_counter()
             summary.seconds_read += t1 - t0
@@ -512,7 +512,7 @@ class SenseIndex:
                                 "build one with `elmo index build`")
         self.uri, self.meta = uri, meta
         self.storage_options = storage_options
-        self.table = lancedb.connect(uri, storage_options=_lance_options(storage_options)
+        self.table = lancedb.connect(uri, storage_options=lance_options(storage_options)
                                      ).open_table(TABLE)
         self._counts: pa.Table | None = None
         self._counts_read = False
