@@ -46,7 +46,8 @@ import pyarrow.parquet as pq
 
 from pipeline.item_files import TokenWriter
 from pipeline.lookup.dataset import open_dataset
-from pipeline.lookup.index import SenseIndex, build_index, token_filter
+from pipeline.lookup.index import SenseIndex, token_filter
+from pipeline.lookup.index_build import build_index
 from pipeline.lookup.mixes import iter_mixed
 from pipeline.lookup.senses import nearest_distinct
 from schemas import STORAGE_DTYPES, DatasetDescriptor

@@ -35,16 +35,12 @@ from pipeline.lookup.dataset import (
 
 # The index's own building blocks: how a token file becomes index rows, which rows a
 # shard owns, and how LanceDB is opened.
-from pipeline.lookup.index import (
-    STEMMER,
-    TABLE,
+from pipeline.lookup.index import STEMMER, TABLE, lance_options, quote, read_meta
+from pipeline.lookup.index_build import (
     BuildSummary,
     build_index,
     documents_of,
     finish_index,
-    lance_options,
-    quote,
-    read_meta,
     rows_for_file,
     shard_filter,
 )

@@ -257,7 +257,8 @@ def run_sql(args: argparse.Namespace) -> int:
 
 def run_index_build(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
-    from pipeline.lookup.index import SearchParams, build_index
+    from pipeline.lookup.index import SearchParams
+    from pipeline.lookup.index_build import build_index
 
     search = None
     given = {"nprobes": args.nprobes, "ef": args.ef, "refine_factor": args.refine_factor}

@@ -33,7 +33,7 @@ def served_data(factory: pytest.TempPathFactory) -> Served:
     """examples/corpus embedded with the bundled model and indexed (top mix, flat): built
     by the first test module that asks, reused by the others of the session."""
     from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
-    from pipeline.lookup.index import build_index
+    from pipeline.lookup.index_build import build_index
 
     root = factory.getbasetemp() / "serve_data"
     root.mkdir(exist_ok=True)

@@ -219,7 +219,8 @@ def _brute_force(vectors: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
 
 def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
-    from pipeline.lookup.index import SenseIndex, build_index, token_filter
+    from pipeline.lookup.index import SenseIndex, token_filter
+    from pipeline.lookup.index_build import build_index
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -280,7 +281,8 @@ def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
 def test_refresh_index_adds_only_the_files_it_is_given(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
     from jobs.index_refresh import refresh_index
-    from pipeline.lookup.index import SenseIndex, build_index, token_filter
+    from pipeline.lookup.index import SenseIndex, token_filter
+    from pipeline.lookup.index_build import build_index
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -325,7 +327,8 @@ def test_refresh_index_adds_only_the_files_it_is_given(
 
 def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
-    from pipeline.lookup.index import SearchParams, SenseIndex, build_index
+    from pipeline.lookup.index import SearchParams, SenseIndex
+    from pipeline.lookup.index_build import build_index
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -368,7 +371,7 @@ def test_search_params_follow_index_size() -> None:
 
 
 def test_sense_search_finds_its_own_sentence_and_clusters(dataset: Path, tmp_path: Path) -> None:
-    from pipeline.lookup.index import build_index
+    from pipeline.lookup.index_build import build_index
     from pipeline.lookup.senses import cluster_senses, search_senses
 
     build_index(str(dataset), "top", str(tmp_path / "ix"))
@@ -416,7 +419,7 @@ def test_sense_ranking_with_a_trained_model(tmp_path: Path) -> None:
     hardly occurs there.
     """
     import elmo_model
-    from pipeline.lookup.index import build_index
+    from pipeline.lookup.index_build import build_index
     from pipeline.lookup.senses import search_senses
 
     model = elmo_model.default_model_dir()
@@ -548,7 +551,7 @@ def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
     ds = str(dataset)
     ix = tmp_path / "ix"
     if case == "word-not-in-sentence":
-        from pipeline.lookup.index import build_index
+        from pipeline.lookup.index_build import build_index
 
         build_index(ds, "top", str(ix))
     bare = str(_dataset_without_layers(dataset, tmp_path)) if case.startswith("no-layers") \

@@ -76,7 +76,7 @@ def dataset(fixture_model: Path, corpus_file: Path,
 
 @pytest.fixture(scope="module")
 def index(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from pipeline.lookup.index import build_index
+    from pipeline.lookup.index_build import build_index
 
     out = str(tmp_path_factory.mktemp("senses_ix") / "ix")
     build_index(str(dataset), "top", out, kind="flat")
@@ -133,7 +133,7 @@ def test_identical_contexts_are_listed_once(index: str) -> None:
 def test_query_is_tokenized_with_the_datasets_tokenizer(dataset: Path, index: str,
                                                          tmp_path: Path) -> None:
     from pipeline.lookup.dataset import read_dataset_descriptor
-    from pipeline.lookup.index import build_index
+    from pipeline.lookup.index_build import build_index
     from pipeline.lookup.senses import dataset_tokenizer, locate_word, search_senses
     from pipeline.tokenize import get_tokenizer
 
@@ -171,7 +171,8 @@ def test_index_stores_stems_and_counts_them(index: str) -> None:
 
 def test_index_built_before_stems_asks_for_a_rebuild_then_builds_again(
         dataset: Path, index: str, tmp_path: Path) -> None:
-    from pipeline.lookup.index import INDEX_META, STEMMER, SenseIndex, build_index
+    from pipeline.lookup.index import INDEX_META, STEMMER, SenseIndex
+    from pipeline.lookup.index_build import build_index
     from pipeline.lookup.senses import search_senses
 
     old = tmp_path / "old"

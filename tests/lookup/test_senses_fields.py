@@ -72,7 +72,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def index(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from pipeline.lookup.index import build_index
+    from pipeline.lookup.index_build import build_index
 
     out = str(tmp_path_factory.mktemp("senses_fields_ix") / "ix")
     build_index(str(dataset), "top", out, kind="flat")
@@ -290,7 +290,8 @@ def test_index_built_before_document_fields_joins_them_then_rebuilds(
         dataset: Path, index: str, tmp_path: Path) -> None:
     import shutil
 
-    from pipeline.lookup.index import INDEX_META, SenseIndex, build_index
+    from pipeline.lookup.index import INDEX_META, SenseIndex
+    from pipeline.lookup.index_build import build_index
     from pipeline.lookup.senses import search_senses
 
     old = tmp_path / "old"
