@@ -248,35 +248,8 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
                          state.live_parts | referenced_parts(fs, root, spec.mixes))
         return failed
 
-    # The model is resolved once; each file is a run of its own over the job's globs
-    # (ids stay relative to the glob's prefix) restricted to that one file.
-    base = replace(spec.embed_config(), progress=progress)
-    with ray_session(base), reuse_models():  # in-process: one model load per run
-        for i, (uri, (source, part)) in enumerate(sorted(wanted.items()), start=1):
-            kind = "new" if uri not in state.files else "changed"
-            cfg = replace(base, source_files=(source,), part=part)
-            summary = _embed_file(cfg, fs, root)
-            counts = _part_counts(fs, root, part)
-            record.documents += summary.documents
-            record.sentences += summary.sentences
-            record.tokens += summary.tokens
-            record.errors += summary.errors
-            _say(lines, f"[{i}/{len(wanted)}] {kind} {source.relative}: "
-                        f"{counts.get('documents', 0)} documents, {counts.get('tokens', 0)} "
-                        f"tokens, {counts.get('errors', 0)} errors -> part {part}", echo)
-
-    for uri, (source, part) in wanted.items():
-        counts = _part_counts(fs, root, part)
-        state.files[uri] = FileRecord(uri=uri, size=source.size, version=source.version,
-                                      sha256=plan.digests[uri], part=part,
-                                      documents=counts.get("documents", 0),
-                                      tokens=counts.get("tokens", 0),
-                                      errors=counts.get("errors", 0))
-    if spec.delete_missing:
-        for uri in plan.deleted:
-            del state.files[uri]
-    write_state(fs, root, state)  # the job's commit point
-    publish_live(fs, root, state.live_parts)  # the readers' commit point: the view switches
+    _embed_wanted(spec, fs, root, state, wanted, record, lines, progress, echo)
+    _commit_run(spec, fs, root, state, plan, wanted)
     record.status = "ok"
     c = record.files
     _say(lines, f"{spec.name}: {c['new']} new, {c['changed']} changed, {c['deleted']} deleted, "
@@ -293,6 +266,45 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
     _collect_garbage(fs, root,
                      state.live_parts | referenced_parts(fs, root, spec.mixes))
     return failed
+
+
+def _embed_wanted(spec: JobSpec, fs: Any, root: str, state: JobState,
+                  wanted: dict[str, tuple[Any, str]], record: RunRecord, lines: list[str],
+                  progress: bool, echo: bool) -> None:
+    """Embed each new or changed file into its part. The model is resolved once; each file
+    is a run of its own over the job's globs (ids stay relative to the glob's prefix)
+    restricted to that one file."""
+    base = replace(spec.embed_config(), progress=progress)
+    with ray_session(base), reuse_models():  # in-process: one model load per run
+        for i, (uri, (source, part)) in enumerate(sorted(wanted.items()), start=1):
+            kind = "new" if uri not in state.files else "changed"
+            cfg = replace(base, source_files=(source,), part=part)
+            summary = _embed_file(cfg, fs, root)
+            counts = _part_counts(fs, root, part)
+            record.documents += summary.documents
+            record.sentences += summary.sentences
+            record.tokens += summary.tokens
+            record.errors += summary.errors
+            _say(lines, f"[{i}/{len(wanted)}] {kind} {source.relative}: "
+                        f"{counts.get('documents', 0)} documents, {counts.get('tokens', 0)} "
+                        f"tokens, {counts.get('errors', 0)} errors -> part {part}", echo)
+
+
+def _commit_run(spec: JobSpec, fs: Any, root: str, state: JobState, plan: RunPlan,
+                wanted: dict[str, tuple[Any, str]]) -> None:
+    """Record the embedded files in the job's state, then switch the readers' view."""
+    for uri, (source, part) in wanted.items():
+        counts = _part_counts(fs, root, part)
+        state.files[uri] = FileRecord(uri=uri, size=source.size, version=source.version,
+                                      sha256=plan.digests[uri], part=part,
+                                      documents=counts.get("documents", 0),
+                                      tokens=counts.get("tokens", 0),
+                                      errors=counts.get("errors", 0))
+    if spec.delete_missing:
+        for uri in plan.deleted:
+            del state.files[uri]
+    write_state(fs, root, state)  # the job's commit point
+    publish_live(fs, root, state.live_parts)  # the readers' commit point: the view switches
 
 
 def _collect_garbage(fs: Any, root: str, keep: set[str]) -> None:
