@@ -255,6 +255,29 @@ def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
 # --------------------------------------------------------------------------- worker
 
 
+class ItemProgress:
+    """Stored tokens done so far of each item a worker is running, for the driver's
+    progress bar: updated per model unit from the item threads, read by the driver (local)
+    or by the actor's progress call (Ray) without waiting for an item to finish."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens: dict[int, int] = {}
+
+    def add(self, item: int, tokens: int) -> None:
+        with self._lock:
+            self._tokens[item] = self._tokens.get(item, 0) + tokens
+
+    def forget(self, item: int) -> None:
+        with self._lock:
+            self._tokens.pop(item, None)
+
+    def snapshot(self) -> dict[int, int]:
+        """Item index -> tokens done, for the items running now."""
+        with self._lock:
+            return dict(self._tokens)
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident set size (Linux reports KiB)."""
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -269,6 +292,7 @@ class ItemWorker:
         self.model_lock = threading.Lock()
         self.lines = LineCounter()
         self.node_id: str | None = None
+        self.progress = ItemProgress()
 
     def load(self) -> None:
         """Load the model now (a bad model fails here, before any item is read)."""
@@ -288,11 +312,16 @@ class ItemWorker:
         files = ItemFiles(fs, root, s.run_id, s.part, item.index)
         tokens = TokenWriter(files, s.n_output_layers, s.dim, s.dtype)
         model_tokens = 0
-        for rows in cut_units(content.windows, s.unit_tokens):
-            with self.model_lock:  # one model call at a time; reading and writing overlap it
-                layers = self.embedder.embed([r.tokens for r in rows])
-            tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
-            model_tokens += sum(len(r.tokens) for r in rows)
+        self.progress.add(item.index, 0)
+        try:
+            for rows in cut_units(content.windows, s.unit_tokens):
+                with self.model_lock:  # one model call at a time; reading and writing overlap it
+                    layers = self.embedder.embed([r.tokens for r in rows])
+                tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
+                model_tokens += sum(len(r.tokens) for r in rows)
+                self.progress.add(item.index, sum(r.own_end - r.own_start for r in rows))
+        finally:
+            self.progress.forget(item.index)
         content.windows = []
         counts = {"tokens": tokens.finish(), "sentences": len(content.sentences),
                   "documents": len(content.documents), "errors": len(content.errors)}
