@@ -18,7 +18,8 @@ Two scenarios (one command each):
     .venv/bin/python bench/pipeline_throughput.py --scenario scale --json runs/scale.json
     .venv/bin/python bench/pipeline_throughput.py --scenario model --tokens 1000000
 
-Corpora come from ../shared/corpora (benchmarks only; tests never read it).
+Corpora come from ../shared/corpora, or $ELMO_BENCH_CORPORA (benchmarks only; tests
+never read them).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CORPORA = REPO.parent / "shared" / "corpora"
+# A git worktree lies elsewhere than the checkout beside ../shared: say where it is.
+CORPORA = Path(os.environ.get("ELMO_BENCH_CORPORA", REPO.parent / "shared" / "corpora"))
 
 
 def near_free_model(folder: Path) -> Path:
