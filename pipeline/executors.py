@@ -43,22 +43,8 @@ READY_GRACE_S = 300.0  # for an actor to start and load its model once placed
 POLL_S = 1.0
 PROGRESS_POLL_S = 0.5  # how often the driver asks workers how far their items are
 
-# oneDNN keeps a compiled primitive per matmul shape it has seen (1,024 by default), and
-# the biLM's shapes vary with every batch (rows = tokens, and sentences left per LSTM
-# step), so a worker's memory grew with the variety of the corpus until that cache
-# filled: a few hundred MB. A smaller cache bounds it; the shapes that repeat (the LSTM
-# steps') stay in it.
-ONEDNN_PRIMITIVE_CACHE_CAPACITY = 128
-
 # Item index -> stored tokens done so far, for the items a worker is running.
 ProgressCallback = Callable[[dict[int, int]], None]
-
-
-def bound_native_caches() -> None:
-    """Cap oneDNN's primitive cache in this worker process, unless the user set it. Call
-    before the process's first oneDNN call: oneDNN reads the setting once."""
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY",
-                          str(ONEDNN_PRIMITIVE_CACHE_CAPACITY))
 
 
 class LocalExecutor:
@@ -73,7 +59,6 @@ class LocalExecutor:
         self.in_flight = in_flight
 
     def start(self) -> None:
-        bound_native_caches()
         self.worker.load()
 
     def run(self, items: Iterator[WorkItem], on_progress: ProgressCallback | None = None
@@ -106,7 +91,6 @@ class ItemActor:
     one more, so ``progress`` answers while items run."""
 
     def __init__(self, settings: ItemSettings, threads: int) -> None:
-        bound_native_caches()
         import ray
         import torch
 
