@@ -345,17 +345,8 @@ class RayExecutor:
             waiting = list(in_flight) + list(probing)
             # Only when every actor is down can nothing move: then wait a bounded time.
             limit = None if in_flight else self.cfg.wait_for_resources_s + READY_GRACE_S
-            deadline = None if limit is None else time.monotonic() + limit
-            while True:
-                timeout = PROGRESS_POLL_S if on_progress else None
-                if deadline is not None:
-                    timeout = max(0.0, min(timeout or math.inf, deadline - time.monotonic()))
-                ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
-                if on_progress is not None:
-                    busy = [a for a in range(len(self.actors)) if load[a] and a not in down]
-                    self._poll_progress(polls, busy, on_progress)
-                if ready or (deadline is not None and time.monotonic() >= deadline):
-                    break
+            busy = [a for a in range(len(self.actors)) if load[a] and a not in down]
+            ready = self._wait_any(waiting, limit, busy, polls, on_progress)
             if not ready:
                 raise ElmoUserError(f"no Ray actor came back within {limit:g} s after losing "
                                     "workers (nodes gone?); run the same command again to "
@@ -388,6 +379,23 @@ class RayExecutor:
                     probing[self.actors[a].ready.remote()] = a
                 continue
             yield item, record
+
+    def _wait_any(self, waiting: list[Any], limit: float | None, busy: list[int],
+                  polls: dict[Any, int], on_progress: ProgressCallback | None) -> list[Any]:
+        """The first of ``waiting`` to finish ([] after ``limit`` seconds; None: no limit),
+        asking the ``busy`` actors how far their items are meanwhile."""
+        import ray
+
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            timeout = PROGRESS_POLL_S if on_progress else None
+            if deadline is not None:
+                timeout = max(0.0, min(timeout or math.inf, deadline - time.monotonic()))
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
+            if on_progress is not None:
+                self._poll_progress(polls, busy, on_progress)
+            if ready or (deadline is not None and time.monotonic() >= deadline):
+                return ready
 
     def _poll_progress(self, polls: dict[Any, int], busy: list[int],
                        on_progress: ProgressCallback) -> None:
