@@ -264,13 +264,20 @@ class ItemProgress:
         self._lock = threading.Lock()
         self._tokens: dict[int, int] = {}
 
+    @contextlib.contextmanager
+    def tracking(self, item: int) -> Iterator[None]:
+        """Count ``item`` from 0 while the block runs (a retried item starts again)."""
+        with self._lock:
+            self._tokens[item] = 0
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._tokens.pop(item, None)
+
     def add(self, item: int, tokens: int) -> None:
         with self._lock:
             self._tokens[item] = self._tokens.get(item, 0) + tokens
-
-    def forget(self, item: int) -> None:
-        with self._lock:
-            self._tokens.pop(item, None)
 
     def snapshot(self) -> dict[int, int]:
         """Item index -> tokens done, for the items running now."""
@@ -302,6 +309,10 @@ class ItemWorker:
             self.embedder = load_embedder(s.model, s.batch_tokens, s.compute_dtype, s.device)
 
     def process(self, item: WorkItem) -> CommitRecord:
+        with self.progress.tracking(item.index):
+            return self._process(item)
+
+    def _process(self, item: WorkItem) -> CommitRecord:
         t0 = time.perf_counter()
         self.load()
         s = self.settings
@@ -312,16 +323,12 @@ class ItemWorker:
         files = ItemFiles(fs, root, s.run_id, s.part, item.index)
         tokens = TokenWriter(files, s.n_output_layers, s.dim, s.dtype)
         model_tokens = 0
-        self.progress.add(item.index, 0)
-        try:
-            for rows in cut_units(content.windows, s.unit_tokens):
-                with self.model_lock:  # one model call at a time; reading and writing overlap it
-                    layers = self.embedder.embed([r.tokens for r in rows])
-                tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
-                model_tokens += sum(len(r.tokens) for r in rows)
-                self.progress.add(item.index, sum(r.own_end - r.own_start for r in rows))
-        finally:
-            self.progress.forget(item.index)
+        for rows in cut_units(content.windows, s.unit_tokens):
+            with self.model_lock:  # one model call at a time; reading and writing overlap it
+                layers = self.embedder.embed([r.tokens for r in rows])
+            tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
+            model_tokens += sum(len(r.tokens) for r in rows)
+            self.progress.add(item.index, sum(r.own_end - r.own_start for r in rows))
         content.windows = []
         counts = {"tokens": tokens.finish(), "sentences": len(content.sentences),
                   "documents": len(content.documents), "errors": len(content.errors)}
