@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import ctypes
 import logging
 import math
 import os
@@ -43,8 +44,26 @@ READY_GRACE_S = 300.0  # for an actor to start and load its model once placed
 POLL_S = 1.0
 PROGRESS_POLL_S = 0.5  # how often the driver asks workers how far their items are
 
+# glibc serves allocations from this size up with their own mmap, returned whole when
+# freed. Left alone it raises the threshold (up to 32 MiB) each time such a block is
+# freed, after which an item's multi-MB buffers (Arrow columns, numpy and torch arrays)
+# come from the heap and fragment it: a worker's peak then climbed with every new kind
+# of text it met (BENCHMARKS.md, pipeline section). Fixed at glibc's own starting value.
+MMAP_THRESHOLD_BYTES = 128 << 10
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
 # Item index -> stored tokens done so far, for the items a worker is running.
 ProgressCallback = Callable[[dict[int, int]], None]
+
+
+def fix_mmap_threshold() -> bool:
+    """Keep this process's large allocations on their own mmap (see
+    ``MMAP_THRESHOLD_BYTES``); False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
 
 
 class LocalExecutor:
@@ -59,6 +78,7 @@ class LocalExecutor:
         self.in_flight = in_flight
 
     def start(self) -> None:
+        fix_mmap_threshold()
         self.worker.load()
 
     def run(self, items: Iterator[WorkItem], on_progress: ProgressCallback | None = None
@@ -91,6 +111,7 @@ class ItemActor:
     one more, so ``progress`` answers while items run."""
 
     def __init__(self, settings: ItemSettings, threads: int) -> None:
+        fix_mmap_threshold()
         import ray
         import torch
 
