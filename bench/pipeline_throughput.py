@@ -4,7 +4,8 @@ Two scenarios (one command each):
 
 * ``--scenario scale`` (default): a near-free model (2 layers x 32 cells, projection 16:
   the model's cost drops out) over ~1M tokens (austen.txt) and ~13M tokens (the four
-  shared books x 4), with the local executor and with Ray (``--actors`` actors). Each run
+  shared books x 4; ``--sizes small,large,huge`` adds ~42M, the books x 13), with the
+  local executor and with Ray (``--actors`` actors). Each run
   is its own process, so its peak RSS is that run's: the driver's from getrusage, every
   worker's (Ray actors) from the commit records it returned. Also the bytes the driver
   received from workers (the pickled commit records) next to the activation bytes the
@@ -17,7 +18,8 @@ Two scenarios (one command each):
     .venv/bin/python bench/pipeline_throughput.py --scenario scale --json runs/scale.json
     .venv/bin/python bench/pipeline_throughput.py --scenario model --tokens 1000000
 
-Corpora come from ../shared/corpora (benchmarks only; tests never read it).
+Corpora come from ../shared/corpora, or $ELMO_BENCH_CORPORA (benchmarks only; tests
+never read them).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CORPORA = REPO.parent / "shared" / "corpora"
+# A git worktree lies elsewhere than the checkout beside ../shared: say where it is.
+CORPORA = Path(os.environ.get("ELMO_BENCH_CORPORA", REPO.parent / "shared" / "corpora"))
 
 
 def near_free_model(folder: Path) -> Path:
@@ -124,13 +127,12 @@ def run_child(model: Path, corpus: Path, out: Path, executor: str, actors: int,
 def scale(args: argparse.Namespace, work: Path) -> dict:
     model = near_free_model(work / "model")
     books = sorted(p.name for p in CORPORA.glob("*.txt"))
-    corpora = {"small": copy_books(work / "small", ["austen.txt"], 1),
-               "large": copy_books(work / "large", books, 4)}
-    corpora = {k: v for k, v in corpora.items() if k in args.sizes.split(",")}
+    copies = {"small": (["austen.txt"], 1), "large": (books, 4), "huge": (books, 13)}
+    corpora = {size: copy_books(work / size, *copies[size]) for size in args.sizes.split(",")}
     results: dict[str, object] = {}
     for repeat in range(args.repeats):
         for size, corpus in corpora.items():
-            for executor in ("local", "ray"):
+            for executor in args.executors.split(","):
                 actors = args.actors if executor == "ray" else 1
                 r = run_child(model, corpus, work / "out", executor, actors, args.batch_tokens,
                               threads=1, tokenizer=args.tokenizer or "elmo-store-ptb",
@@ -143,7 +145,8 @@ def scale(args: argparse.Namespace, work: Path) -> dict:
                       f"{r['token_file_bytes']:,} B of token files", flush=True)
                 results.setdefault(key, []).append(r)  # type: ignore[union-attr]
     summary: dict[str, object] = {"runs": results}
-    if len(corpora) < 2:
+    if len(corpora) < 2 or "small" not in corpora or "large" not in corpora \
+            or args.executors != "local,ray":
         return summary
     for key, runs in results.items():
         summary[f"{key}_tok_s_median"] = sorted(r["tok_s"] for r in runs)[len(runs) // 2]  # type: ignore[union-attr]
@@ -223,7 +226,10 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=2, help="Ray actors (1 CPU each)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads, local runs")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--sizes", default="small,large", help="scale scenario corpora")
+    parser.add_argument("--sizes", default="small,large",
+                        help="scale scenario corpora: small (austen.txt, 0.86M tokens), large "
+                             "(the four books x 4, 12.9M), huge (x 13, 42M)")
+    parser.add_argument("--executors", default="local,ray", help="scale scenario executors")
     parser.add_argument("--shards", type=int, default=1,
                         help="minimum item count (scale scenario; default 1: items of "
                              "--item-tokens at both sizes, so peak RSS compares corpus sizes "

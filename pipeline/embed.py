@@ -43,7 +43,7 @@ from pipeline.config import (
 )
 from pipeline.executors import make_executor
 from pipeline.item_files import token_file_compression
-from pipeline.plan import item_bytes, plan_items, plan_record
+from pipeline.plan import BYTES_PER_TOKEN, item_bytes, plan_items, plan_record
 from pipeline.store import (
     DatasetLock,
     PartWrite,
@@ -143,12 +143,53 @@ def describe_dataset(cfg: EmbedConfig, tokenizer: Any) -> Any:
     )
 
 
-def _progress(total_bytes: int, enabled: bool) -> Any:
+def _progress(total_tokens: int, enabled: bool) -> Any:
     from tqdm import tqdm
 
     tty = sys.stderr.isatty()
-    return tqdm(total=total_bytes, unit="B", unit_scale=True, desc="embed", disable=not enabled,
-                mininterval=0.5 if tty else 30.0, dynamic_ncols=True, file=sys.stderr)
+    return tqdm(total=total_tokens, unit="tok", unit_scale=True, desc="embed",
+                disable=not enabled, mininterval=0.5 if tty else 30.0, dynamic_ncols=True,
+                file=sys.stderr)
+
+
+class TokenProgress:
+    """The embed bar in stored tokens: those of committed items plus what the workers
+    report of the items they are running (per model unit), so it moves long before the
+    first item commits. The total is estimated from the plan's input bytes and raised if
+    the corpus turns out denser."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.committed_tokens = 0
+        self.running: dict[int, int] = {}  # item -> tokens done, for uncommitted items
+        self.t0 = time.perf_counter()
+
+    def report(self, snapshot: dict[int, int], committed: set[int]) -> None:
+        """A worker's running items; an answer that arrives after its item committed is
+        stale and ignored."""
+        self.running.update((item, n) for item, n in snapshot.items() if item not in committed)
+        self._show()
+
+    def commit(self, item: int, tokens: int) -> None:
+        self.running.pop(item, None)
+        self.committed_tokens += tokens
+        self._show()
+
+    def finish(self) -> None:
+        self.bar.total = self.bar.n  # the estimate is done with: end at 100%
+        self.bar.refresh()
+
+    @property
+    def tokens(self) -> int:
+        return self.committed_tokens + sum(self.running.values())
+
+    def _show(self) -> None:
+        n = self.tokens
+        if n > self.bar.total:
+            self.bar.total = n
+        rate = n / max(1e-9, time.perf_counter() - self.t0)
+        self.bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
+        self.bar.update(n - self.bar.n)
 
 
 def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
@@ -210,16 +251,18 @@ def _write(fs: Any, root: str, cfg: EmbedConfig, descriptor: Any, sources: list[
         summary.documents_resumed += resumed.get("documents", 0)
         summary.tokens_resumed += resumed.get("tokens", 0)
         # Two passes over the plan (a generator; no text read): the bar's total, the work.
-        total = sum(item.input_bytes for item in plan_items(sources, cfg.read, target)
-                    if item.index not in done)
+        total_bytes = sum(item.input_bytes for item in plan_items(sources, cfg.read, target)
+                          if item.index not in done)
         pending = (item for item in plan_items(sources, cfg.read, target)
                    if item.index not in done)
-        committed: set[int] = set()
-        t_start = time.perf_counter()
+        committed: set[int] = set()  # item numbers only: duplicates of them are discarded
         info = {"compute_dtype": cfg.compute_dtype}
         try:
-            with _progress(max(0, total), cfg.progress) as bar:
-                for item, record in executor.run(pending):
+            with _progress(max(0, total_bytes) // BYTES_PER_TOKEN, cfg.progress) as bar:
+                progress = TokenProgress(bar)
+                report = (lambda snapshot: progress.report(snapshot, committed)
+                          ) if cfg.progress else None
+                for item, record in executor.run(pending, report):
                     summary.returned_bytes += len(pickle.dumps(record))
                     worker = f"{record.worker.get('host')}:{record.worker.get('pid')}"
                     summary.worker_peak_rss[worker] = max(
@@ -236,9 +279,8 @@ def _write(fs: Any, root: str, cfg: EmbedConfig, descriptor: Any, sources: list[
                     summary.sentences += c.get("sentences", 0)
                     summary.tokens += c.get("tokens", 0)
                     summary.errors += c.get("errors", 0)
-                    rate = summary.tokens / max(1e-9, time.perf_counter() - t_start)
-                    bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
-                    bar.update(record.input_bytes)
+                    progress.commit(item.index, c.get("tokens", 0))
+                progress.finish()
         finally:
             clear_staging(fs, root, run_id)
         summary.totals = live_counts(fs, root)

@@ -10,6 +10,10 @@
   its items run again elsewhere, and since a worker only writes to a private staging
   prefix, an attempt that never reported back is never committed.
 
+Progress: while items run, both executors pass ``on_progress`` the stored tokens done so
+far of each running item (``ItemProgress``, updated per model unit), every
+``PROGRESS_POLL_S`` at most, so the driver's bar moves before the first item commits.
+
 Before any work ``RayExecutor.start`` checks that the cluster can hold the requested
 actors at all (one line naming what is missing and what to pass instead) and that
 every actor can load the model, so a bad request fails in seconds, before the output
@@ -21,11 +25,12 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import ctypes
 import logging
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
@@ -37,6 +42,28 @@ IN_FLIGHT_PER_ACTOR = 2
 MAX_ATTEMPTS = 4  # an item that kills its worker this often stops the run
 READY_GRACE_S = 300.0  # for an actor to start and load its model once placed
 POLL_S = 1.0
+PROGRESS_POLL_S = 0.5  # how often the driver asks workers how far their items are
+
+# glibc serves allocations from this size up with their own mmap, returned whole when
+# freed. Left alone it raises the threshold (up to 32 MiB) each time such a block is
+# freed, after which an item's multi-MB buffers (Arrow columns, numpy and torch arrays)
+# come from the heap and fragment it: a worker's peak then climbed with every new kind
+# of text it met (BENCHMARKS.md, pipeline section). Fixed at glibc's own starting value.
+MMAP_THRESHOLD_BYTES = 128 << 10
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+# Item index -> stored tokens done so far, for the items a worker is running.
+ProgressCallback = Callable[[dict[int, int]], None]
+
+
+def fix_mmap_threshold() -> bool:
+    """Keep this process's large allocations on their own mmap (see
+    ``MMAP_THRESHOLD_BYTES``); False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
 
 
 class LocalExecutor:
@@ -51,28 +78,40 @@ class LocalExecutor:
         self.in_flight = in_flight
 
     def start(self) -> None:
+        fix_mmap_threshold()
         self.worker.load()
 
-    def run(self, items: Iterator[WorkItem]) -> Iterator[tuple[WorkItem, CommitRecord]]:
+    def run(self, items: Iterator[WorkItem], on_progress: ProgressCallback | None = None
+            ) -> Iterator[tuple[WorkItem, CommitRecord]]:
         with concurrent.futures.ThreadPoolExecutor(self.in_flight) as pool:
             running: collections.deque = collections.deque()
             for item in items:
                 running.append((item, pool.submit(self.worker.process, item)))
                 if len(running) >= self.in_flight:
                     done, future = running.popleft()
-                    yield done, future.result()
+                    yield done, self._result(future, on_progress)
             while running:
                 done, future = running.popleft()
-                yield done, future.result()
+                yield done, self._result(future, on_progress)
+
+    def _result(self, future: concurrent.futures.Future, on_progress: ProgressCallback | None
+                ) -> CommitRecord:
+        """The item's record, reporting the running items' progress while it is made."""
+        if on_progress is not None:
+            while not concurrent.futures.wait([future], timeout=PROGRESS_POLL_S).done:
+                on_progress(self.worker.progress.snapshot())
+        return future.result()
 
     def close(self) -> None:
         self.worker = None  # type: ignore[assignment]
 
 
 class ItemActor:
-    """A Ray actor around one ``ItemWorker`` (created with ``max_concurrency=2``)."""
+    """A Ray actor around one ``ItemWorker``, created with a thread per item in flight and
+    one more, so ``progress`` answers while items run."""
 
     def __init__(self, settings: ItemSettings, threads: int) -> None:
+        fix_mmap_threshold()
         import ray
         import torch
 
@@ -92,6 +131,11 @@ class ItemActor:
 
     def process(self, item: WorkItem) -> CommitRecord:
         return self.worker.process(item)
+
+    def progress(self) -> dict[int, int]:
+        """Stored tokens done so far of the items running here (answers while they run:
+        the actor has a thread beyond its items' for this)."""
+        return self.worker.progress.snapshot()
 
 
 def _quiet_ray_env(local: bool) -> None:
@@ -203,7 +247,8 @@ class RayExecutor:
             self.cpus = max(1.0, float(int(resources.get("CPU", 1) // cfg.actors)))
         self._wait_for_capacity()
         remote_cls = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=-1,
-                                max_task_retries=0, max_concurrency=2)(ItemActor)
+                                max_task_retries=0,
+                                max_concurrency=IN_FLIGHT_PER_ACTOR + 1)(ItemActor)
         self.actors = [remote_cls.remote(self.settings, max(1, int(self.cpus)))
                        for _ in range(cfg.actors)]
         self._wait_ready()
@@ -276,7 +321,8 @@ class RayExecutor:
 
     # ---------------------------------------------------------------- run
 
-    def run(self, items: Iterator[WorkItem]) -> Iterator[tuple[WorkItem, CommitRecord]]:
+    def run(self, items: Iterator[WorkItem], on_progress: ProgressCallback | None = None
+            ) -> Iterator[tuple[WorkItem, CommitRecord]]:
         import ray
         from ray.exceptions import RayActorError, RayError, RayTaskError
 
@@ -286,6 +332,7 @@ class RayExecutor:
         in_flight: dict[Any, tuple[WorkItem, int]] = {}
         load = [0] * len(self.actors)
         probing: dict[Any, int] = {}  # ready() call -> actor index, after a failure
+        polls: dict[Any, int] = {}  # progress() call -> actor index
         exhausted = False
 
         def next_item() -> WorkItem | None:
@@ -319,7 +366,8 @@ class RayExecutor:
             waiting = list(in_flight) + list(probing)
             # Only when every actor is down can nothing move: then wait a bounded time.
             limit = None if in_flight else self.cfg.wait_for_resources_s + READY_GRACE_S
-            ready, _ = ray.wait(waiting, num_returns=1, timeout=limit)
+            busy = [a for a in range(len(self.actors)) if load[a] and a not in down]
+            ready = self._wait_any(waiting, limit, busy, polls, on_progress)
             if not ready:
                 raise ElmoUserError(f"no Ray actor came back within {limit:g} s after losing "
                                     "workers (nodes gone?); run the same command again to "
@@ -352,6 +400,44 @@ class RayExecutor:
                     probing[self.actors[a].ready.remote()] = a
                 continue
             yield item, record
+
+    def _wait_any(self, waiting: list[Any], limit: float | None, busy: list[int],
+                  polls: dict[Any, int], on_progress: ProgressCallback | None) -> list[Any]:
+        """The first of ``waiting`` to finish ([] after ``limit`` seconds; None: no limit),
+        asking the ``busy`` actors how far their items are meanwhile."""
+        import ray
+
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            timeout = PROGRESS_POLL_S if on_progress else None
+            if deadline is not None:
+                timeout = max(0.0, min(timeout or math.inf, deadline - time.monotonic()))
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
+            if on_progress is not None:
+                self._poll_progress(polls, busy, on_progress)
+            if ready or (deadline is not None and time.monotonic() >= deadline):
+                return ready
+
+    def _poll_progress(self, polls: dict[Any, int], busy: list[int],
+                       on_progress: ProgressCallback) -> None:
+        """Hand ``on_progress`` what the finished ``progress`` calls returned, and ask each
+        busy actor again once its last call has answered (never waits)."""
+        import ray
+        from ray.exceptions import RayError
+
+        if polls:
+            answered, _ = ray.wait(list(polls), num_returns=len(polls), timeout=0)
+            for ref in answered:
+                polls.pop(ref)
+                try:
+                    snapshot = ray.get(ref)
+                except RayError:  # the actor died: its items run again and report anew
+                    continue
+                on_progress(snapshot)
+        asking = set(polls.values())
+        for a in busy:
+            if a not in asking:
+                polls[self.actors[a].progress.remote()] = a
 
     def close(self) -> None:
         import ray

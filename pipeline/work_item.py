@@ -257,6 +257,36 @@ def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
 # --------------------------------------------------------------------------- worker
 
 
+class ItemProgress:
+    """Stored tokens done so far of each item a worker is running, for the driver's
+    progress bar: updated per model unit from the item threads, read by the driver (local)
+    or by the actor's progress call (Ray) without waiting for an item to finish."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens: dict[int, int] = {}
+
+    @contextlib.contextmanager
+    def tracking(self, item: int) -> Iterator[None]:
+        """Count ``item`` from 0 while the block runs (a retried item starts again)."""
+        with self._lock:
+            self._tokens[item] = 0
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._tokens.pop(item, None)
+
+    def add(self, item: int, tokens: int) -> None:
+        with self._lock:
+            self._tokens[item] = self._tokens.get(item, 0) + tokens
+
+    def snapshot(self) -> dict[int, int]:
+        """Item index -> tokens done, for the items running now."""
+        with self._lock:
+            return dict(self._tokens)
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident set size (Linux reports KiB)."""
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -271,6 +301,7 @@ class ItemWorker:
         self.model_lock = threading.Lock()
         self.lines = LineCounter()
         self.node_id: str | None = None
+        self.progress = ItemProgress()
 
     def load(self) -> None:
         """Load the model now (a bad model fails here, before any item is read)."""
@@ -280,6 +311,10 @@ class ItemWorker:
             self.embedder = load_embedder(s.model, s.batch_tokens, s.compute_dtype, s.device)
 
     def process(self, item: WorkItem) -> CommitRecord:
+        with self.progress.tracking(item.index):
+            return self._process(item)
+
+    def _process(self, item: WorkItem) -> CommitRecord:
         t0 = time.perf_counter()
         self.load()
         s = self.settings
@@ -295,6 +330,7 @@ class ItemWorker:
                 layers = self.embedder.embed([r.tokens for r in rows])
             tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
             model_tokens += sum(len(r.tokens) for r in rows)
+            self.progress.add(item.index, sum(r.own_end - r.own_start for r in rows))
         content.windows = []
         counts = {"tokens": tokens.finish(), "types": len(tokens.type_rows),
                   "sentences": len(content.sentences),
