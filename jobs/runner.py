@@ -47,7 +47,7 @@ from jobs.state import (
 )
 from pipeline.config import EmbedConfig
 from pipeline.embed import EmbedSummary, embed_corpus, reuse_models
-from pipeline.executors import ray_session
+from pipeline.ray_setup import ray_session
 from pipeline.sources import list_sources
 from pipeline.store import (
     MANIFEST_DIR,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import Any
 
 from pipeline.config import EmbedConfig, ModelSpec
@@ -49,6 +50,13 @@ Exit status: 0 when anything was stored, 1 when nothing could be processed, 2 on
 """
 
 
+class NamesWholeFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps help text at spaces only: names such as ``elmo-store-words`` stay whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "embed",
@@ -58,7 +66,7 @@ def register(subparsers: Any) -> None:
                     "as hive-partitioned Parquet, exactly once and resumable: the product's "
                     "main job. Runs in-process, or on a Ray cluster with --actors/--ray-address.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=NamesWholeFormatter,
     )
     helps = {f.name: f.setting.help for f in settings_fields(EmbedConfig)}
     p.add_argument("sources", nargs="+", metavar="SOURCE_GLOB", help=helps["sources"])

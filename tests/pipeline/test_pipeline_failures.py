@@ -17,7 +17,7 @@ from helpers import REPO, config, run_cli, write_corpus
 
 from elmo_model.errors import ElmoUserError
 from pipeline.embed import embed_corpus
-from pipeline.executors import choose_executor, gpus_per_actor
+from pipeline.ray_setup import choose_executor, gpus_per_actor
 from pipeline.tokenize import get_tokenizer, model_tokenizer, tokenizer_names
 
 PROGRAM = ("import sys; from pipeline import cli; cli.REGISTRARS = ('pipeline.embed_cli',); "

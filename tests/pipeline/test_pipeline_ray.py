@@ -126,7 +126,7 @@ def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: Path,
 
 
 def test_actors_that_fit_counts_per_node() -> None:
-    from pipeline.executors import actors_that_fit
+    from pipeline.ray_setup import actors_that_fit
 
     nodes = [{"Alive": True, "Resources": {"CPU": 3.0, "GPU": 1.0}},
              {"Alive": True, "Resources": {"CPU": 1.0}},
