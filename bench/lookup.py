@@ -19,8 +19,11 @@ Parquet reader on 1 and 2 threads, with and without metadata columns, and with p
 decoding the layers instead, interleaved run by run (medians); the same mixes through the
 DuckDB ``elmo_mix`` UDF and the precomputed ``materialize_mix`` table; latency of typical
 SQL queries; ``elmo index build`` time (mix + read + add + IVF_HNSW_SQ); recall@10 and
-p50/p95 latency vs exact numpy search, without and with a ``token = ...`` prefilter (both
-the product path, which goes exact for small filters, and the forced ANN path), with the
+p50/p95 latency vs exact numpy search through the product path (``SenseIndex.vector_query``)
+and, beside each, LanceDB's sync query builder with the same settings; queries/s with
+``--batch`` query vectors a call (both paths, alternated); without and with a ``token = ...``
+prefilter (both the product path, which goes exact for small filters, and the forced ANN
+path), with the
 ``token_stem = ...`` prefilter sense search uses by default, and sense search's own
 distinct-context fetch (``nearest_distinct``; the query's embedding not included).
 """
@@ -46,7 +49,7 @@ import pyarrow.parquet as pq
 
 from pipeline.item_files import TokenWriter
 from pipeline.lookup.dataset import open_dataset
-from pipeline.lookup.index import SenseIndex, token_filter
+from pipeline.lookup.index import SearchParams, SenseIndex
 from pipeline.lookup.index_build import build_index
 from pipeline.lookup.mixes import iter_mixed
 from pipeline.lookup.senses import nearest_distinct
@@ -281,9 +284,73 @@ def _hits_table(hits: list) -> pa.Table:
                      "tok_idx": [h.tok_idx for h in hits]})
 
 
+@contextlib.contextmanager
+def _search_settings(ix: SenseIndex, nprobes: int, ef: int, refine: int | None
+                     ) -> Iterator[None]:
+    """The index searched with these graph settings (its metadata's, for the moment)."""
+    kept = ix.meta.search
+    ix.meta.search = SearchParams(nprobes, ef, refine)
+    try:
+        yield
+    finally:
+        ix.meta.search = kept
+
+
+def _forced_graph(ix: SenseIndex, q: np.ndarray, word: str, cols: list[str]) -> pa.Table:
+    """A word-prefiltered product search that takes the graph however few rows pass."""
+    import pipeline.lookup.index as index_module
+
+    kept = index_module.EXACT_FILTER_VALUES
+    index_module.EXACT_FILTER_VALUES = 0
+    try:
+        return ix.search(q, k=10, words=[word], columns=cols)
+    finally:
+        index_module.EXACT_FILTER_VALUES = kept
+
+
+def bench_batched(ix: SenseIndex, queries: np.ndarray, truth: list[np.ndarray], keys: list,
+                  cols: list[str], batch: int, repeat: int = 3) -> dict[str, object]:
+    """Queries/s with ``batch`` query vectors per call (default settings, no filter): the
+    product path (``vector_query``) and LanceDB's sync API, alternated, best of ``repeat``."""
+    chunks = [slice(i, i + batch) for i in range(0, len(queries), batch)]
+
+    def product(part: np.ndarray) -> pa.Table:
+        return ix.vector_query(part, 10, columns=cols).to_arrow()
+
+    def plain(part: np.ndarray) -> pa.Table:
+        p = ix.meta.search
+        s = ix.table.search(list(part)).distance_type("cosine").nprobes(p.nprobes).ef(p.ef)
+        if p.refine_factor:
+            s = s.refine_factor(p.refine_factor)
+        return s.select([*cols, "_distance"]).limit(10).to_arrow()
+
+    out: dict[str, object] = {}
+    best = {"product": float("inf"), "plain": float("inf")}
+    recall: dict[str, float] = {}
+    for _ in range(repeat):
+        for name, run in (("product", product), ("plain", plain)):
+            t0 = time.perf_counter()
+            tables = [run(queries[c]) for c in chunks]
+            best[name] = min(best[name], time.perf_counter() - t0)
+            rec = []
+            for c, table in zip(chunks, tables, strict=True):
+                which = table["query_index"].to_numpy() if "query_index" in \
+                    table.column_names else np.zeros(table.num_rows, int)
+                for j, want in enumerate(truth[c]):
+                    got = set(_keys(table.filter(pa.array(which == j))))
+                    rec.append(len(got & {keys[i] for i in want}) / len(want))
+            recall[name] = float(np.mean(rec))
+    for name, label in (("product", "vector_query"), ("plain", "LanceDB sync API")):
+        rate = len(queries) / best[name]
+        out[f"batched_{batch}_{name}"] = {"queries_s": rate, "recall": recall[name]}
+        print(f"  batched, {batch} vectors a call, {label:17s}: {rate:8,.0f} queries/s "
+              f"({1000 / rate:.2f} ms each), recall@10 {recall[name]:.3f}")
+    return out
+
+
 def bench_index(ds_uri: str, out_uri: str, data: dict, n_queries: int,
                 grid: list[tuple[int, int, int | None]], rng: np.random.Generator,
-                build: bool = True) -> dict[str, object]:
+                build: bool = True, batch: int = 32, flat: bool = True) -> dict[str, object]:
     result: dict[str, object] = {}
     if build:
         t0 = time.perf_counter()
@@ -320,34 +387,44 @@ def bench_index(ds_uri: str, out_uri: str, data: dict, n_queries: int,
 
     cols = ["doc_id", "sent_idx", "tok_idx"]
 
-    def ann(nprobes: int, ef: int, refine: int | None = None, where: str | None = None):
+    def plain(nprobes: int, ef: int, refine: int | None = None):
+        """LanceDB's sync query builder, as the index ran it before its own search path."""
         def run(q: np.ndarray) -> pa.Table:
             s = ix.table.search(q).distance_type("cosine").nprobes(nprobes).ef(ef)
             if refine:
                 s = s.refine_factor(refine)
-            if where:
-                s = s.where(where, prefilter=True)
             return s.select([*cols, "_distance"]).limit(10).to_arrow()
+        return run
+
+    def ann(nprobes: int, ef: int, refine: int | None = None):
+        """The product path (``SenseIndex.vector_query``) with these graph settings."""
+        def run(q: np.ndarray) -> pa.Table:
+            with _search_settings(ix, nprobes, ef, refine):
+                return ix.vector_query(q.reshape(1, -1), 10, columns=cols).to_arrow()
         return run
 
     p = ix.meta.search
     # Steady state, not first touch: one unmeasured pass over every query (the machine's
     # proactive reclaim evicts an idle multi-GB index from the page cache).
     for q in queries:
-        ann(max(20, p.nprobes), p.ef, p.refine_factor)(q)
+        plain(max(20, p.nprobes), p.ef, p.refine_factor)(q)
     grid = [(p.nprobes, p.ef, p.refine_factor), *grid]
     for nprobes, ef, refine in grid:
-        label = f"ANN nprobes={nprobes} ef={ef} refine={refine}"
+        label = f"nprobes={nprobes} ef={ef} refine={refine}"
         if (nprobes, ef, refine) == grid[0]:
             label += " (default)"
-        r, p50, p95 = measure(label, ann(nprobes, ef, refine), truth)
+        r, p50, p95 = measure(f"ANN {label}", ann(nprobes, ef, refine), truth)
         result[f"ann_{nprobes}_{ef}_{refine}"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
-    # A flat scan takes seconds per query at 1M x 1024: 20 queries say enough.
-    r, p50, p95 = measure("exact (LanceDB flat scan, 20 queries)",
-                          lambda q: ix.table.search(q).distance_type("cosine")
-                          .bypass_vector_index().select([*cols, "_distance"]).limit(10)
-                          .to_arrow(), truth, limit=20)
-    result["flat_scan"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
+        r, p50, p95 = measure(f"  LanceDB sync API, {label}", plain(nprobes, ef, refine),
+                              truth)
+        result[f"plain_{nprobes}_{ef}_{refine}"] = {"recall": r, "p50_ms": p50,
+                                                    "p95_ms": p95}
+    result.update(bench_batched(ix, queries, truth, keys, cols, batch))
+    if flat:  # a flat scan takes seconds per query at 1M x 1024: 20 queries say enough
+        r, p50, p95 = measure("exact (LanceDB flat scan, 20 queries)",
+                              lambda q: ix.search(q, k=10, exact=True, columns=cols), truth,
+                              limit=20)
+        result["flat_scan"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
     t = time.perf_counter()
     for q in queries:
         exact_topk(unit, q, 10)
@@ -366,8 +443,7 @@ def bench_index(ds_uri: str, out_uri: str, data: dict, n_queries: int,
     result["prefilter_product"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
     it = iter(word_of)
     r, p50, p95 = measure("prefilter token=w, forced ANN (default params)",
-                          lambda q: ann(p.nprobes, p.ef, p.refine_factor,
-                                        where=token_filter([next(it)], "token"))(q), truth_f)
+                          lambda q: _forced_graph(ix, q, next(it), cols), truth_f)
     result["prefilter_ann"] = {"recall": r, "p50_ms": p50, "p95_ms": p95}
     # What `elmo senses search` asks by default: the word's forms (token_stem = stem; a
     # synthetic word is its own stem, so the truth is the same), distinct contexts only.
@@ -397,6 +473,9 @@ def main() -> int:
     parser.add_argument("--dtype", choices=STORAGE_DTYPES, default="float16",
                         help="storage dtype of the synthetic dataset")
     parser.add_argument("--skip-index", action="store_true")
+    parser.add_argument("--skip-flat", action="store_true", help="no exact flat-scan row")
+    parser.add_argument("--batch", type=int, default=32,
+                        help="query vectors per call in the batched row (default 32)")
     parser.add_argument("--sweep", action="store_true", help="nprobes x ef grid")
     parser.add_argument("--grid", help="ANN settings to measure besides the defaults, as "
                         "nprobes/ef/refine triples: '10/100/5,20/100/-'")
@@ -434,7 +513,7 @@ def main() -> int:
         data = read_back(str(ds_dir))
         print(f"  reusing {ds_dir} and {ix_dir}")
         results.update(bench_index(str(ds_dir), str(ix_dir), data, args.queries, grid, rng,
-                                   build=False))
+                                   build=False, batch=args.batch, flat=not args.skip_flat))
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1, default=float))
         return 0
@@ -449,7 +528,8 @@ def main() -> int:
         results.update(bench_sql(str(ds_dir), args.tokens, args.repeat, data["top"],
                                  data["words"]))
     if not args.skip_index:
-        results.update(bench_index(str(ds_dir), str(ix_dir), data, args.queries, grid, rng))
+        results.update(bench_index(str(ds_dir), str(ix_dir), data, args.queries, grid, rng,
+                                   batch=args.batch, flat=not args.skip_flat))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=float))
     if not args.workdir:

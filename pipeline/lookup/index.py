@@ -53,6 +53,7 @@ from pipeline.lookup.doc_fields import (
     quote,
 )
 from pipeline.lookup.mix_specs import Mix
+from pipeline.lookup.vector_search import VectorSearch
 
 if TYPE_CHECKING:
     import numpy as np
@@ -321,9 +322,10 @@ class SenseIndex:
     def vector_query(self, vectors: np.ndarray, k: int = 10,
                      words: Sequence[str] | None = None, exact: bool = False,
                      columns: Sequence[str] = RESULT_COLUMNS, forms: bool = False,
-                     where: str | None = None) -> Any:
-        """The LanceDB query ``search`` runs, for ``[n, dim]`` query vectors: with more
-        than one, LanceDB answers them in one call and adds a ``query_index`` column."""
+                     where: str | None = None) -> VectorSearch:
+        """The search ``search`` runs, for ``[n, dim]`` query vectors (``to_arrow`` runs
+        it): with more than one, LanceDB answers them in one call and adds a
+        ``query_index`` column."""
         import numpy as np
 
         if forms and words:
@@ -335,8 +337,6 @@ class SenseIndex:
         if vectors.ndim != 2 or vectors.shape[1] != self.meta.dim:
             raise ElmoUserError(f"query vector has {vectors.shape[-1]} values, index has "
                                 f"{self.meta.dim}")
-        query = self.table.search(vectors[0] if len(vectors) == 1 else list(vectors)
-                                  ).distance_type("cosine")
         word_where = token_filter(words, column) if words else None
         if where is not None:
             # Rows the whole filter leaves (a count query: the word counts do not know it).
@@ -346,16 +346,9 @@ class SenseIndex:
             where = word_where
             small = where is not None and self.word_rows(words, column) * self.meta.dim \
                 <= EXACT_FILTER_VALUES
-        if exact or self.meta.built != "hnsw" or small:
-            query = query.bypass_vector_index()
-        else:
-            p = self.meta.search
-            query = query.nprobes(p.nprobes).ef(p.ef)
-            if p.refine_factor:
-                query = query.refine_factor(p.refine_factor)
-        if where is not None:
-            query = query.where(where, prefilter=True)
-        return query.select([*columns, "_distance"]).limit(k)
+        graph = not (exact or self.meta.built != "hnsw" or small)
+        return VectorSearch(self.table, vectors, k, tuple(columns), where,
+                            self.meta.search if graph else None)
 
     def occurrences(self, words: Sequence[str], columns: Sequence[str] = RESULT_COLUMNS,
                     limit: int = 100_000, where: str | None = None) -> pa.Table:
