@@ -14,12 +14,11 @@ search. Scalar BTree indexes on ``token``, ``token_lower`` and ``token_stem`` ma
 
 Vector index (``--index``): ``flat`` (none: exact brute-force search), ``hnsw``
 (IVF_HNSW_SQ, cosine) or ``auto`` (hnsw from ``HNSW_MIN_ROWS`` rows on, else flat).
-IVF_PQ was rejected: recall@10 0.08-0.5 at defaults here, and 9x slower to build on
-float16. A prefiltered query whose filter leaves at most ``EXACT_FILTER_VALUES`` floats
-(2,000 rows of 256-d, 500 of 1024-d) runs exact over just those rows (recall 1.0 at a
-few ms); above that, LanceDB's exact scan of the filtered rows grows to ~40 ms (2,000
-rows of 1024-d) and beyond, so the prefiltered graph search is used (recall@10 0.98-0.99
-measured).
+IVF_PQ was rejected: its recall@10 at defaults was far below 0.95, and it built much
+slower on float16. A prefiltered query whose filter leaves at most ``EXACT_FILTER_VALUES``
+floats (2,000 rows of 256-d, 500 of 1024-d) runs exact over just those rows (recall 1.0);
+above that, LanceDB's exact scan of the filtered rows costs more than the prefiltered
+graph search, which is used instead (recall@10 0.98-0.99; BENCHMARKS.md has the figures).
 
 ``<out>/_elmo_index.json`` records the dataset, its model fingerprint, the mix (weights
 in full, so the index remembers what it holds even if the dataset's mix is later
@@ -67,7 +66,8 @@ TABLE = "tokens"
 HNSW_MIN_ROWS = 50_000
 # A prefilter leaving at most this many floats (rows x dim) is answered by an exact scan
 # of those rows: 2,000 rows at 256-d, 500 at 1024-d. At 1M x 1024 an exact scan of 500-2,000
-# rows took 42 ms (p50) against 14 ms for the prefiltered graph, which still found 0.98.
+# rows cost several times the prefiltered graph search, which still finds 0.98
+# (BENCHMARKS.md, "Prefilter routing").
 EXACT_FILTER_VALUES = 512_000
 # A filter on a field the index lacks becomes "doc_id IN (...)" of at most this many ids.
 MAX_JOIN_IDS = 100_000
@@ -89,9 +89,8 @@ def _stemmer() -> Any:
     return snowballstemmer.stemmer("english")
 
 
-# The stemmer is pure Python (~50 us a word): a build meets the same words in every
-# chunk, so each is stemmed once (the sample's 102k tokens, 9.3k words: 0.5-0.7 s cold,
-# 11-15 ms with every word seen).
+# The stemmer is pure Python: a build meets the same words in every chunk, so each is
+# stemmed once.
 @functools.lru_cache(maxsize=1 << 18)
 def _stem(word: str) -> str:
     return _stemmer().stemWord(word)
@@ -104,24 +103,23 @@ def stem_words(words: Sequence[str]) -> list[str]:
 
 @dataclass
 class SearchParams:
-    """Query-time knobs of the HNSW index (measured in bench/lookup.py)."""
+    """Query-time knobs of the HNSW index, chosen by bench/lookup.py (the measurements are
+    in BENCHMARKS.md, "LanceDB sense index")."""
 
     nprobes: int = 20
-    # ef 150 vs 100: recall@10 0.959 -> 0.971 at 100k x 1024, 0.947 -> 0.955 at 1M x 256.
-    ef: int = 150
-    # Re-rank 5k candidates with the full vectors: SQ's error alone cost 3-4 points of
-    # recall@10 (0.93 -> 0.96 at 100k, 0.94 -> 0.99 at 1M) for ~2 ms.
+    ef: int = 150  # over 100: about one point of recall@10 at 100k and 1M rows
+    # Re-rank k x refine_factor candidates with the full vectors: the scalar quantizer's
+    # error alone costs 3-4 points of recall@10.
     refine_factor: int | None = 5
 
     @classmethod
     def for_rows(cls, rows: int) -> SearchParams:
         """The defaults for an index of ``rows`` vectors.
 
-        A query costs ~5 ms plus ~0.4 ms per probed partition here, whatever the
+        A query costs a fixed part plus a part per probed partition, whatever the
         partition size, while the share of partitions a query must probe for recall@10
-        >= 0.95 falls as they multiply (0.3 sqrt(n) of them): 20 of ~100 at 100k rows
-        (0.970, p50 13 ms at 1024-d), 10 of 300 at 1M (0.972 / 15 ms at 1024-d, 0.955 /
-        14 ms at 256-d; 20 probes there cost 18-27 ms for +0.01)."""
+        >= 0.95 falls as they multiply (0.3 sqrt(n) of them): 20 of ~100 at 100k rows,
+        10 of 300 at 1M (BENCHMARKS.md has the table)."""
         return cls(nprobes=10) if rows >= LARGE_INDEX_ROWS else cls()
 
 
