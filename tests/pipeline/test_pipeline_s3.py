@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+import s3fs
 from helpers import config, write_corpus
 
 from pipeline.embed import embed_corpus
 from pipeline.lookup.mixes import iter_mixed, open_dataset
-
-moto_server = pytest.importorskip("moto.server")
-s3fs = pytest.importorskip("s3fs")
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 def test_s3_round_trip(s3_endpoint: str, tiny_model_dir: Path, tmp_path: Path,

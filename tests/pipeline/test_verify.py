@@ -9,12 +9,12 @@ the damaged files to the bytes an uninterrupted run wrote.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import s3fs
 from helpers import config, write_corpus
 
 from elmo_model.errors import ElmoUserError
@@ -25,19 +25,7 @@ from pipeline.lookup.mixes import iter_mixed
 from pipeline.lookup.parquet_layers import CorruptPageError
 from pipeline.verify import CORRUPT, MISSING, OK, TRUNCATED, require_intact, verify_dataset
 
-moto_server = pytest.importorskip("moto.server")
-s3fs = pytest.importorskip("s3fs")
-
 DAMAGES = ("flip", "truncate", "delete")
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 def _s3_options(endpoint: str) -> dict:
