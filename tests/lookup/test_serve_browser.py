@@ -54,12 +54,14 @@ def browser(tmp_path: Path) -> Iterator[object]:
 
 def test_explorer_page_searches_maps_and_shows_context(server: str, browser: object,
                                                        tmp_path: Path) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver = browser
-    wait = WebDriverWait(driver, WAIT_S)
+    # A list the page replaces while a condition reads it is read again, not an error.
+    wait = WebDriverWait(driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,))
     driver.get(server + "/")
     # The page loads plotly.js from the server itself, not from a CDN.
     scripts = [s.get_attribute("src") for s in driver.find_elements(By.TAG_NAME, "script")]
