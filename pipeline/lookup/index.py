@@ -349,9 +349,12 @@ class SenseIndex:
                             self.meta.search if graph else None)
 
     def occurrences(self, words: Sequence[str], columns: Sequence[str] = RESULT_COLUMNS,
-                    limit: int = 100_000, where: str | None = None) -> pa.Table:
-        """Every row whose lowercase token is one of ``words`` (with vectors), and that
-        passes ``where`` (a Lance predicate, ``fields_where``) if given."""
-        where = token_filter(words) if where is None else f"({token_filter(words)}) AND ({where})"
+                    limit: int = 100_000, where: str | None = None,
+                    column: str = "token_lower") -> pa.Table:
+        """Every row whose ``column`` (the lowercase token, or ``token_stem`` for any of a
+        word's forms) is one of ``words``, with vectors, and that passes ``where`` (a
+        Lance predicate, ``fields_where``) if given."""
+        words_where = token_filter(words, column)
+        where = words_where if where is None else f"({words_where}) AND ({where})"
         return (self.table.search().where(where).select([*columns, "vector"])
                 .limit(limit).to_arrow())

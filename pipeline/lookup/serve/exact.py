@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex, token_filter
+from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex
 from pipeline.lookup.mixes import fsl_to_numpy
 from pipeline.lookup.senses import Hit
 from pipeline.lookup.serve.limits import EXACT_CACHE_VALUES, EXACT_CANDIDATE_VALUES
@@ -62,9 +62,8 @@ class ExactSearch:
                 self.cache.move_to_end(key)
                 return self.cache[key]
         column = "token_stem" if forms else "token_lower"
-        table = (index.table.search().where(token_filter(words, column))
-                 .select([*HIT_COLUMNS, "vector"]).limit(max(1, index.meta.rows))
-                 .to_arrow())
+        table = index.occurrences(words, columns=HIT_COLUMNS, limit=max(1, index.meta.rows),
+                                  column=column)
         vectors = fsl_to_numpy(table.column("vector")).astype(np.float32)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         rows = table.drop_columns(["vector"]).to_pylist()

@@ -3,12 +3,12 @@ documents' fields and a guarded SQL connection; and the reads the routes make of
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
+from pipeline.lookup.doc_fields import read_documents
 from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex, token_filter
 from pipeline.lookup.mixes import Dataset, mix_arrays, open_dataset
 from pipeline.lookup.senses import Hit, dataset_tokenizer, hits_from_table, model_files_for
@@ -68,19 +68,12 @@ class ServedStore:
         return store
 
     def _read_documents(self) -> dict[str, dict[str, Any]]:
-        """doc_id -> its fields: source, line and the keys of its metadata JSON."""
+        """doc_id -> its fields (source, line, metadata), read as the sense index reads
+        them (``doc_fields.read_documents``)."""
         out: dict[str, dict[str, Any]] = {}
-        rows = self.sql.execute("SELECT doc_id, source, line, metadata FROM documents", {})
-        for doc_id, source, line, metadata in rows:
-            fields: dict[str, Any] = {"source": source, "line": line}
-            if metadata:
-                try:
-                    extra = json.loads(metadata)
-                except ValueError:
-                    extra = None
-                if isinstance(extra, dict):
-                    fields.update({k: v for k, v in extra.items() if k not in fields})
-            out[doc_id] = fields
+        for path in self.ds.paths("documents"):
+            ids, fields = read_documents(self.ds, path)
+            out.update(zip(ids, fields, strict=True))
         return out
 
     def index(self, name: str | None) -> tuple[str, SenseIndex]:
