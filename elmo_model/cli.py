@@ -196,17 +196,19 @@ def _model_files(model: str, weights: str | None) -> tuple[Path, Path]:
     raise ElmoUserError(f"model directory not found: {path}")
 
 
-def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    overrides: dict[str, Any] = {}
+def key_values(pairs: list[str], flag: str, example: str) -> dict[str, Any]:
+    """Repeated ``KEY=VALUE`` options (``--set``, ``--storage-option``) as a dict; a value
+    is JSON where it parses (``true`` a bool, ``1`` an int), else text."""
+    options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ElmoUserError(f"--set expects KEY=VALUE, got {pair!r}")
+            raise ElmoUserError(f"{flag} {pair!r}: write KEY=VALUE, e.g. {example}")
         try:
-            overrides[key] = json.loads(value)
+            options[key] = json.loads(value)
         except json.JSONDecodeError:
-            overrides[key] = value
-    return overrides
+            options[key] = value
+    return options
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -221,7 +223,7 @@ def _train(args: argparse.Namespace) -> int:
         max_steps=args.max_steps, max_minutes=args.max_minutes,
         checkpoint_minutes=args.checkpoint_minutes, eval_lines=args.eval_lines,
         progress=not args.no_progress, command=command,
-        overrides=_parse_overrides(args.set) or None,
+        overrides=key_values(args.set, "--set", "lr=0.002") or None,
         tokenizer=args.tokenizer, device=args.device,
     )
     ppl = result.last_perplexity

@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.cli import key_values
 
 DATASET_EPILOG = """\
 examples:
@@ -62,27 +62,14 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def parse_storage_options(pairs: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs as fsspec options (``anon=true`` is a bool, ``x=1`` an int)."""
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ElmoUserError(f"--storage-option {pair!r}: write KEY=VALUE, e.g. anon=true")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
-
-
 def run_verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from pipeline.lookup.dataset import open_dataset
     from pipeline.verify import expected_files, verify_dataset
 
-    ds = open_dataset(args.dataset, parse_storage_options(args.storage_option) or None)
+    options = key_values(args.storage_option, "--storage-option", "anon=true")
+    ds = open_dataset(args.dataset, options or None)
     wanted = expected_files(ds.fs, ds.root)
     total = sum(e.size or 0 for e in wanted)
     tty = sys.stderr.isatty()
