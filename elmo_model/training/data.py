@@ -1,16 +1,21 @@
-"""Training data: lines cut into words, the fixed held-out split, and the per-step
-windows of the parallel text streams that truncated back-propagation reads.
+"""Training data: texts cut into sentences of words, the fixed held-out split, and the
+per-step windows of the parallel text streams that truncated back-propagation reads.
 
-Every training line becomes ``<S> w1 .. wn </S>``; each epoch shuffles the lines,
-concatenates them and cuts the result into ``batch_size`` long streams read in windows
-of ``unroll_steps`` tokens. The backward LM gets its own shuffle of the lines, reversed,
-as bilm-tf's reversed dataset does, so both directions always continue the text they
-were reading.
+A text is a non-empty line of a plain-text file, or the ``text`` of a JSON Lines record
+(the corpus recipe's documents, ``python -m elmo_model.corpus``). The tokenizer cuts each
+text into sentences exactly as ``elmo embed`` will cut documents (one line is one sentence
+for ``elmo-store-words``), and a whole text is held out or not, by its content hash, so no
+document straddles the split. Every sentence becomes ``<S> w1 .. wn </S>``; each epoch
+shuffles the sentences, concatenates them and cuts the result into ``batch_size`` long
+streams read in windows of ``unroll_steps`` tokens. The backward LM gets its own shuffle
+of the sentences, reversed, as bilm-tf's reversed dataset does, so both directions
+always continue the text they were reading.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -45,44 +50,66 @@ class Corpus:
         return sum(len(x) for x in self.train)
 
 
-def read_lines(pattern: str) -> Iterator[str]:
-    """The non-empty, stripped lines of the files ``pattern`` matches, in path order."""
+def read_texts(pattern: str) -> Iterator[str]:
+    """The texts of the files ``pattern`` matches, in path order: each non-empty, stripped
+    line of a plain-text file, and each record's non-empty ``text`` in a ``.jsonl`` file."""
     paths = sorted(glob.glob(pattern))
     if not paths:
         raise ElmoUserError(f"no files match {pattern!r}")
     for path in paths:
+        records = path.endswith((".jsonl", ".ndjson"))
         try:
             with open(path, encoding="utf-8") as handle:
-                for line in handle:
+                for number, line in enumerate(handle, 1):
                     line = line.strip()
-                    if line:
+                    if not line:
+                        continue
+                    if not records:
                         yield line
+                        continue
+                    text = _record_text(line, path, number)
+                    if text:
+                        yield text
         except UnicodeDecodeError as error:
             raise ElmoUserError(f"{path}: not UTF-8 text ({error})") from None
+
+
+def _record_text(line: str, path: str, number: int) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ElmoUserError(f"{path}:{number}: not a JSON record ({error.msg}); JSON Lines "
+                            "files hold one object per line with a \"text\" field") from None
+    text = record.get("text") if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        raise ElmoUserError(f"{path}:{number}: the record has no \"text\" string field")
+    return text.strip()
 
 
 def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
                 vocab: Vocabulary | None = None, tokenizer: Tokenizer | None = None
                 ) -> tuple[Corpus, Vocabulary]:
-    """Tokenize the files (one sequence per line, ``tokenizer`` default
-    :data:`~elmo_model.tokenizers.TRAIN_DEFAULT`), split off the held-out lines, and build
+    """Cut the texts into sentences of words (``tokenizer``, default
+    :data:`~elmo_model.tokenizers.TRAIN_DEFAULT`), split off the held-out texts, and build
     (or reuse) the vocabulary."""
     tokenizer = tokenizer or get_tokenizer(TRAIN_DEFAULT)
     type_ids: dict[str, int] = {BOS_TOKEN: 0, EOS_TOKEN: 1}
     train_tokens: list[list[str]] = []
     train, heldout = [], []
-    for line in read_lines(pattern):
-        tokens = [token.text for token in tokenizer.tokenize(line)]
-        if not tokens:
-            continue
-        ids = [0] + [type_ids.setdefault(t, len(type_ids)) for t in tokens] + [1]
-        if is_heldout(line, params.heldout_percent):
-            heldout.append(np.array(ids, dtype=np.int64))
-        else:
-            train.append(np.array(ids, dtype=np.int64))
-            train_tokens.append(tokens)
+    for text in read_texts(pattern):
+        held = is_heldout(text, params.heldout_percent)
+        for sentence in tokenizer.split_sentences(text):
+            tokens = sentence.words
+            if not tokens:
+                continue
+            ids = [0] + [type_ids.setdefault(t, len(type_ids)) for t in tokens] + [1]
+            if held:
+                heldout.append(np.array(ids, dtype=np.int64))
+            else:
+                train.append(np.array(ids, dtype=np.int64))
+                train_tokens.append(tokens)
     if not train:
-        raise ElmoUserError(f"{pattern}: no training text (all lines empty or held out)")
+        raise ElmoUserError(f"{pattern}: no training text (all texts empty or held out)")
     if vocab is None:
         vocab = Vocabulary.build(train_tokens, params.n_tokens_vocab)
     types = list(type_ids)

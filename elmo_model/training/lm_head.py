@@ -70,3 +70,24 @@ def perplexity(nll_sum: float, n_tokens: int) -> float:
     if n_tokens <= 0:
         return float("nan")
     return math.exp(nll_sum / n_tokens)
+
+
+def carry_rows(softmax: dict[str, torch.Tensor], old_words: list[str], new_words: list[str],
+               seed: int) -> dict[str, torch.Tensor]:
+    """A softmax over ``new_words`` that keeps the trained row and bias of every word
+    ``old_words`` shares with it. A new word gets a fresh row, and the bias of the rarest
+    tenth of the old words (its median), since a word the old vocabulary left out was rare
+    in the old corpus; a zero bias would have it predicted far too often at the start."""
+    weight, bias = softmax["weight"].float(), softmax["bias"].float()
+    dim = weight.shape[1]
+    generator = torch.Generator().manual_seed(seed)
+    new_weight = torch.empty(len(new_words), dim).normal_(0, 1 / math.sqrt(dim),
+                                                          generator=generator)
+    rare = bias[-max(1, len(old_words) // 10):]
+    new_bias = torch.full((len(new_words),), float(rare.median()))
+    old_ids = {word: i for i, word in enumerate(old_words)}
+    kept = [(i, old_ids[w]) for i, w in enumerate(new_words) if w in old_ids]
+    if kept:
+        new_ids, from_ids = (torch.tensor(x) for x in zip(*kept, strict=True))
+        new_weight[new_ids], new_bias[new_ids] = weight[from_ids], bias[from_ids]
+    return {"weight": new_weight, "bias": new_bias}

@@ -33,7 +33,7 @@ from elmo_model.training.checkpoints import (
 from elmo_model.training.config import TrainParams
 from elmo_model.training.data import Corpus, StreamBatches, embed_types, load_corpus
 from elmo_model.training.evaluation import heldout_perplexity
-from elmo_model.training.lm_head import Softmax
+from elmo_model.training.lm_head import Softmax, carry_rows
 from elmo_model.training.start import Log, Start, starting_point
 from elmo_model.vocab import Vocabulary
 from elmo_model.weights import OPTIONS_FILE, options_from_config
@@ -311,8 +311,14 @@ def train(
     place = select_device(device)
     start = starting_point(out, config_spec, init_from, tokenizer, overrides, log)
     loading = time.perf_counter()
-    corpus, vocab = load_corpus(corpus_glob, start.params, start.config.max_chars, start.vocab,
-                                start.tokenizer)
+    corpus, vocab = load_corpus(corpus_glob, start.params, start.config.max_chars,
+                                None if start.rebuild_vocab else start.vocab, start.tokenizer)
+    if start.vocab is not None and vocab is not start.vocab:
+        start.init_softmax = carry_rows(start.init_softmax, start.vocab.words, vocab.words,
+                                        start.params.seed) if start.init_softmax else {}
+        shared = len(set(start.vocab.words) & set(vocab.words))
+        log(f"vocabulary rebuilt from the corpus ({len(vocab):,} words, n_tokens_vocab); "
+            f"{shared:,} of them keep the --init-from model's softmax rows")
     log(f"corpus ({start.tokenizer.name} tokens): {len(corpus.train):,} training lines "
         f"({corpus.n_train_tokens:,} tokens), {len(corpus.heldout):,} held out; vocabulary "
         f"{len(vocab):,}; loaded in {time.perf_counter() - loading:.1f}s; training on {place}")

@@ -48,6 +48,9 @@ class Start:
     vocab: Vocabulary | None = None
     init_softmax: dict[str, torch.Tensor] = field(default_factory=dict)
     resumed: tuple[dict[str, torch.Tensor], TrainState] | None = None
+    # fine-tuning with ``--set n_tokens_vocab=N``: a new vocabulary from the corpus, the
+    # softmax rows of the words it shares with the old one carried over
+    rebuild_vocab: bool = False
 
 
 def _resumed_start(out: Path, resumed: tuple[dict[str, torch.Tensor], TrainState],
@@ -103,6 +106,7 @@ def starting_point(out: Path, config_spec: str, init_from: str | None, tokenizer
         start.params = TrainParams.from_dict({**asdict(start.params), **overrides}, "overrides")
         start.config = with_params(start.config, start.params)
         start.model = _with_config(start.model, start.config)
+        start.rebuild_vocab = start.vocab is not None and "n_tokens_vocab" in overrides
     return start
 
 
