@@ -18,11 +18,13 @@ from elmo_model.errors import ElmoUserError
 _RAW = argparse.RawDescriptionHelpFormatter
 
 TRAIN_HELP = """\
-Train a biLM (forward + backward LMs, shared char CNN and softmax) on plain text,
-one paragraph or sentence per line. Resumes automatically when --out already holds a
-checkpoint; a kill loses at most the steps since the last checkpoint. Lines are cut into
-words by --tokenizer (default: the --init-from model's own, else moses, as the original
-ELMo); the model's options.json declares it, so embedding later cuts text the same way.
+Train a biLM (forward + backward LMs, shared char CNN and softmax) on plain text (one
+paragraph or sentence per line) or JSON Lines documents (`.jsonl`, one {"text": ...} per
+line, as `python -m elmo_model.corpus build` writes them). Resumes automatically when
+--out already holds a checkpoint; a kill loses at most the steps since the last
+checkpoint. --tokenizer cuts each text into sentences and words exactly as `elmo embed`
+will (default: the --init-from model's own, else moses, as the original ELMo); the
+model's options.json declares it. A whole text (line or document) is held out or not.
 
 examples:
   elmo train 'examples/corpus/*.txt' --config examples/tiny_options.json --out runs/tiny-lm \\
@@ -34,6 +36,10 @@ examples:
   elmo train 'my_domain/*.txt' --init-from models/default --out runs/domain --max-steps 2000
   elmo train 'data/*.txt' --config my_options.json --out runs/custom --checkpoint-minutes 2
   elmo train 'corpus/*.txt' --config small --out runs/words --tokenizer elmo-store-words
+  elmo train 'corpus-out/*/*.jsonl' --init-from models/default --out runs/v2 \\
+      --tokenizer elmo-store-sentences --set n_tokens_vocab=50000
+      # fine-tune on new documents with a vocabulary rebuilt from them (shared words keep
+      # their softmax rows)
 """
 
 INFO_HELP = """\
@@ -136,7 +142,8 @@ def _register_train(subparsers: Any) -> None:
     train = subparsers.add_parser("train", help="train or fine-tune a biLM on plain text",
                                   description=TRAIN_HELP, formatter_class=_RAW)
     train.add_argument("corpus", metavar="CORPUS_GLOB",
-                       help="text files, one paragraph per line (quote the glob)")
+                       help="text files (one paragraph per line) or .jsonl documents "
+                            "(quote the glob)")
     train.add_argument("--config", default="small",
                        help="small | medium | standard | an options JSON file (default small)")
     train.add_argument("--out", required=True, metavar="DIR",

@@ -19,7 +19,7 @@ from elmo_model.training import load_trained, package_model, train
 from elmo_model.training.config import TrainParams, resolve_config
 from elmo_model.training.data import Corpus, StreamBatches, is_heldout, load_corpus
 from elmo_model.training.evaluation import heldout_perplexity
-from elmo_model.training.lm_head import Softmax, perplexity
+from elmo_model.training.lm_head import Softmax, carry_rows, perplexity
 from elmo_model.vocab import Vocabulary
 from pipeline.tokenize import get_tokenizer, model_tokenizer
 
@@ -438,3 +438,69 @@ def test_package_then_fine_tune_from_ours_and_from_allennlp(tmp_path: Path) -> N
     train(other, tmp_path / "override", str(options), init_from=str(tmp_path / "allennlp"),
           max_steps=1, tokenizer="moses", **QUIET)
     assert model_tokenizer(str(tmp_path / "override")) == "moses"
+
+
+def test_jsonl_documents_are_cut_into_sentences_and_held_out_whole(tmp_path: Path) -> None:
+    documents = [f"The {animal} ate the grass. Dr. Smith saw it on day {day}! Was it hungry?"
+                 for day in range(40) for animal in ("cow", "horse")]
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "text": text}) + "\n"
+                            for i, text in enumerate(documents)) + "\n")
+    tokenizer = get_tokenizer("elmo-store-sentences")
+    corpus, _ = load_corpus(str(path), TrainParams(heldout_percent=10.0), tokenizer=tokenizer)
+    held = [text for text in documents if is_heldout(text, 10.0)]
+    assert 0 < len(held) < len(documents)
+    # three sentences a document ("Dr." ends none), on the side of its whole document
+    assert len(corpus.heldout) == 3 * len(held)
+    assert len(corpus.train) == 3 * (len(documents) - len(held))
+    first = [corpus.types[i] for i in corpus.train[0]]
+    assert first[0] == "<S>" and first[-1] == "</S>" and first[-2] == "."
+    assert "Dr" in [corpus.types[i] for i in corpus.train[1]]
+
+
+def test_jsonl_records_without_text_are_one_line_errors(tmp_path: Path) -> None:
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine words here ."}\n{"body": "x"}\n')
+    with pytest.raises(ElmoUserError, match=r"bad.jsonl:2: the record has no \"text\""):
+        load_corpus(str(tmp_path / "bad.jsonl"), TrainParams(heldout_percent=0))
+    (tmp_path / "worse.jsonl").write_text("not json\n")
+    with pytest.raises(ElmoUserError, match=r"worse\.jsonl:1: not a JSON record"):
+        load_corpus(str(tmp_path / "worse.jsonl"), TrainParams(heldout_percent=0))
+
+
+def test_carried_softmax_rows_follow_their_words() -> None:
+    old_words = ["<S>", "</S>", "<UNK>", "the", "cat", "sat", "mat", "rare"]
+    new_words = ["<S>", "</S>", "<UNK>", "the", "dog", "sat", "cat"]
+    weight = torch.arange(len(old_words) * 3, dtype=torch.float32).reshape(-1, 3)
+    bias = -torch.arange(len(old_words), dtype=torch.float32)
+    carried = carry_rows({"weight": weight, "bias": bias}, old_words, new_words, seed=0)
+    for new_id, word in enumerate(new_words):
+        if word in old_words:
+            assert torch.equal(carried["weight"][new_id], weight[old_words.index(word)])
+            assert carried["bias"][new_id] == bias[old_words.index(word)]
+    # a new word starts as likely as the old vocabulary's rarest words
+    assert carried["bias"][new_words.index("dog")] == bias[-1]
+    assert carried["weight"].shape == (len(new_words), 3)
+
+
+def test_init_from_with_a_new_vocabulary_size_rebuilds_it(tmp_path: Path) -> None:
+    corpus = write_toy_corpus(tmp_path / "text")
+    options = write_tiny_options(tmp_path)
+    train(corpus, tmp_path / "base", str(options), max_steps=3, **QUIET)
+    base_vocab = Vocabulary.load(tmp_path / "base" / "vocab.txt")
+    other = tmp_path / "other" / "docs.jsonl"
+    other.parent.mkdir()
+    other.write_text("".join(json.dumps({"text": f"zebras graze at dawn {i} . "
+                                                 "the cat sees them ."}) + "\n"
+                             for i in range(200)))
+    train(str(other), tmp_path / "tuned", str(options), init_from=str(tmp_path / "base"),
+          max_steps=2, overrides={"n_tokens_vocab": 12, "heldout_percent": 5.0},
+          tokenizer="elmo-store-sentences", **QUIET)
+    tuned_vocab = Vocabulary.load(tmp_path / "tuned" / "vocab.txt")
+    assert len(tuned_vocab) == 15 and "zebras" in tuned_vocab.words
+    assert "zebras" not in base_vocab.words
+    _, base_softmax, _, _ = load_trained(tmp_path / "base")
+    _, tuned_softmax, _, _ = load_trained(tmp_path / "tuned")
+    cat_old, cat_new = base_vocab.id("cat"), tuned_vocab.id("cat")
+    # two small steps from the carried row: close to the old one, far from a fresh draw
+    moved = (tuned_softmax.weight[cat_new] - base_softmax.weight[cat_old]).abs().max()
+    assert moved < 0.05
