@@ -23,6 +23,9 @@ from serve_helpers import (
     served_data,
 )
 
+from elmo_model.api import default_model_dir
+from elmo_model.tokenizers import model_tokenizer
+
 SQL_TIMEOUT_S = 1.5
 QUERIES = [  # (sentence, word): words with many uses in examples/corpus, in several senses
     ("Will you play upon this pipe ?", "play"),
@@ -71,7 +74,7 @@ def test_info_describes_the_dataset_and_index(client: httpx.Client, data: Served
     assert info["dataset"]["rows"] == dict(zip(("documents", "sentences", "tokens"), counts,
                                                strict=True))
     assert info["dataset"]["layers"] == 3 and info["dataset"]["dim"] == 256
-    assert info["dataset"]["tokenizer"]["name"] == "elmo-store-words"
+    assert info["dataset"]["tokenizer"]["name"] == model_tokenizer(str(default_model_dir()))
     assert {"source", "line"} <= set(info["dataset"]["document_fields"])
     [index] = info["indexes"]
     assert index["name"] == "index" and index["mix"] == "top" and index["rows"] == counts[2]
