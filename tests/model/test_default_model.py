@@ -22,8 +22,9 @@ MODEL_DIR = elmo_model.default_model_dir()
 SNIPPET_SOURCES = FIXTURES / "sense_snippet_sources.jsonl"
 CORPUS_FILES = ("austen.txt", "moby_dick.txt", "shakespeare.txt", "web_bible.txt")
 
-# word -> {sense: snippets}; each snippet holds the word once, lower case, tokenized
-# as the training corpus was (the ``elmo-store-words`` tokenizer the model declares).
+# word -> {sense: snippets}; each snippet holds the word once, lower case, cut into the
+# words the model was trained on (``elmo-store-words``: the words of the
+# ``elmo-store-sentences`` tokenizer the model declares, without the sentence cutting).
 SENSES: dict[str, dict[str, list[str]]] = {
     "kind": {
         "sort": [
