@@ -67,14 +67,18 @@ class TypeVectors:
     tokens: Any  # pa.Array of strings
     layer_0: np.ndarray  # [n_types, dim], float16/float32 as stored, float32 from int8
 
-    def for_tokens(self, tokens: pa.Array | pa.ChunkedArray) -> np.ndarray:
-        """``[n, dim]`` layer 0 of each of ``tokens`` (a column of the tokens file)."""
+    def rows_for(self, tokens: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """The row of ``layer_0`` of each of ``tokens`` (a column of the tokens file)."""
         import pyarrow.compute as pc
 
         rows = pc.index_in(tokens, value_set=self.tokens)
         if rows.null_count:
             raise ElmoUserError("a token has no row in its types file (an incomplete dataset)")
-        return self.layer_0[rows.to_numpy(zero_copy_only=False)]
+        return rows.to_numpy(zero_copy_only=False)
+
+    def for_tokens(self, tokens: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """``[n, dim]`` layer 0 of each of ``tokens`` (a column of the tokens file)."""
+        return self.layer_0[self.rows_for(tokens)]
 
 
 def read_types(fs: Any, tokens_path: str) -> TypeVectors:
