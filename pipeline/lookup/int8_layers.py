@@ -137,27 +137,30 @@ def _decode_hybrid(data: np.ndarray, bit_width: int, out: np.ndarray, count: int
 
 
 @numba.njit(nogil=True, cache=True)
-def _mix_rows(out: np.ndarray, dense: np.ndarray, dense_rows: np.ndarray, dense_weight: float,
-              indices: np.ndarray, tables: np.ndarray, scales: np.ndarray,
-              weights: np.ndarray) -> None:
+def _mix_rows(out: np.ndarray, dense: np.ndarray, dense_scales: np.ndarray,
+              dense_rows: np.ndarray, dense_weight: float, indices: np.ndarray,
+              tables: np.ndarray, scales: np.ndarray, weights: np.ndarray) -> None:
     """``out[r] = sum_j w_j * layer_j[r]`` row by row, in ``accumulate``'s order.
 
-    ``dense`` (float32 ``[types, dim]``, gathered by ``dense_rows``; empty: none) is the
-    first layer when given; then int8 layer ``j``: ``tables[j][indices[j, r, :]]`` (the
-    dictionary as float32) times ``scales[j, r]``. A weight of exactly 1 is not applied
-    (``x * 1 == x``), as in ``accumulate``."""
+    ``dense`` (int8 ``[types, dim]`` and its ``dense_scales``, gathered by
+    ``dense_rows``; no rows: none) is the first layer when given; then int8 layer ``j``:
+    ``tables[j][indices[j, r, :]]`` (the dictionary as float32) times ``scales[j, r]``.
+    Each value is ``float32(q) * scale`` (``dequantize_int8``) times its weight; a weight
+    of exactly 1 is not applied (``x * 1 == x``), as in ``accumulate``."""
     rows, dim = out.shape
     has_dense = dense.shape[0] > 0
     for r in range(rows):
         row = out[r]
         if has_dense:
-            src = dense[dense_rows[r]]
+            t = dense_rows[r]
+            src = dense[t]
+            scale = dense_scales[t]
             if dense_weight != 1.0:
                 for i in range(dim):
-                    row[i] = src[i] * dense_weight
+                    row[i] = (np.float32(src[i]) * scale) * dense_weight
             else:
                 for i in range(dim):
-                    row[i] = src[i]
+                    row[i] = np.float32(src[i]) * scale
         for j in range(indices.shape[0]):
             table = tables[j]
             idx = indices[j, r]
@@ -291,14 +294,16 @@ def _page_values(body: memoryview, codec: Any, size: int, compressed_size: int, 
     raise UnsupportedLayoutError(f"page type {kind}")
 
 
-def mix_int8(out: np.ndarray, dense: np.ndarray | None, dense_rows: np.ndarray | None,
+def mix_int8(out: np.ndarray, dense: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
              dense_weight: float, indices: np.ndarray, tables: np.ndarray,
              scales: np.ndarray, weights: np.ndarray) -> None:
-    """Fill ``out`` (float32 ``[rows, dim]``) with the mix (``_mix_rows``): ``indices``
-    uint8 ``[layers, rows, dim]``, ``tables`` float32 ``[layers, 256]``, ``scales``
-    float32 ``[layers, rows]``, ``weights`` float32 ``[layers]``."""
-    if dense is None or dense_rows is None:
-        dense = np.zeros((0, out.shape[1]), np.float32)
-        dense_rows = np.zeros(0, np.int64)
-    _mix_rows(out, np.ascontiguousarray(dense, np.float32), dense_rows.astype(np.int64),
+    """Fill ``out`` (float32 ``[rows, dim]``) with the mix (``_mix_rows``): ``dense``
+    (optional, first) int8 ``[types, dim]`` values, their float32 scales and each row's
+    type; ``indices`` uint8 ``[layers, rows, dim]``, ``tables`` float32 ``[layers, 256]``,
+    ``scales`` float32 ``[layers, rows]``, ``weights`` float32 ``[layers]``."""
+    if dense is None:
+        dense = (np.zeros((0, out.shape[1]), np.int8), np.zeros(0, np.float32),
+                 np.zeros(0, np.int64))
+    values, value_scales, rows = dense
+    _mix_rows(out, values, value_scales, rows.astype(np.int64, copy=False),
               np.float32(dense_weight), indices, tables, scales, weights)

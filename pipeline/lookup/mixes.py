@@ -319,6 +319,8 @@ def _mix_int8_pages(source: Any, parquet: pq.ParquetFile, group: int, mix: Mix,
     used = [f"layer_{k}" for k in mix.used_layers]
     from_types = used[0] == "layer_0" and "layer_0" not in columns and types is not None \
         and not has_own_layer_0(parquet.schema_arrow)
+    if from_types and types.stored_int8 is None:  # type: ignore[union-attr]
+        return None
     stored = used[1:] if from_types else used
     if not (stored or from_types) or any(name not in columns for name in stored):
         return None
@@ -344,11 +346,12 @@ def _mix_int8_pages(source: Any, parquet: pq.ParquetFile, group: int, mix: Mix,
     weights = np.array(scaled_weights(mix), np.float32)
     out = np.empty((rows, dim), np.float32)
     if from_types:
+        values, value_scales = types.stored_int8  # type: ignore[union-attr,misc]
         rows_of_type = types.rows_for(read.column("token"))  # type: ignore[union-attr]
-        mix_int8(out, types.layer_0, rows_of_type, weights[0],  # type: ignore[union-attr]
-                 indices, tables, scales, weights[1:])
+        mix_int8(out, (values, value_scales, rows_of_type), weights[0], indices, tables,
+                 scales, weights[1:])
     else:
-        mix_int8(out, None, None, 1.0, indices, tables, scales, weights)
+        mix_int8(out, None, 1.0, indices, tables, scales, weights)
     return out
 
 
