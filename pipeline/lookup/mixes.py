@@ -32,7 +32,7 @@ import numpy as np
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import Dataset
 from pipeline.lookup.dataset import open_dataset as open_dataset  # its old home
-from pipeline.lookup.int8_layers import Int8Column, int8_columns, mix_int8, read_int8_indices
+from pipeline.lookup.int8_layers import Int8Column, int8_columns, mix_int8, read_int8_values
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mix_specs import resolve_mix as resolve_mix  # its old home
 from pipeline.lookup.parquet_layers import (
@@ -332,26 +332,25 @@ def _mix_int8_pages(source: Any, parquet: pq.ParquetFile, group: int, mix: Mix,
         return None
     read = parquet.read_row_group(group, columns=[n + SCALE_SUFFIX for n in stored]
                                   + (["token"] if from_types else []))
-    indices = _reused(buffers, "int8", len(stored) * rows * dim, np.uint8
-                      ).reshape(len(stored), rows, dim)
-    tables = np.empty((len(stored), 256), np.float32)
+    values = _reused(buffers, "int8", len(stored) * rows * dim, np.int8
+                     ).reshape(len(stored), rows, dim)
     for j, name in enumerate(stored):
         chunk = row_group.column(columns[name].leaf)
         read_buffer = _reused(buffers, "chunk", chunk.total_compressed_size, np.uint8)
-        tables[j] = read_int8_indices(source, chunk, rows, columns[name],
-                                      indices[j].reshape(-1), read_buffer)
+        read_int8_values(source, chunk, rows, columns[name], values[j].reshape(-1),
+                         read_buffer)
     scales = np.empty((len(stored), rows), np.float32)
     for j, name in enumerate(stored):
         scales[j] = read.column(name + SCALE_SUFFIX).to_numpy()
     weights = np.array(scaled_weights(mix), np.float32)
     out = np.empty((rows, dim), np.float32)
     if from_types:
-        values, value_scales = types.stored_int8  # type: ignore[union-attr,misc]
+        type_values, type_scales = types.stored_int8  # type: ignore[union-attr,misc]
         rows_of_type = types.rows_for(read.column("token"))  # type: ignore[union-attr]
-        mix_int8(out, (values, value_scales, rows_of_type), weights[0], indices, tables,
-                 scales, weights[1:])
+        mix_int8(out, (type_values, type_scales, rows_of_type), weights[0], values, scales,
+                 weights[1:])
     else:
-        mix_int8(out, None, 1.0, indices, tables, scales, weights)
+        mix_int8(out, None, 1.0, values, scales, weights)
     return out
 
 
