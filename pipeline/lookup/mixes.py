@@ -240,6 +240,7 @@ def _read_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
     schema = metadata.schema.to_arrow_schema()
     with fs.open_input_file(path) as source:
         parquet = pq.ParquetFile(source, metadata=metadata, page_checksum_verification=True)
+        layers_file = _keyed_by_token(source, metadata)
         vectors = None
         if int8 and not mix.token_norm:
             try:
@@ -250,7 +251,7 @@ def _read_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
             # Layers the page reader cannot take (int8, layer 0 from the types file) are
             # read whole and accumulated in their turn: the same order, the same bits.
             others = [n for n in layer_names if n not in direct]
-            read = parquet.read_row_group(group, columns=stored_columns(schema, others)
+            read = layers_file.read_row_group(group, columns=stored_columns(schema, others)
                                           ) if others else None
             sources = [direct[n] if n in direct else layer_vectors(read, n, types)
                        for n in layer_names]
@@ -259,7 +260,8 @@ def _read_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
             except UnsupportedLayoutError:
                 vectors = None
         if vectors is None:
-            table = parquet.read_row_group(group, columns=stored_columns(schema, layer_names))
+            table = layers_file.read_row_group(group,
+                                               columns=stored_columns(schema, layer_names))
             layers: list[np.ndarray | None] = [None] * mix.n_layers
             for k, name in zip(mix.used_layers, layer_names, strict=True):
                 layers[k] = layer_vectors(table, name, types)
@@ -309,6 +311,16 @@ def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
     return out
 
 
+def _keyed_by_token(source: Any, metadata: pq.FileMetaData) -> pq.ParquetFile:
+    """The file as read for its layers: ``token`` only serves as the key of layer 0 in
+    the types file, so it is read as the dictionary the writer stored it in, and
+    ``TypeVectors.rows_for`` looks up each distinct string once instead of every row's."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(source, metadata=metadata, read_dictionary=["token"],
+                          page_checksum_verification=True)
+
+
 def _mix_int8_pages(source: Any, parquet: pq.ParquetFile, group: int, mix: Mix,
                     columns: dict[str, Int8Column], types: TypeVectors | None,
                     buffers: Any) -> np.ndarray | None:
@@ -330,8 +342,8 @@ def _mix_int8_pages(source: Any, parquet: pq.ParquetFile, group: int, mix: Mix,
     if any(columns[name].dim != dim for name in stored) or (
             from_types and types.layer_0.shape[1] != dim):  # type: ignore[union-attr]
         return None
-    read = parquet.read_row_group(group, columns=[n + SCALE_SUFFIX for n in stored]
-                                  + (["token"] if from_types else []))
+    read = _keyed_by_token(source, metadata).read_row_group(
+        group, columns=[n + SCALE_SUFFIX for n in stored] + (["token"] if from_types else []))
     values = _reused(buffers, "int8", len(stored) * rows * dim, np.int8
                      ).reshape(len(stored), rows, dim)
     for j, name in enumerate(stored):
