@@ -9,7 +9,7 @@ import numpy as np
 
 @numba.njit(nogil=True, cache=True)
 def decode_hybrid(data: np.ndarray, bit_width: int, dictionary: np.ndarray, out: np.ndarray,
-                   count: int) -> int:
+                  count: int) -> int:
     """Decode ``count`` dictionary indices of an RLE / bit-packed hybrid run sequence (bit
     width <= 8) from ``data`` and write their ``dictionary`` values (int8, 256 entries)
     into ``out``; returns how many were decoded (less: malformed input)."""
