@@ -209,6 +209,15 @@ def _scalar_indexes(table: Any, columns: tuple[str, ...]) -> None:
             table.create_index(column, config=BTree())
 
 
+def _optimize(table: Any, drop_old_versions: bool) -> None:
+    if not drop_old_versions:
+        table.optimize()
+        return
+    with warnings.catch_warnings():  # LanceDB warns of readers of those versions
+        warnings.simplefilter("ignore", UserWarning)
+        table.optimize(cleanup_older_than=timedelta(0))
+
+
 def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, out: str,
                  storage_options: dict | None = None, show_progress: bool = False,
                  fresh: bool = False) -> BuildSummary:
@@ -226,10 +235,13 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
             _scalar_indexes(tables.sentences, SENTENCE_KEY)
         if changed:
             # Compacts the new fragments and folds them into the existing indexes (vector
-            # and scalar) instead of retraining them.
+            # and scalar) instead of retraining them. A new index's earlier versions (its
+            # rows before compaction, about its size again) are open to no reader yet:
+            # they go, before the vector index is trained. An index being extended keeps
+            # LanceDB's retention, since a server may be reading the version it opened.
             for each in (table, tables.sentences):
                 if each is not None:
-                    each.optimize()
+                    _optimize(each, drop_old_versions=fresh)
     grown = meta.trained_rows and meta.rows > 4 * meta.trained_rows
     if want_hnsw and (not _has_vector_index(table) or grown):
         # First index, or the data outgrew the partitions it was trained with: (re)train.
@@ -244,15 +256,6 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
     if changed or meta.counted_rows != meta.rows:
         _write_word_counts(table, meta.rows, out, storage_options)
         meta.counted_rows = meta.rows
-    if fresh:
-        # A new index's earlier versions (its rows before compaction, about its own size
-        # again) can be open to no reader yet: drop them. An index being extended keeps
-        # LanceDB's retention, since a server may be reading the version it opened.
-        with warnings.catch_warnings():  # LanceDB warns of those readers
-            warnings.simplefilter("ignore", UserWarning)
-            for each in (table, tables.sentences):
-                if each is not None:
-                    each.optimize(cleanup_older_than=timedelta(0))
     summary.seconds_index = time.perf_counter() - t0
     summary.rows, summary.built = meta.rows, meta.built
     _write_meta(out, meta, storage_options)
