@@ -212,3 +212,35 @@ def test_write_corpus_helper_indexes_whole(tiny_model_dir: Path, tmp_path: Path)
     n_tokens = connect(str(ds)).sql("SELECT count(*) FROM tokens").fetchall()[0][0]
     assert summary.rows == n_tokens
     assert (tmp_path / "ix" / f"{SENTENCES_TABLE}.lance").is_dir()
+
+
+def test_served_index_of_some_words(tmp_path_factory: pytest.TempPathFactory,
+                                    tmp_path: Path) -> None:
+    """Over HTTP, an index of some words answers for them (the sentence text fetched by
+    key, the word where start/end say) and says in one 400 line that others are not in it."""
+    import httpx
+    from serve_helpers import Served, running_server, served_data
+
+    data = served_data(tmp_path_factory)
+    selected = tmp_path / "play.lance"
+    build_index(str(data.dataset), "top", str(selected), kind="flat",
+                words=WordSelection(["play", "plays"]))
+    texts = _dataset_sentences(data.dataset)
+    with running_server(Served(data.dataset, selected), log=tmp_path / "serve.log") as url:
+        found = httpx.post(f"{url}/senses/search", json={
+            "sentence": "Will you play upon this pipe ?", "word": "play", "k": 3}, timeout=60)
+        assert found.status_code == 200, found.text
+        hits = found.json()["hits"]
+        assert len(hits) == 3
+        for hit in hits:
+            assert hit["sentence"] == texts[(hit["doc_id"], hit["sent_idx"])]
+            assert hit["sentence"][hit["start"]:hit["end"]].lower().startswith("play")
+        refused = httpx.post(f"{url}/senses/search", json={
+            "sentence": "Will you play upon this pipe ?", "word": "pipe", "k": 3}, timeout=60)
+        assert refused.status_code == 400
+        assert "pipe is not in this index" in refused.json()["error"]
+        page = httpx.get(f"{url}/occurrences/pipe", timeout=60)
+        assert page.status_code == 400 and "not in this index" in page.json()["error"]
+        uses = httpx.get(f"{url}/occurrences/play", timeout=60).json()["occurrences"]
+        assert uses and all(u["sentence"] == texts[(u["doc_id"], u["sent_idx"])]
+                            for u in uses)
