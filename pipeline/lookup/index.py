@@ -54,7 +54,12 @@ from pipeline.lookup.doc_fields import (
     field_column,
     quote,
 )
-from pipeline.lookup.index_sentences import SENTENCES_TABLE, with_sentences
+from pipeline.lookup.index_sentences import (
+    SENTENCES_TABLE,
+    read_all_texts,
+    with_held_sentences,
+    with_sentences,
+)
 from pipeline.lookup.index_words import WordSelection
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.vector_search import VectorSearch
@@ -76,6 +81,9 @@ HNSW_MIN_ROWS = 50_000
 EXACT_FILTER_VALUES = 512_000
 # A filter on a field the index lacks becomes "doc_id IN (...)" of at most this many ids.
 MAX_JOIN_IDS = 100_000
+# A server holds the sentence texts of an index of at most this many sentences in memory
+# (about 200 bytes each with their keys): its answers then read no sentences table.
+HELD_SENTENCES_MAX = 2_000_000
 # From this many rows on, fewer partitions are probed (see SearchParams.for_rows).
 LARGE_INDEX_ROWS = 300_000
 INDEX_KINDS = ("auto", "hnsw", "flat")
@@ -231,6 +239,7 @@ class SenseIndex:
         self.table = db.open_table(TABLE)
         # Layout 2 keeps each sentence once, in a table of its own; layout 1 in every row.
         self.sentences = db.open_table(SENTENCES_TABLE) if meta.layout >= 2 else None
+        self._held_texts: dict[tuple[str, int], str] | None = None
         self._counts: pa.Table | None = None
         self._counts_read = False
         self._documents: DocumentTable | None = None
@@ -245,8 +254,19 @@ class SenseIndex:
         """What turns rows of ``stored(columns)`` into rows of ``columns`` (None: nothing)."""
         if self.sentences is None or "sentence" not in columns:
             return None
-        sentences = self.sentences
+        held, sentences = self._held_texts, self.sentences
+        if held is not None:
+            return lambda rows: with_held_sentences(held, rows)
         return lambda rows: with_sentences(sentences, rows)
+
+    def hold_sentences(self, max_rows: int = HELD_SENTENCES_MAX) -> bool:
+        """Read every sentence text into memory now, if there are at most ``max_rows``,
+        so that each later result takes its texts from there instead of a read (a server
+        answering many queries); whether they are held."""
+        if self.sentences is not None and self._held_texts is None \
+                and self.sentences.count_rows() <= max_rows:
+            self._held_texts = read_all_texts(self.sentences)
+        return self._held_texts is not None
 
     def require_indexed(self, words: Sequence[str], column: str) -> None:
         """A word this index does not hold (it selected others) is a user error."""

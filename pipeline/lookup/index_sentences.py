@@ -83,3 +83,19 @@ def with_sentences(table: Any, rows: pa.Table) -> pa.Table:
     # Arrow's hash join reorders rows: "_row" puts them back in order.
     joined = keyed.join(texts, keys=list(SENTENCE_KEY), join_type="left outer").sort_by("_row")
     return rows.append_column("sentence", pc.fill_null(joined["text"], ""))
+
+
+def read_all_texts(table: Any) -> dict[tuple[str, int], str]:
+    """Every sentence text of the index's sentences table ``table``, by key."""
+    rows = table.to_arrow()
+    return dict(zip(zip(rows["doc_id"].to_pylist(), rows["sent_idx"].to_pylist(), strict=True),
+                    rows["text"].to_pylist(), strict=True))
+
+
+def with_held_sentences(texts: dict[tuple[str, int], str], rows: pa.Table) -> pa.Table:
+    """``with_sentences`` from texts held in memory (``read_all_texts``)."""
+    import pyarrow as pa
+
+    keys = zip(rows["doc_id"].to_pylist(), rows["sent_idx"].to_pylist(), strict=True)
+    return rows.append_column("sentence", pa.array([texts.get(k, "") for k in keys],
+                                                   pa.string()))

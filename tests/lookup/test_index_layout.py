@@ -84,6 +84,9 @@ def test_sentences_are_stored_once_and_hits_show_them(dataset: Path, tmp_path: P
         assert hit.sentence == texts[(hit.doc_id, hit.sent_idx)]
         assert hit.sentence[hit.start:hit.end] == hit.token
         assert f"[{hit.token}]" in hit.highlighted()
+    # Texts held in memory (as a server holds them) give the same hits.
+    assert ix.hold_sentences() and not SenseIndex(out).hold_sentences(max_rows=1)
+    assert nearest_distinct(ix, query, k=3, words=["bank"]) == hits
     result = cluster_senses(ix, ["bank"], k=2)
     assert all(h.sentence == texts[(h.doc_id, h.sent_idx)] for h in result.occurrences)
     # A fetch of many keys (past the pair filter) gives each row its own text, in order.

@@ -59,6 +59,7 @@ class ServedStore:
             if ix.meta.model_fingerprint != ds.descriptor.model_fingerprint:
                 raise ElmoUserError(f"{uri} indexes a dataset of another model than "
                                     f"{dataset}; serve it with its own dataset")
+            ix.hold_sentences()  # results then take their sentence texts from memory
             indexes[name] = ix
         options, weights = model_files_for(ds.descriptor, model_dir)
         embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
