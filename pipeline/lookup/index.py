@@ -55,6 +55,7 @@ from pipeline.lookup.doc_fields import (
     quote,
 )
 from pipeline.lookup.index_sentences import (
+    SENTENCE_KEY,
     SENTENCES_TABLE,
     read_all_texts,
     with_held_sentences,
@@ -240,24 +241,32 @@ class SenseIndex:
         # Layout 2 keeps each sentence once, in a table of its own; layout 1 in every row.
         self.sentences = db.open_table(SENTENCES_TABLE) if meta.layout >= 2 else None
         self._held_texts: dict[tuple[str, int], str] | None = None
+        self.selection = meta.selection()  # which words it holds
         self._counts: pa.Table | None = None
         self._counts_read = False
         self._documents: DocumentTable | None = None
 
     def stored(self, columns: Sequence[str]) -> list[str]:
         """``columns`` the token rows hold (``sentence`` comes from the sentences table)."""
-        if self.sentences is None:
+        if self.sentences is None or "sentence" not in columns:
             return list(columns)
-        return [c for c in columns if c != "sentence"]
+        # The sentence's key, to fetch its text by.
+        return [c for c in columns if c != "sentence"] + \
+            [c for c in SENTENCE_KEY if c not in columns]
 
     def completed(self, columns: Sequence[str]) -> Any:
         """What turns rows of ``stored(columns)`` into rows of ``columns`` (None: nothing)."""
         if self.sentences is None or "sentence" not in columns:
             return None
         held, sentences = self._held_texts, self.sentences
-        if held is not None:
-            return lambda rows: with_held_sentences(held, rows)
-        return lambda rows: with_sentences(sentences, rows)
+        added = [c for c in SENTENCE_KEY if c not in columns]  # by ``stored``, for the text
+
+        def complete(rows: pa.Table) -> pa.Table:
+            rows = with_held_sentences(held, rows) if held is not None \
+                else with_sentences(sentences, rows)
+            return rows.drop_columns(added)
+
+        return complete
 
     def hold_sentences(self, max_rows: int = HELD_SENTENCES_MAX) -> bool:
         """Read every sentence text into memory now, if there are at most ``max_rows``,
@@ -270,13 +279,13 @@ class SenseIndex:
 
     def require_indexed(self, words: Sequence[str], column: str) -> None:
         """A word this index does not hold (it selected others) is a user error."""
-        selection = self.meta.selection()
+        selection = self.selection
         if selection.everything or self.word_rows(words, column) > 0:
             return
         raise ElmoUserError(
             f"{' / '.join(words)} is not in this index: it holds {selection.describe()}; "
-            f"rebuild it with the word (`elmo index build {self.meta.dataset} --out "
-            f"{self.uri} --rebuild --words ...`)")
+            f"rebuild it with the word (`elmo index build {self.meta.dataset} --mix "
+            f"{self.meta.mix_name} --out {self.uri} --rebuild --words ...`)")
 
     @property
     def has_stems(self) -> bool:
