@@ -39,7 +39,6 @@ columns).
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -61,7 +60,14 @@ from pipeline.lookup.index_sentences import (
     with_held_sentences,
     with_sentences,
 )
-from pipeline.lookup.index_words import WordSelection
+
+# Words as the index's columns store them (stem_words: importable from here as before).
+from pipeline.lookup.index_words import (
+    WordSelection,
+    column_words,
+    token_filter,
+)
+from pipeline.lookup.index_words import stem_words as stem_words
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.vector_search import VectorSearch
 
@@ -100,25 +106,6 @@ LAYOUT = 2
 # float16 halves the stored vectors and keeps recall@10 (BENCHMARKS.md, "Index size").
 VECTOR_DTYPE = "float16"
 VECTOR_DTYPES = ("float16", "float32")
-
-
-@functools.cache
-def _stemmer() -> Any:
-    import snowballstemmer
-
-    return snowballstemmer.stemmer("english")
-
-
-# The stemmer is pure Python: a build meets the same words in every chunk, so each is
-# stemmed once.
-@functools.lru_cache(maxsize=1 << 18)
-def _stem(word: str) -> str:
-    return _stemmer().stemWord(word)
-
-
-def stem_words(words: Sequence[str]) -> list[str]:
-    """Snowball English stems of ``words``, lowercased first (Plays, played -> play)."""
-    return [_stem(w.lower()) for w in words]
 
 
 @dataclass
@@ -201,27 +188,6 @@ def read_meta(out: str, storage_options: dict | None = None) -> IndexMeta | None
 def lance_options(storage_options: dict | None) -> dict[str, str] | None:
     return {k: str(v) for k, v in storage_options.items()} if storage_options else None
 
-
-def column_words(words: Sequence[str], column: str) -> Sequence[str]:
-    """``words`` as ``column`` stores them: ``token_lower`` lowercases the words,
-    ``token_stem`` stems them, ``token`` takes them as they are."""
-    if column == "token_lower":
-        return [w.lower() for w in words]
-    if column == "token_stem":
-        return stem_words(words)
-    return words
-
-
-def token_filter(words: Sequence[str], column: str = "token_lower") -> str:
-    """``column = 'w'`` / ``column IN (...)``, the words as ``column`` stores them
-    (``column_words``)."""
-    words = column_words(words, column)
-    if len(words) == 1:
-        return f"{column} = {quote(words[0])}"
-    return f"{column} IN ({', '.join(quote(w) for w in words)})"
-
-
-# --------------------------------------------------------------------------- building
 
 
 class SenseIndex:

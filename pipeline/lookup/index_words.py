@@ -1,4 +1,5 @@
-"""Which words a sense index holds: all, a word list, or a frequency range.
+"""Words in a sense index: their stems and filters, and which words it holds (all, a word
+list, or a frequency range).
 
     elmo index build DATA --out IX --words play,bank        # or --words words.txt
     elmo index build DATA --out IX --min-count 5 --max-count 50000
@@ -13,12 +14,15 @@ resolves the range again.
 
 from __future__ import annotations
 
+import functools
 import io
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
+from pipeline.lookup.doc_fields import quote
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -27,6 +31,44 @@ if TYPE_CHECKING:
 
 SELECTED_WORDS = "_selected_words.parquet"
 MAX_LISTED_WORDS = 8  # words named in a description; the rest are counted
+
+
+@functools.cache
+def _stemmer() -> Any:
+    import snowballstemmer
+
+    return snowballstemmer.stemmer("english")
+
+
+# The stemmer is pure Python: a build meets the same words in every chunk, so each is
+# stemmed once.
+@functools.lru_cache(maxsize=1 << 18)
+def _stem(word: str) -> str:
+    return _stemmer().stemWord(word)
+
+
+def stem_words(words: Sequence[str]) -> list[str]:
+    """Snowball English stems of ``words``, lowercased first (Plays, played -> play)."""
+    return [_stem(w.lower()) for w in words]
+
+
+def column_words(words: Sequence[str], column: str) -> Sequence[str]:
+    """``words`` as ``column`` stores them: ``token_lower`` lowercases the words,
+    ``token_stem`` stems them, ``token`` takes them as they are."""
+    if column == "token_lower":
+        return [w.lower() for w in words]
+    if column == "token_stem":
+        return stem_words(words)
+    return words
+
+
+def token_filter(words: Sequence[str], column: str = "token_lower") -> str:
+    """``column = 'w'`` / ``column IN (...)``, the words as ``column`` stores them
+    (``column_words``)."""
+    words = column_words(words, column)
+    if len(words) == 1:
+        return f"{column} = {quote(words[0])}"
+    return f"{column} IN ({', '.join(quote(w) for w in words)})"
 
 
 @dataclass
