@@ -179,16 +179,22 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=15_000,
                         help="words per source, sentences drawn at random (0: all)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab-of", action="append", default=[], metavar="MODEL_DIR",
+                        help="a model whose vocabulary bounds the shared one without being "
+                        "scored (to score one model in the unit shared with another)")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    from elmo_model.vocab import Vocabulary
 
     sets = recipe_sentences(args.recipe) if args.recipe else {}
     if args.old_corpus:
         sets[OLD_CORPUS_SET] = old_corpus_sentences(args.old_corpus)
     sets = {name: subsample(s, args.max_tokens, args.seed) for name, s in sets.items()}
     models = [load_packaged(Path(d)) for d in args.model_dirs]
-    shared = set.intersection(*(set(m.vocab.words) for m in models))
+    shared = set.intersection(*(set(m.vocab.words) for m in models),
+                              *(set(Vocabulary.load(Path(d) / "vocab.txt").words)
+                                for d in args.vocab_of))
     shared.discard("<UNK>")
     print(f"shared vocabulary: {len(shared)} classes (+1 for every other word); "
           + ", ".join(f"{m.name}: {len(m.vocab)}" for m in models), flush=True)
