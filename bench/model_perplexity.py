@@ -33,6 +33,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from elmo_model.model import BiLM, LstmState
+from elmo_model.training.lm_head import Softmax
+from elmo_model.vocab import Vocabulary
+
 OLD_CORPUS_SET = "old-corpus-heldout"
 
 
@@ -55,10 +59,10 @@ def shared_log_prob(logits: torch.Tensor, target_ids: torch.Tensor,
 @dataclass
 class LoadedModel:
     name: str
-    model: torch.nn.Module
-    softmax: object
-    vocab: object
-    initial_state: list | None
+    model: BiLM
+    softmax: Softmax
+    vocab: Vocabulary
+    initial_state: LstmState | None
 
 
 def load_packaged(model_dir: Path) -> LoadedModel:
@@ -66,9 +70,7 @@ def load_packaged(model_dir: Path) -> LoadedModel:
     and the initial state the embedder's ``auto`` picks."""
     import elmo_model
     from elmo_model.api import resolve_initial_state
-    from elmo_model.training.lm_head import Softmax
     from elmo_model.training.packaging import read_softmax
-    from elmo_model.vocab import Vocabulary
     from elmo_model.weights import find_weights
 
     weights = find_weights(model_dir)
@@ -130,7 +132,6 @@ def score(loaded: LoadedModel, sentences: list[list[str]], shared: set[str],
     from elmo_model.training.evaluation import contextual_batches
     from elmo_model.training.lm_head import perplexity
 
-    types = [BOS_TOKEN, EOS_TOKEN]
     type_ids = {BOS_TOKEN: 0, EOS_TOKEN: 1}
     lines = [np.array([0] + [type_ids.setdefault(t, len(type_ids)) for t in s] + [1],
                       dtype=np.int64) for s in sentences]
@@ -185,7 +186,6 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from elmo_model.vocab import Vocabulary
 
     sets = recipe_sentences(args.recipe) if args.recipe else {}
     if args.old_corpus:
