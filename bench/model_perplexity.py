@@ -1,7 +1,7 @@
 """Held-out perplexity of several models on the same sentences, in a unit they share.
 
     PYTHONPATH=$PWD .venv/bin/python bench/model_perplexity.py models/default /tmp/v2model \\
-        --recipe '/work/corpus-out/heldout/*.jsonl' --old-corpus '/work/shared/corpora/*.txt'
+        --recipe 'corpus/heldout/*.jsonl' --old-corpus '../shared/corpora/*.txt'
 
 Models with different softmax vocabularies (30k and 50k words, each with ``<UNK>``) have
 perplexities over different event spaces, so their plain (closed-vocabulary) numbers
@@ -38,6 +38,9 @@ from elmo_model.training.lm_head import Softmax
 from elmo_model.vocab import Vocabulary
 
 OLD_CORPUS_SET = "old-corpus-heldout"
+
+# The bundled model's plain-text corpus, beside the repository when present.
+OLD_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "*.txt"
 
 
 def shared_log_prob(logits: torch.Tensor, target_ids: torch.Tensor,
@@ -173,9 +176,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dirs", nargs="+", help="packaged model directories")
-    parser.add_argument("--recipe", default="/work/corpus-out/heldout/*.jsonl",
+    parser.add_argument("--recipe", required=True,
                         help="the recipe's held-out JSON Lines, one file a source")
-    parser.add_argument("--old-corpus", default="/work/shared/corpora/*.txt",
+    parser.add_argument("--old-corpus", default=str(OLD_CORPUS),
                         help="the bundled model's plain-text corpus ('' to skip)")
     parser.add_argument("--max-tokens", type=int, default=15_000,
                         help="words per source, sentences drawn at random (0: all)")
