@@ -154,17 +154,19 @@ def best_rate(fn, n: int, repeat: int) -> tuple[float, float]:
 
 def _force_pyarrow_reader() -> contextlib.AbstractContextManager:
     """Mix on read with pyarrow decoding every layer column (the reader before
-    ``pipeline.lookup.parquet_layers``): the direct reader declines every column."""
+    ``pipeline.lookup.parquet_layers`` and ``pipeline.lookup.int8_layers``): the direct
+    readers decline every column."""
     import pipeline.lookup.mixes as mixes
 
     @contextlib.contextmanager
     def patched() -> Iterator[None]:
-        original = mixes.vector_columns
+        originals = mixes.vector_columns, mixes.int8_columns
         mixes.vector_columns = lambda *args, **kwargs: {}  # type: ignore[assignment]
+        mixes.int8_columns = lambda *args, **kwargs: {}  # type: ignore[assignment]
         try:
             yield
         finally:
-            mixes.vector_columns = original  # type: ignore[assignment]
+            mixes.vector_columns, mixes.int8_columns = originals  # type: ignore[assignment]
 
     return patched()
 

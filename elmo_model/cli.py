@@ -75,6 +75,8 @@ weights.safetensors (biLM only, float16 by default), vocab.txt, softmax.safetens
 
 examples:
   elmo model package runs/default --out models/default
+  elmo model package runs/default --out models/default \\
+      --average-with snapshots/step-4200 snapshots/step-4600   # checkpoint averaging
 """
 
 EMBED_HELP = """\
@@ -115,6 +117,9 @@ def register(subparsers: Any) -> None:
                          help="the model directory to write")
     package.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
                          default="float16", help="storage precision (default float16)")
+    package.add_argument("--average-with", nargs="+", default=[], metavar="CHECKPOINT_DIR",
+                         help="copies of earlier checkpoints of the same run: ship the mean "
+                              "of their weights and CHECKPOINT_DIR's")
     package.set_defaults(handler=_model_package)
     model.set_defaults(handler=lambda _args: model.print_help() or 2)
 
@@ -343,7 +348,8 @@ def _model_package(args: argparse.Namespace) -> int:
 
     from elmo_model.training import package_model
 
-    out = package_model(args.checkpoint, args.out, dtype=getattr(torch, args.dtype))
+    out = package_model(args.checkpoint, args.out, dtype=getattr(torch, args.dtype),
+                        average_with=args.average_with)
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"wrote {out} ({size / 1e6:.1f} MB)")
     return 0

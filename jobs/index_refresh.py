@@ -29,21 +29,17 @@ from pipeline.lookup.dataset import (
     ShardFile,
     list_files,
     open_dataset,
+    open_fs,
     read_json,
     write_bytes_atomic,
 )
 
 # The index's own building blocks: how a token file becomes index rows, which rows a
 # shard owns, and how LanceDB is opened.
-from pipeline.lookup.index import STEMMER, TABLE, lance_options, quote, read_meta
-from pipeline.lookup.index_build import (
-    BuildSummary,
-    build_index,
-    documents_of,
-    finish_index,
-    rows_for_file,
-    shard_filter,
-)
+from pipeline.lookup.index import LAYOUT, STEMMER, TABLE, lance_options, quote, read_meta
+from pipeline.lookup.index_build import build_index, finish_index
+from pipeline.lookup.index_rows import BuildSummary, IndexTables, documents_of, shard_filter
+from pipeline.lookup.index_words import read_selected
 
 INDEX_STATE_DIR = "index"
 DELETE_BATCH_IDS = 500  # doc ids per delete: bounds the filter text
@@ -126,9 +122,9 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
     ``remove_doc_ids``, add the rows of the token files ``add_files`` (live files of the
     dataset, as paths or URIs) and nothing else, then update the indexes and metadata.
 
-    An index that does not exist yet, was built without word stems or document fields,
-    or holds another mix goes to ``build_index`` (which builds it in full, or says to
-    rebuild)."""
+    An index that does not exist yet, was built without word stems or document fields
+    or in an older layout, or holds another mix goes to ``build_index`` (which builds it
+    in full, or says to rebuild). The index keeps the words it was created with."""
     os.environ.setdefault("LANCEDB_LOG", "error")  # as build_index: no k-means warnings
     import lancedb
 
@@ -137,39 +133,44 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
     meta = read_meta(index_uri, storage_options)
     db = lancedb.connect(index_uri, storage_options=lance_options(storage_options))
     if (meta is None or meta.stemmer != STEMMER or meta.doc_fields is None
-            or not meta.the_mix().same_vectors(the_mix)
+            or meta.layout < LAYOUT or not meta.the_mix().same_vectors(the_mix)
             or TABLE not in db.list_tables().tables):
         return build_index(dataset, mix, index_uri, storage_options=storage_options)
     live = ds.shard_files("tokens")
     adding = _named_files(ds, live, add_files)
-    table = db.open_table(TABLE)
+    tables = IndexTables(db)
     summary = BuildSummary(out=index_uri)
     ids = sorted(set(remove_doc_ids))
     for start in range(0, len(ids), DELETE_BATCH_IDS):
         batch = ids[start:start + DELETE_BATCH_IDS]
-        table.delete(f"doc_id IN ({', '.join(quote(i) for i in batch)})")
+        tables.delete(f"doc_id IN ({', '.join(quote(i) for i in batch)})")
     live_keys = {f.key for f in live}
     for key in [k for k in meta.indexed if k not in live_keys]:
-        table.delete(shard_filter(key))  # whatever the doc ids missed of a file gone
+        tables.delete(shard_filter(key))  # whatever the doc ids missed of a file gone
         meta.indexed.remove(key)
         summary.removed_files += 1
     sentences = {f.key: f.path for f in ds.shard_files("sentences")}
     document_files = {f.key: f.path for f in ds.shard_files("documents")}
     documents: dict[str, Any] = {}
+    # The words the index was created with, never re-resolved here (index_words).
+    fs, root = open_fs(index_uri, storage_options)
+    selected = None if meta.selection().everything else read_selected(fs, root)
     for file in adding:
         # Rows a killed refresh added without recording them go first: no row twice.
-        table.delete(shard_filter(file.key))
-        t0 = time.perf_counter()
-        for rows in rows_for_file(ds, the_mix, file.path, file.key, sentences.get(file.key),
-                                  documents_of(ds, file.key, document_files, documents),
-                                  meta.doc_fields):
-            t1 = time.perf_counter()
-            summary.seconds_read += t1 - t0
-            table.add(rows)
-            t0 = time.perf_counter()
-            summary.seconds_add += t0 - t1
-            summary.added_rows += rows.num_rows
-        summary.added_files += 1
+        tables.delete(shard_filter(file.key))
+        tables.add_file(ds, the_mix, file.path, file.key, sentences.get(file.key),
+                        documents_of(ds, file.key, document_files, documents), meta,
+                        selected, summary, _NO_BAR)
         if file.key not in meta.indexed:
             meta.indexed.append(file.key)
-    return finish_index(table, meta, summary, index_uri, storage_options)
+    return finish_index(tables, meta, summary, index_uri, storage_options)
+
+
+class _NoBar:
+    """Progress nobody reads: a job's refresh reports its one-line result instead."""
+
+    def update(self, n: int) -> None:
+        pass
+
+
+_NO_BAR = _NoBar()

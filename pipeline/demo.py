@@ -60,7 +60,7 @@ def demo_steps(out: Path, corpus: str, model: str | None) -> list[tuple[str, lis
     model_args = ["--model", model] if model else []
     return [
         ("Embed the corpus: tokenize, run the biLM, store all 3 layers of every token "
-         "(float16 Parquet, hive-partitioned by shard)",
+         "(int8 Parquet with a scale per vector, hive-partitioned by shard)",
          ["embed", corpus, "--out", dataset, *model_args]),
         ("Index the top layer in LanceDB for contextual-sense search",
          ["index", "build", dataset, "--mix", "top", "--out", index]),

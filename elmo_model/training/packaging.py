@@ -4,6 +4,7 @@ model directory made from a checkpoint (``elmo model package``)."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -41,6 +42,26 @@ def load_init_model(source: str) -> tuple[BiLM, Vocabulary | None, dict[str, tor
     return model, vocab, read_softmax(path) if vocab is not None else {}
 
 
+def _average_into(model: BiLM, softmax: torch.nn.Module, vocab: Vocabulary,
+                  others: list[Path]) -> None:
+    """Replace ``model``'s and ``softmax``'s parameters by their mean with those of the
+    checkpoints in ``others``, which must be of the same shape and vocabulary."""
+    sums = {**{f"m.{k}": v.double() for k, v in model.state_dict().items()},
+            **{f"s.{k}": v.double() for k, v in softmax.state_dict().items()}}
+    for other in others:
+        other_model, other_softmax, other_vocab, _ = load_trained(other)
+        if other_vocab.words != vocab.words or other_model.config != model.config:
+            raise ElmoUserError(f"--average-with {other}: another model shape or vocabulary "
+                                "than the checkpoint packaged; average checkpoints of one run")
+        for prefix, module in (("m.", other_model), ("s.", other_softmax)):
+            for k, v in module.state_dict().items():
+                sums[prefix + k] += v.double()
+    count = len(others) + 1
+    for prefix, module in (("m.", model), ("s.", softmax)):
+        module.load_state_dict({k[len(prefix):]: (v / count).float()
+                                for k, v in sums.items() if k.startswith(prefix)})
+
+
 def read_softmax(model_dir: Path) -> dict[str, torch.Tensor]:
     """Softmax tensors (float32, CPU) of a checkpoint (inside its weights) or a packaged
     model (beside them, in ``softmax.safetensors``); empty when there are none."""
@@ -55,12 +76,20 @@ def read_softmax(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def package_model(checkpoint_dir: str | Path, out: str | Path,
-                  dtype: torch.dtype = torch.float16) -> Path:
+                  dtype: torch.dtype = torch.float16,
+                  average_with: Sequence[str | Path] = ()) -> Path:
     """A shippable model directory from a training checkpoint: ``options.json``,
     ``weights.safetensors`` (biLM only, ``dtype``), ``vocab.txt``, ``softmax.safetensors``
-    (for perplexity and fine-tuning) and ``warm_state.safetensors``."""
+    (for perplexity and fine-tuning) and ``warm_state.safetensors``.
+
+    ``average_with``: earlier checkpoints (copies of the same run) whose weights are
+    averaged with ``checkpoint_dir``'s, parameter by parameter, as checkpoint averaging
+    does; late in a run the average of a few checkpoints is usually a better model than
+    any one of them, whose last steps followed the last few batches."""
     checkpoint_dir, out = Path(checkpoint_dir), Path(out)
     model, softmax, vocab, _ = load_trained(checkpoint_dir)
+    if average_with:
+        _average_into(model, softmax, vocab, [Path(d) for d in average_with])
     save_model_dir(model, out, dtype=dtype)
     # keep the training keys: they document how the model was made
     shutil.copyfile(checkpoint_dir / OPTIONS_FILE, out / OPTIONS_FILE)

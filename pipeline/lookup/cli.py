@@ -43,15 +43,20 @@ examples:
 """
 
 INDEX_BUILD_EPILOG = """\
-One row per stored token with its mixed vector, its word (as written, lowercase and
-stemmed: searches by word form use the stem) and its sentence. Building again adds only
-the shard files committed since, and drops those no longer committed.
+One row per stored token with its mixed vector (float16), its word (as written, lowercase
+and stemmed: searches by word form use the stem) and its sentence's key; each sentence's
+text is stored once. Building again adds only the shard files committed since, and drops
+those no longer committed. --words, --min-count and --max-count index only some words
+(any case; counts over the dataset when the index is created): later builds and job
+refreshes keep that choice, --rebuild makes it again.
 
 examples:
   elmo index build data/ds --mix top --out data/ds-top.lance
   elmo index build data/ds --mix top --out data/ds-top.lance   # later: adds new shards only
   elmo index build data/ds --mix pos --out data/ds-pos.lance --index hnsw --rebuild
   elmo index build data/ds --out data/ds-top.lance --nprobes 30 --ef 200
+  elmo index build data/ds --out data/ds-play.lance --words play,bank,state
+  elmo index build data/ds --out data/ds-mid.lance --min-count 5 --max-count 20000
 """
 
 INDEX_INFO_EPILOG = """\
@@ -139,6 +144,15 @@ def register(subparsers: Any) -> None:
                    help="search: HNSW candidate list size (default 150)")
     b.add_argument("--refine-factor", type=int, default=None,
                    help="search: re-rank k*F candidates with full vectors (default 5)")
+    b.add_argument("--words", metavar="FILE|W1,W2", default=None,
+                   help="index only these words, in any case: a file of words (one a line) "
+                        "or a comma-separated list")
+    b.add_argument("--min-count", type=int, default=None, metavar="N",
+                   help="index only words seen at least N times in the dataset")
+    b.add_argument("--max-count", type=int, default=None, metavar="N",
+                   help="index only words seen at most N times (e.g. leave out 'the')")
+    b.add_argument("--no-progress", action="store_true",
+                   help="no progress bars and phase lines on stderr")
     b.set_defaults(handler=run_index_build)
     i = _add(verbs, "info", "show what an index holds", INDEX_INFO_EPILOG)
     i.add_argument("uri", metavar="URI",
@@ -259,6 +273,7 @@ def run_index_build(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
     from pipeline.lookup.index import SearchParams
     from pipeline.lookup.index_build import build_index
+    from pipeline.lookup.index_words import WordSelection, parse_words
 
     search = None
     given = {"nprobes": args.nprobes, "ef": args.ef, "refine_factor": args.refine_factor}
@@ -267,8 +282,10 @@ def run_index_build(args: argparse.Namespace) -> int:
             if value is not None and value < 1:
                 raise ElmoUserError(f"--{name.replace('_', '-')} must be at least 1")
         search = SearchParams(**{k: v for k, v in given.items() if v is not None})
+    words = WordSelection(parse_words(args.words), args.min_count, args.max_count)
     summary = build_index(args.dataset, args.mix, args.out, kind=args.index,
-                          rebuild=args.rebuild, search=search,
+                          rebuild=args.rebuild, search=search, words=words,
+                          show_progress=not args.no_progress,
                           progress=lambda line: print(f"  {line}", file=sys.stderr))
     print(summary.line(), file=sys.stderr)
     return 0
@@ -287,6 +304,9 @@ def run_index_info(args: argparse.Namespace) -> int:
           f"(nprobes {m.search.nprobes}, ef {m.search.ef}, refine {m.search.refine_factor})\n"
           f"  shard files {len(m.indexed)}\n"
           f"  word forms {m.stemmer + ' stems' if ix.has_stems else 'not indexed: rebuild'}\n"
+          f"  words {m.selection().describe()}\n"
+          f"  layout {m.layout} ({m.vector_dtype} vectors, sentence text "
+          f"{'once per sentence' if ix.sentences is not None else 'in every row'})\n"
           f"  document fields {fields}")
     return 0
 

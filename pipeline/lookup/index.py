@@ -2,15 +2,16 @@
 
     elmo index build data/ds --mix top --out data/ds-top.lance
 
-One row per stored token: ``vector`` (the mix, float32), ``token``, ``token_lower``,
+One row per indexed token: ``vector`` (the mix, float16), ``token``, ``token_lower``,
 ``token_stem`` (the Snowball English stem of ``token_lower``: plays, played and playing
-are all ``play``), ``doc_id``, ``sent_idx``, ``tok_idx``, ``part``, ``shard``,
-``sentence`` (its text) and ``start``/``end`` (the token's character span inside
-``sentence``, for highlighting), then its document's ``source`` and metadata fields as
-``meta_<name>`` columns (``doc_fields``: the fields whose values were all numbers or all
-text when the index was created), so that searches filter on them before the vector
-search. Scalar BTree indexes on ``token``, ``token_lower`` and ``token_stem`` make
-``token_stem = ...`` prefilters (a word and its forms) cheap.
+are all ``play``), ``doc_id``, ``sent_idx``, ``tok_idx``, ``part``, ``shard`` and
+``start``/``end`` (the token's character span inside its sentence, for highlighting;
+the sentence text is in table ``sentences``, fetched by ``doc_id, sent_idx``), then its
+document's ``source`` and metadata fields as ``meta_<name>`` columns (``doc_fields``:
+the fields whose values were all numbers or all text when the index was created), so that
+searches filter on them before the vector search. Scalar BTree indexes on ``token``,
+``token_lower`` and ``token_stem`` make ``token_stem = ...`` prefilters (a word and its
+forms) cheap.
 
 Vector index (``--index``): ``flat`` (none: exact brute-force search), ``hnsw``
 (IVF_HNSW_SQ, cosine) or ``auto`` (hnsw from ``HNSW_MIN_ROWS`` rows on, else flat).
@@ -29,14 +30,15 @@ committed since are added (LanceDB ``delete`` / ``add``), then ``optimize`` fold
 rows into the existing vector and scalar indexes. Only a changed mix needs ``--rebuild``.
 Each build also rewrites ``<out>/_word_counts.parquet`` (rows per lowercase token, with
 its stem), which routes filtered queries without a count query; the search parameters
-follow the index size (``SearchParams.for_rows``) unless given. An index written before
+follow the index size (``SearchParams.for_rows``) unless given. Indexes of layout 2
+(``LAYOUT``) store float16 vectors and each sentence once (``index_sentences``), and may
+hold only some words (``index_words``); older ones are read as they are. An index written before
 stems or document fields were stored is rebuilt by the next build (its rows lack the
 columns).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -51,6 +53,21 @@ from pipeline.lookup.doc_fields import (
     field_column,
     quote,
 )
+from pipeline.lookup.index_sentences import (
+    SENTENCE_KEY,
+    SENTENCES_TABLE,
+    read_all_texts,
+    with_held_sentences,
+    with_sentences,
+)
+
+# Words as the index's columns store them (stem_words: importable from here as before).
+from pipeline.lookup.index_words import (
+    WordSelection,
+    column_words,
+    token_filter,
+)
+from pipeline.lookup.index_words import stem_words as stem_words
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.vector_search import VectorSearch
 
@@ -71,6 +88,9 @@ HNSW_MIN_ROWS = 50_000
 EXACT_FILTER_VALUES = 512_000
 # A filter on a field the index lacks becomes "doc_id IN (...)" of at most this many ids.
 MAX_JOIN_IDS = 100_000
+# A server holds the sentence texts of an index of at most this many sentences in memory
+# (about 200 bytes each with their keys): its answers then read no sentences table.
+HELD_SENTENCES_MAX = 2_000_000
 # From this many rows on, fewer partitions are probed (see SearchParams.for_rows).
 LARGE_INDEX_ROWS = 300_000
 INDEX_KINDS = ("auto", "hnsw", "flat")
@@ -80,25 +100,12 @@ RESULT_COLUMNS = ["token", "doc_id", "sent_idx", "tok_idx", "sentence", "start",
 # stems the build stored, so an index without them (or with another stemmer's) is rebuilt.
 STEMMER = "snowball-english"
 SCALAR_COLUMNS = ("token", "token_lower", "token_stem")
-
-
-@functools.cache
-def _stemmer() -> Any:
-    import snowballstemmer
-
-    return snowballstemmer.stemmer("english")
-
-
-# The stemmer is pure Python: a build meets the same words in every chunk, so each is
-# stemmed once.
-@functools.lru_cache(maxsize=1 << 18)
-def _stem(word: str) -> str:
-    return _stemmer().stemWord(word)
-
-
-def stem_words(words: Sequence[str]) -> list[str]:
-    """Snowball English stems of ``words``, lowercased first (Plays, played -> play)."""
-    return [_stem(w.lower()) for w in words]
+# 2: vectors stored as VECTOR_DTYPE, sentence text in its own table (index_sentences.py);
+# 1: float32 vectors and the sentence text in every token row (read as it is).
+LAYOUT = 2
+# float16 halves the stored vectors and keeps recall@10 (BENCHMARKS.md, "Index size").
+VECTOR_DTYPE = "float16"
+VECTOR_DTYPES = ("float16", "float32")
 
 
 @dataclass
@@ -145,6 +152,9 @@ class IndexMeta:
     # Metadata fields stored as meta_<name> columns, name -> int/float/string (None: built
     # before document fields were stored, so rows lack even ``source``).
     doc_fields: dict[str, str] | None = None
+    layout: int = 1  # LAYOUT of the rows (1: written before the field existed)
+    vector_dtype: str = "float32"
+    words: dict[str, Any] | None = None  # WordSelection.to_json (None: every word)
     format: str = INDEX_FORMAT
 
     def to_json(self) -> str:
@@ -162,6 +172,9 @@ class IndexMeta:
     def the_mix(self) -> Mix:
         return Mix.from_json(self.mix_name, self.mix)
 
+    def selection(self) -> WordSelection:
+        return WordSelection.from_json(self.words)
+
 
 def read_meta(out: str, storage_options: dict | None = None) -> IndexMeta | None:
     fs, root = open_fs(out, storage_options)
@@ -176,27 +189,6 @@ def lance_options(storage_options: dict | None) -> dict[str, str] | None:
     return {k: str(v) for k, v in storage_options.items()} if storage_options else None
 
 
-def column_words(words: Sequence[str], column: str) -> Sequence[str]:
-    """``words`` as ``column`` stores them: ``token_lower`` lowercases the words,
-    ``token_stem`` stems them, ``token`` takes them as they are."""
-    if column == "token_lower":
-        return [w.lower() for w in words]
-    if column == "token_stem":
-        return stem_words(words)
-    return words
-
-
-def token_filter(words: Sequence[str], column: str = "token_lower") -> str:
-    """``column = 'w'`` / ``column IN (...)``, the words as ``column`` stores them
-    (``column_words``)."""
-    words = column_words(words, column)
-    if len(words) == 1:
-        return f"{column} = {quote(words[0])}"
-    return f"{column} IN ({', '.join(quote(w) for w in words)})"
-
-
-# --------------------------------------------------------------------------- building
-
 
 class SenseIndex:
     """An opened index: its metadata and LanceDB table."""
@@ -210,11 +202,56 @@ class SenseIndex:
                                 "build one with `elmo index build`")
         self.uri, self.meta = uri, meta
         self.storage_options = storage_options
-        self.table = lancedb.connect(uri, storage_options=lance_options(storage_options)
-                                     ).open_table(TABLE)
+        db = lancedb.connect(uri, storage_options=lance_options(storage_options))
+        self.table = db.open_table(TABLE)
+        # Layout 2 keeps each sentence once, in a table of its own; layout 1 in every row.
+        self.sentences = db.open_table(SENTENCES_TABLE) if meta.layout >= 2 else None
+        self._held_texts: dict[tuple[str, int], str] | None = None
+        self.selection = meta.selection()  # which words it holds
         self._counts: pa.Table | None = None
         self._counts_read = False
         self._documents: DocumentTable | None = None
+
+    def stored(self, columns: Sequence[str]) -> list[str]:
+        """``columns`` the token rows hold (``sentence`` comes from the sentences table)."""
+        if self.sentences is None or "sentence" not in columns:
+            return list(columns)
+        # The sentence's key, to fetch its text by.
+        return [c for c in columns if c != "sentence"] + \
+            [c for c in SENTENCE_KEY if c not in columns]
+
+    def completed(self, columns: Sequence[str]) -> Any:
+        """What turns rows of ``stored(columns)`` into rows of ``columns`` (None: nothing)."""
+        if self.sentences is None or "sentence" not in columns:
+            return None
+        held, sentences = self._held_texts, self.sentences
+        added = [c for c in SENTENCE_KEY if c not in columns]  # by ``stored``, for the text
+
+        def complete(rows: pa.Table) -> pa.Table:
+            rows = with_held_sentences(held, rows) if held is not None \
+                else with_sentences(sentences, rows)
+            return rows.drop_columns(added)
+
+        return complete
+
+    def hold_sentences(self, max_rows: int = HELD_SENTENCES_MAX) -> bool:
+        """Read every sentence text into memory now, if there are at most ``max_rows``,
+        so that each later result takes its texts from there instead of a read (a server
+        answering many queries); whether they are held."""
+        if self.sentences is not None and self._held_texts is None \
+                and self.sentences.count_rows() <= max_rows:
+            self._held_texts = read_all_texts(self.sentences)
+        return self._held_texts is not None
+
+    def require_indexed(self, words: Sequence[str], column: str) -> None:
+        """A word this index does not hold (it selected others) is a user error."""
+        selection = self.selection
+        if selection.everything or self.word_rows(words, column) > 0:
+            return
+        raise ElmoUserError(
+            f"{' / '.join(words)} is not in this index: it holds {selection.describe()}; "
+            f"rebuild it with the word (`elmo index build {self.meta.dataset} --mix "
+            f"{self.meta.mix_name} --out {self.uri} --rebuild --words ...`)")
 
     @property
     def has_stems(self) -> bool:
@@ -335,6 +372,8 @@ class SenseIndex:
         if vectors.ndim != 2 or vectors.shape[1] != self.meta.dim:
             raise ElmoUserError(f"query vector has {vectors.shape[-1]} values, index has "
                                 f"{self.meta.dim}")
+        if words:
+            self.require_indexed(words, column)
         word_where = token_filter(words, column) if words else None
         if where is not None:
             # Rows the whole filter leaves (a count query: the word counts do not know it).
@@ -345,8 +384,8 @@ class SenseIndex:
             small = where is not None and self.word_rows(words, column) * self.meta.dim \
                 <= EXACT_FILTER_VALUES
         graph = not (exact or self.meta.built != "hnsw" or small)
-        return VectorSearch(self.table, vectors, k, tuple(columns), where,
-                            self.meta.search if graph else None)
+        return VectorSearch(self.table, vectors, k, tuple(self.stored(columns)), where,
+                            self.meta.search if graph else None, self.completed(columns))
 
     def occurrences(self, words: Sequence[str], columns: Sequence[str] = RESULT_COLUMNS,
                     limit: int = 100_000, where: str | None = None,
@@ -354,7 +393,10 @@ class SenseIndex:
         """Every row whose ``column`` (the lowercase token, or ``token_stem`` for any of a
         word's forms) is one of ``words``, with vectors, and that passes ``where`` (a
         Lance predicate, ``fields_where``) if given."""
+        self.require_indexed(words, column)
         words_where = token_filter(words, column)
         where = words_where if where is None else f"({words_where}) AND ({where})"
-        return (self.table.search().where(where).select([*columns, "vector"])
-                .limit(limit).to_arrow())
+        found = (self.table.search().where(where).select([*self.stored(columns), "vector"])
+                 .limit(limit).to_arrow())
+        complete = self.completed(columns)
+        return found if complete is None else complete(found)

@@ -1,33 +1,32 @@
 """Building a sense index (``elmo index build``, the jobs' refresh): the dataset's committed
-token files mixed on read, joined to their sentences and documents, added to LanceDB, then
-the vector and scalar indexes and ``_elmo_index.json`` written (``pipeline/lookup/index.py``
-describes the index and answers queries on it).
+token files mixed on read, joined to their sentences and documents, added to LanceDB
+(``index_rows``), then the vector and scalar indexes and ``_elmo_index.json`` written
+(``pipeline/lookup/index.py`` describes the index and answers queries on it). Progress:
+``index_progress``.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import Dataset, open_dataset, open_fs
-from pipeline.lookup.doc_fields import (
-    field_kinds,
-    index_field_arrays,
-    indexable_fields,
-    quote,
-    read_documents,
-)
+from pipeline.lookup.doc_fields import field_kinds, indexable_fields, read_documents
 from pipeline.lookup.index import (
     HNSW_MIN_ROWS,
     INDEX_KINDS,
     INDEX_META,
+    LAYOUT,
     SCALAR_COLUMNS,
     STEMMER,
     TABLE,
+    VECTOR_DTYPE,
+    VECTOR_DTYPES,
     WORD_COUNTS,
     IndexMeta,
     SearchParams,
@@ -35,33 +34,20 @@ from pipeline.lookup.index import (
     read_meta,
     stem_words,
 )
+from pipeline.lookup.index_progress import phase, rows_bar
+from pipeline.lookup.index_rows import (
+    BuildSummary,
+    IndexTables,
+    documents_of,
+    file_rows,
+    shard_filter,
+)
+from pipeline.lookup.index_sentences import SENTENCE_KEY, SENTENCES_TABLE
+from pipeline.lookup.index_words import WordSelection, read_selected, resolve, write_selected
 from pipeline.lookup.mix_specs import Mix
-from pipeline.lookup.mixes import iter_mixed
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
-
-@dataclass
-class BuildSummary:
-    out: str
-    added_files: int = 0
-    skipped_files: int = 0
-    removed_files: int = 0
-    added_rows: int = 0
-    rows: int = 0
-    built: str = "flat"
-    seconds_read: float = 0.0
-    seconds_add: float = 0.0
-    seconds_index: float = 0.0
-
-    def line(self) -> str:
-        total = self.seconds_read + self.seconds_add + self.seconds_index
-        return (f"index {self.out}: +{self.added_rows} rows from {self.added_files} shard "
-                f"files ({self.skipped_files} already in, {self.removed_files} removed), "
-                f"{self.rows} rows, vector index {self.built}; {total:.1f} s (mix+read "
-                f"{self.seconds_read:.1f}, add {self.seconds_add:.1f}, index "
-                f"{self.seconds_index:.1f})")
+    pass
 
 
 def _write_meta(out: str, meta: IndexMeta, storage_options: dict | None = None) -> None:
@@ -69,86 +55,6 @@ def _write_meta(out: str, meta: IndexMeta, storage_options: dict | None = None) 
 
     fs, root = open_fs(out, storage_options)
     write_bytes_atomic(fs, f"{root}/{INDEX_META}", meta.to_json().encode())
-
-
-def _sentence_lookup(ds: Dataset, path: str | None) -> pa.Table:
-    """The sentences of one shard file (the live view names it; None: no sentence rows)."""
-    import pyarrow.parquet as pq
-
-    from schemas import SENTENCE_SCHEMA
-
-    columns = ["doc_id", "sent_idx", "text", "char_start"]
-    if path is None:
-        return SENTENCE_SCHEMA.empty_table().select(columns)
-    with ds.fs.open(path, "rb") as handle:
-        return pq.read_table(handle, columns=columns, page_checksum_verification=True)
-
-
-def _split_key(key: str) -> tuple[str, int]:
-    part, shard, _ = key.split("/")
-    return part, int(shard.split("=", 1)[1])
-
-
-def shard_filter(key: str) -> str:
-    part, shard = _split_key(key)
-    return f"part = {quote(part)} AND shard = {shard}"
-
-
-ADD_BYTES = 256 << 20  # float32 vectors per LanceDB add: bounds memory for any shard size
-
-
-def rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences_path: str | None,
-                   documents: tuple[list[str], list[dict[str, Any]]],
-                   doc_fields: dict[str, str]) -> Iterator[pa.Table]:
-    """Index rows of one committed tokens file, in chunks (vectors mixed on read), with
-    their documents' fields (``documents``: its documents file, ``read_documents``)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    dim = ds.descriptor.dim
-    part, shard = _split_key(key)
-    sentences = _sentence_lookup(ds, sentences_path).rename_columns(
-        ["doc_id", "sent_idx", "sentence", "sent_start"])
-    cols = ("doc_id", "sent_idx", "tok_idx", "token", "char_start", "char_end")
-    chunk_rows = max(4096, ADD_BYTES // (4 * dim))
-    for batch, vec in iter_mixed(ds, mix, columns=cols, files=[path], batch_rows=chunk_rows):
-        n = batch.num_rows
-        meta = pa.Table.from_batches([batch]).append_column(
-            "_row", pa.array(np.arange(n), pa.int64()))
-        # Arrow's hash join reorders rows: "_row" puts them back in step with the vectors.
-        joined = meta.join(sentences, keys=["doc_id", "sent_idx"], join_type="left outer")
-        joined = joined.sort_by("_row")
-        if joined.num_rows != n:
-            raise ElmoUserError(f"{path}: tokens and sentences disagree (duplicate sentences)")
-        sent_start = pc.fill_null(joined["sent_start"], 0)
-        lower = pc.utf8_lower(joined["token"]).combine_chunks()
-        vocabulary = pc.unique(lower)  # stem each word type once, not each token
-        stems = pa.array(stem_words(vocabulary.to_pylist()), pa.string())
-        yield pa.table({
-            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), dim),
-            "token": joined["token"],
-            "token_lower": lower,
-            "token_stem": stems.take(pc.index_in(lower, value_set=vocabulary)),
-            "doc_id": joined["doc_id"],
-            "sent_idx": joined["sent_idx"],
-            "tok_idx": joined["tok_idx"],
-            "part": pa.array([part] * n, pa.string()),
-            "shard": pa.array(np.full(n, shard, np.int32)),
-            "sentence": pc.fill_null(joined["sentence"], ""),
-            "start": pc.subtract(joined["char_start"], sent_start).cast(pa.int32()),
-            "end": pc.subtract(joined["char_end"], sent_start).cast(pa.int32()),
-            **index_field_arrays(joined["doc_id"].combine_chunks(), documents, doc_fields),
-        })
-
-
-def documents_of(ds: Dataset, key: str, files: dict[str, str],
-                  read: dict[str, tuple[list[str], list[dict[str, Any]]]]
-                  ) -> tuple[list[str], list[dict[str, Any]]]:
-    """The documents of shard file ``key`` (already ``read``, else read now)."""
-    if key not in read:
-        read[key] = read_documents(ds, files[key]) if key in files else ([], [])
-    return read[key]
 
 
 def _has_vector_index(table: Any) -> bool:
@@ -172,8 +78,9 @@ def _create_vector_index(table: Any, meta: IndexMeta) -> None:
 def reusable_meta(ds: Dataset, the_mix: Mix, out: str, storage_options: dict | None,
                   progress: Callable[[str], None] | None) -> IndexMeta | None:
     """The metadata of the index at ``out`` if new rows can be added to it; None when it
-    must be built again (its rows lack word stems or document fields). An index of
-    another model or mix is refused: the user chooses ``--rebuild`` or another ``--out``."""
+    must be built again (its rows lack word stems or document fields, or are of the
+    layout before LAYOUT). An index of another model or mix is refused: the user chooses
+    ``--rebuild`` or another ``--out``."""
     meta = read_meta(out, storage_options)
     if meta is None:
         return None
@@ -183,31 +90,48 @@ def reusable_meta(ds: Dataset, the_mix: Mix, out: str, storage_options: dict | N
     if not meta.the_mix().same_vectors(the_mix):
         raise ElmoUserError(f"{out} holds mix {meta.mix_name!r} ({meta.the_mix().describe()}); "
                             f"asked for {the_mix.describe()}: use --rebuild or another --out")
-    if meta.stemmer != STEMMER:
-        # Built before token_stem existed (or by another stemmer): its rows cannot take
-        # new ones, and searches by word form need the column, so it is built again.
-        if progress:
-            progress(f"{out} was built without {STEMMER} word stems: rebuilding it")
-        return None
-    if meta.doc_fields is None:
-        # Likewise for rows without their documents' fields (source, metadata columns).
-        if progress:
-            progress(f"{out} was built without document fields: rebuilding it")
-        return None
+    # Rows of an older kind cannot take new ones (searches by word form need token_stem,
+    # filters the document fields, and layout 1 rows carry their sentence's text), so
+    # the index is built again.
+    for stale, why in ((meta.stemmer != STEMMER, f"without {STEMMER} word stems"),
+                       (meta.doc_fields is None, "without document fields"),
+                       (meta.layout < LAYOUT, "with the sentence text in every row")):
+        if stale:
+            if progress:
+                progress(f"{out} was built {why}: rebuilding it")
+            return None
     return meta
+
+
+def new_meta(ds: Dataset, dataset: str, the_mix: Mix, kind: str, words: WordSelection,
+             vector_dtype: str, documents: dict[str, tuple[list[str], list[dict[str, Any]]]]
+             ) -> IndexMeta:
+    """The metadata of an index about to be created (its field columns settled now)."""
+    return IndexMeta(dataset=str(dataset), model_fingerprint=ds.descriptor.model_fingerprint,
+                     mix=the_mix.to_json(), mix_name=the_mix.name, dim=ds.descriptor.dim,
+                     kind=kind, stemmer=STEMMER, layout=LAYOUT, vector_dtype=vector_dtype,
+                     words=words.to_json(),
+                     doc_fields=indexable_fields(field_kinds(
+                         row for _, rows in documents.values() for row in rows)))
 
 
 def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                 rebuild: bool = False, search: SearchParams | None = None,
                 storage_options: dict | None = None,
-                progress: Callable[[str], None] | None = None) -> BuildSummary:
-    """Create or extend the index at ``out`` with the dataset's committed shard files."""
+                progress: Callable[[str], None] | None = None,
+                words: WordSelection | None = None, show_progress: bool = False,
+                vector_dtype: str = VECTOR_DTYPE) -> BuildSummary:
+    """Create or extend the index at ``out`` with the dataset's committed shard files.
+    ``words``: which words a new index holds (an existing one keeps its own selection);
+    ``show_progress``: bars and phase lines on stderr."""
     # LanceDB logs k-means "empty cluster" warnings to stderr unless told otherwise.
     os.environ.setdefault("LANCEDB_LOG", "error")
     import lancedb
 
     if kind not in INDEX_KINDS:
         raise ElmoUserError(f"--index must be one of {', '.join(INDEX_KINDS)}")
+    if vector_dtype not in VECTOR_DTYPES:
+        raise ElmoUserError(f"vector dtype must be one of {', '.join(VECTOR_DTYPES)}")
     ds = open_dataset(dataset, storage_options)
     if ds.descriptor.n_output_layers < 1:
         raise ElmoUserError(f"{dataset} stores no layers to index")
@@ -216,96 +140,120 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     exists = TABLE in db.list_tables().tables
     meta = None if rebuild or not exists else reusable_meta(ds, the_mix, out, storage_options,
                                                             progress)
+    if meta is not None and words is not None and not words.everything \
+            and words.to_json() != meta.words:
+        raise ElmoUserError(f"{out} holds {meta.selection().describe()}; to index "
+                            f"{words.describe()} add --rebuild (or use another --out)")
     document_files = dict(ds.shard_files("documents"))
     documents: dict[str, tuple[list[str], list[dict[str, Any]]]] = {}
+    fs, root = open_fs(out, storage_options)
+    created = meta is None
     if meta is None:
         # Which metadata fields become columns is settled when the index is created.
         documents = {key: read_documents(ds, path) for key, path in document_files.items()}
-        if exists:
-            db.drop_table(TABLE)
-            exists = False
-        meta = IndexMeta(dataset=str(dataset), model_fingerprint=ds.descriptor.model_fingerprint,
-                         mix=the_mix.to_json(), mix_name=the_mix.name, dim=ds.descriptor.dim,
-                         kind=kind, stemmer=STEMMER,
-                         doc_fields=indexable_fields(field_kinds(
-                             row for _, rows in documents.values() for row in rows)))
+        for name in (TABLE, SENTENCES_TABLE):
+            if name in db.list_tables().tables:
+                db.drop_table(name)
+        words = words or WordSelection()
+        meta = new_meta(ds, dataset, the_mix, kind, words, vector_dtype, documents)
+        selected_words = resolve(words, ds)
+        if selected_words is not None:
+            write_selected(fs, root, selected_words)
     meta.kind = kind
     if search is not None:
         meta.search, meta.search_auto = search, False
+    selected = None if meta.selection().everything else read_selected(fs, root)
     summary = BuildSummary(out=out)
     files = ds.shard_files("tokens")
     sentence_files = dict(ds.shard_files("sentences"))
     keys_now = {key for key, _ in files}
-    table = db.open_table(TABLE) if exists else None
+    tables = IndexTables(db)
     # Rows of shard files that are no longer committed (a part deleted, or a shard
     # re-embedded under a new run id) leave the index; this keeps it equal to the
     # dataset's committed view without a rebuild.
     for key in [k for k in meta.indexed if k not in keys_now]:
-        if table is not None:
-            table.delete(shard_filter(key))
+        tables.delete(shard_filter(key))
         meta.indexed.remove(key)
         summary.removed_files += 1
     indexed = set(meta.indexed)
-    for key, path in files:
-        if key in indexed:
-            summary.skipped_files += 1
-            continue
-        if table is not None:
+    adding = [(key, path) for key, path in files if key not in indexed]
+    summary.skipped_files = len(files) - len(adding)
+    total = file_rows(ds, [path for _, path in adding])
+    if progress and adding and not meta.selection().everything:
+        progress(f"keeping {meta.selection().describe()}")
+    with rows_bar(total, show_progress) as bar:
+        for key, path in adding:
             # A run killed after an add but before its metadata write leaves rows that no
             # metadata lists: drop them, so that a row is never held twice.
-            table.delete(shard_filter(key))
-        n_rows = 0
-        t0 = time.perf_counter()
-        for rows in rows_for_file(ds, the_mix, path, key, sentence_files.get(key),
-                                   documents_of(ds, key, document_files, documents),
-                                   meta.doc_fields or {}):
-            t1 = time.perf_counter()
-            summary.seconds_read += t1 - t0
-            if table is None:
-                table = db.create_table(TABLE, data=rows)
-            else:
-                table.add(rows)
-            n_rows += rows.num_rows
-            t0 = time.perf_counter()
-            summary.seconds_add += t0 - t1
-        summary.added_files += 1
-        summary.added_rows += n_rows
-        meta.indexed.append(key)
-        if progress:
-            progress(f"{key}: {n_rows} rows")
-    if table is None:
-        raise ElmoUserError(f"{dataset} has no committed token rows to index")
-    return finish_index(table, meta, summary, out, storage_options)
+            tables.delete(shard_filter(key))
+            n_rows = tables.add_file(ds, the_mix, path, key, sentence_files.get(key),
+                                     documents_of(ds, key, document_files, documents), meta,
+                                     selected, summary, bar)
+            meta.indexed.append(key)
+            if progress and not show_progress:
+                progress(f"{key}: {n_rows} rows")
+    if tables.tokens is None:
+        raise ElmoUserError(f"{dataset} has no committed token rows to index"
+                            + ("" if selected is None else f" of {meta.selection().describe()}"))
+    return finish_index(tables, meta, summary, out, storage_options, show_progress,
+                        fresh=created)
 
 
-def finish_index(table: Any, meta: IndexMeta, summary: BuildSummary, out: str,
-                 storage_options: dict | None = None) -> BuildSummary:
-    """After rows were added or deleted: scalar and vector indexes, word counts, search
-    parameters and the metadata (``meta.indexed`` already says what the table holds)."""
-    t0 = time.perf_counter()
-    meta.rows = table.count_rows()
-    want_hnsw = meta.kind == "hnsw" or (meta.kind == "auto" and meta.rows >= HNSW_MIN_ROWS)
+def _scalar_indexes(table: Any, columns: tuple[str, ...]) -> None:
+    from lancedb.index import BTree
+
     has_scalar = {tuple(ix.columns) for ix in table.list_indices()}
-    for column in SCALAR_COLUMNS:
+    for column in columns:
         if (column,) not in has_scalar:
-            from lancedb.index import BTree
-
             # BTree, not Bitmap: a corpus vocabulary has far too many values for bitmaps.
             table.create_index(column, config=BTree())
-    if summary.added_rows or summary.removed_files:
-        # Compacts the new fragments and folds them into the existing indexes (vector and
-        # scalar) instead of retraining them.
+
+
+def _optimize(table: Any, drop_old_versions: bool) -> None:
+    if not drop_old_versions:
         table.optimize()
+        return
+    with warnings.catch_warnings():  # LanceDB warns of readers of those versions
+        warnings.simplefilter("ignore", UserWarning)
+        table.optimize(cleanup_older_than=timedelta(0))
+
+
+def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, out: str,
+                 storage_options: dict | None = None, show_progress: bool = False,
+                 fresh: bool = False) -> BuildSummary:
+    """After rows were added or deleted: scalar and vector indexes, word counts, search
+    parameters and the metadata (``meta.indexed`` already says what the table holds).
+    ``fresh``: the index was created by this build."""
+    t0 = time.perf_counter()
+    table = tables.tokens
+    meta.rows = table.count_rows()
+    want_hnsw = meta.kind == "hnsw" or (meta.kind == "auto" and meta.rows >= HNSW_MIN_ROWS)
+    changed = bool(summary.added_rows or summary.removed_files)
+    with phase("index: scalar indexes" + (", optimize" if changed else ""), show_progress):
+        _scalar_indexes(table, SCALAR_COLUMNS)
+        if tables.sentences is not None:
+            _scalar_indexes(tables.sentences, SENTENCE_KEY)
+        if changed:
+            # Compacts the new fragments and folds them into the existing indexes (vector
+            # and scalar) instead of retraining them. A new index's earlier versions (its
+            # rows before compaction, about its size again) are open to no reader yet:
+            # they go, before the vector index is trained. An index being extended keeps
+            # LanceDB's retention, since a server may be reading the version it opened.
+            for each in (table, tables.sentences):
+                if each is not None:
+                    _optimize(each, drop_old_versions=fresh)
     grown = meta.trained_rows and meta.rows > 4 * meta.trained_rows
     if want_hnsw and (not _has_vector_index(table) or grown):
         # First index, or the data outgrew the partitions it was trained with: (re)train.
         if grown:
             meta.num_partitions = None
-        _create_vector_index(table, meta)
+        with phase(f"index: IVF_HNSW_SQ over {meta.rows} rows (LanceDB shows no progress)",
+                   show_progress):
+            _create_vector_index(table, meta)
     meta.built = "hnsw" if _has_vector_index(table) else "flat"
     if meta.search_auto:
         meta.search = SearchParams.for_rows(meta.rows)
-    if summary.added_rows or summary.removed_files or meta.counted_rows != meta.rows:
+    if changed or meta.counted_rows != meta.rows:
         _write_word_counts(table, meta.rows, out, storage_options)
         meta.counted_rows = meta.rows
     summary.seconds_index = time.perf_counter() - t0

@@ -32,6 +32,7 @@ import numpy as np
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import Dataset
 from pipeline.lookup.dataset import open_dataset as open_dataset  # its old home
+from pipeline.lookup.int8_layers import Int8Column, int8_columns, mix_int8, read_int8_values
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mix_specs import resolve_mix as resolve_mix  # its old home
 from pipeline.lookup.parquet_layers import (
@@ -50,6 +51,7 @@ from pipeline.lookup.token_layers import (
     read_types,
     stored_columns,
 )
+from schemas import SCALE_SUFFIX
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -165,8 +167,8 @@ def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_
     workers = workers or max(1, min(4, os.cpu_count() or 1))
     fs = ds.arrow_filesystem()
     buffers = threading.local()  # per worker thread, freed with the pool
-    units = ((path, metadata, direct, types, group)
-             for path, metadata, direct, types in _footers(fs, mix, paths)
+    units = ((path, metadata, direct, int8, types, group)
+             for path, metadata, direct, int8, types in _footers(fs, mix, paths)
              for group in range(metadata.num_row_groups))
     with ThreadPoolExecutor(workers, thread_name_prefix="elmo-mix") as pool:
         pending: deque[Any] = deque()
@@ -181,10 +183,10 @@ def iter_mixed(ds: Dataset, mix: Mix, columns: Sequence[str] = ("doc_id", "sent_
 
 def _footers(fs: Any, mix: Mix, paths: Sequence[str]
              ) -> Iterator[tuple[str, pq.FileMetaData, dict[str, VectorColumn],
-                                 TypeVectors | None]]:
-    """Each file's footer, its directly readable layer columns and (version 3, when the
-    mix uses layer 0) its types file, read once per file (a file is opened again per row
-    group, on a thread)."""
+                                 dict[str, Int8Column], TypeVectors | None]]:
+    """Each file's footer, its directly readable layer columns (float and int8) and
+    (version 3, when the mix uses layer 0) its types file, read once per file (a file is
+    opened again per row group, on a thread)."""
     import pyarrow.parquet as pq
 
     layer_names = [f"layer_{k}" for k in mix.used_layers]
@@ -195,7 +197,8 @@ def _footers(fs: Any, mix: Mix, paths: Sequence[str]
         check_layers(schema, layer_names, path)
         types = (read_types(fs, path) if "layer_0" in layer_names
                  and not has_own_layer_0(schema) else None)
-        yield path, metadata, vector_columns(metadata, schema, layer_names), types
+        yield (path, metadata, vector_columns(metadata, schema, layer_names),
+               int8_columns(metadata, schema, layer_names), types)
 
 
 def _reused(buffers: Any, slot: str, size: int, dtype: type) -> np.ndarray:
@@ -211,12 +214,13 @@ def _reused(buffers: Any, slot: str, size: int, dtype: type) -> np.ndarray:
 
 
 def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
-                   direct: dict[str, VectorColumn], types: TypeVectors | None, group: int,
-                   mix: Mix, columns: list[str], buffers: Any) -> tuple[pa.Table, np.ndarray]:
+                   direct: dict[str, VectorColumn], int8: dict[str, Int8Column],
+                   types: TypeVectors | None, group: int, mix: Mix, columns: list[str],
+                   buffers: Any) -> tuple[pa.Table, np.ndarray]:
     """One row group's metadata columns and mixed vectors; a page that fails its CRC
     (our page reader or pyarrow's) is a damaged file, named with the fix."""
     try:
-        return _read_row_group(fs, path, metadata, direct, types, group, mix, columns,
+        return _read_row_group(fs, path, metadata, direct, int8, types, group, mix, columns,
                                buffers)
     except (CorruptPageError, OSError) as error:
         if not isinstance(error, CorruptPageError) and "checksum" not in str(error).lower():
@@ -227,20 +231,27 @@ def _mix_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
 
 
 def _read_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
-                    direct: dict[str, VectorColumn], types: TypeVectors | None, group: int,
-                    mix: Mix, columns: list[str], buffers: Any) -> tuple[pa.Table, np.ndarray]:
+                    direct: dict[str, VectorColumn], int8: dict[str, Int8Column],
+                    types: TypeVectors | None, group: int, mix: Mix, columns: list[str],
+                    buffers: Any) -> tuple[pa.Table, np.ndarray]:
     import pyarrow.parquet as pq
 
     layer_names = [f"layer_{k}" for k in mix.used_layers]
     schema = metadata.schema.to_arrow_schema()
     with fs.open_input_file(path) as source:
         parquet = pq.ParquetFile(source, metadata=metadata, page_checksum_verification=True)
+        layers_file = _keyed_by_token(source, metadata)
         vectors = None
-        if direct and not mix.token_norm:
+        if int8 and not mix.token_norm:
+            try:
+                vectors = _mix_int8_pages(source, parquet, group, mix, int8, types, buffers)
+            except UnsupportedLayoutError:
+                vectors = None
+        if vectors is None and direct and not mix.token_norm:
             # Layers the page reader cannot take (int8, layer 0 from the types file) are
             # read whole and accumulated in their turn: the same order, the same bits.
             others = [n for n in layer_names if n not in direct]
-            read = parquet.read_row_group(group, columns=stored_columns(schema, others)
+            read = layers_file.read_row_group(group, columns=stored_columns(schema, others)
                                           ) if others else None
             sources = [direct[n] if n in direct else layer_vectors(read, n, types)
                        for n in layer_names]
@@ -249,7 +260,8 @@ def _read_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
             except UnsupportedLayoutError:
                 vectors = None
         if vectors is None:
-            table = parquet.read_row_group(group, columns=stored_columns(schema, layer_names))
+            table = layers_file.read_row_group(group,
+                                               columns=stored_columns(schema, layer_names))
             layers: list[np.ndarray | None] = [None] * mix.n_layers
             for k, name in zip(mix.used_layers, layer_names, strict=True):
                 layers[k] = layer_vectors(table, name, types)
@@ -296,6 +308,61 @@ def _mix_pages(source: Any, metadata: pq.FileMetaData, group: int, mix: Mix,
                 _reused(buffers, "page", len(values), np.float32))
             accumulate(flat[start:end], _tensor(values), weight, i == 0, scratch)
             start = end
+    return out
+
+
+def _keyed_by_token(source: Any, metadata: pq.FileMetaData) -> pq.ParquetFile:
+    """The file as read for its layers: ``token`` only serves as the key of layer 0 in
+    the types file, so it is read as the dictionary the writer stored it in, and
+    ``TypeVectors.rows_for`` looks up each distinct string once instead of every row's."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(source, metadata=metadata, read_dictionary=["token"],
+                          page_checksum_verification=True)
+
+
+def _mix_int8_pages(source: Any, parquet: pq.ParquetFile, group: int, mix: Mix,
+                    columns: dict[str, Int8Column], types: TypeVectors | None,
+                    buffers: Any) -> np.ndarray | None:
+    """The mix of a row group whose used layers are int8 columns (and layer 0 from the
+    types file), decoded by ``pipeline.lookup.int8_layers`` and mixed in one pass; None
+    when some used layer is stored otherwise."""
+    metadata = parquet.metadata
+    used = [f"layer_{k}" for k in mix.used_layers]
+    from_types = used[0] == "layer_0" and "layer_0" not in columns and types is not None \
+        and not has_own_layer_0(parquet.schema_arrow)
+    if from_types and types.stored_int8 is None:  # type: ignore[union-attr]
+        return None
+    stored = used[1:] if from_types else used
+    if not (stored or from_types) or any(name not in columns for name in stored):
+        return None
+    row_group = metadata.row_group(group)
+    rows = row_group.num_rows
+    dim = columns[stored[0]].dim if stored else types.layer_0.shape[1]  # type: ignore[union-attr]
+    if any(columns[name].dim != dim for name in stored) or (
+            from_types and types.layer_0.shape[1] != dim):  # type: ignore[union-attr]
+        return None
+    read = _keyed_by_token(source, metadata).read_row_group(
+        group, columns=[n + SCALE_SUFFIX for n in stored] + (["token"] if from_types else []))
+    values = _reused(buffers, "int8", len(stored) * rows * dim, np.int8
+                     ).reshape(len(stored), rows, dim)
+    for j, name in enumerate(stored):
+        chunk = row_group.column(columns[name].leaf)
+        read_buffer = _reused(buffers, "chunk", chunk.total_compressed_size, np.uint8)
+        read_int8_values(source, chunk, rows, columns[name], values[j].reshape(-1),
+                         read_buffer)
+    scales = np.empty((len(stored), rows), np.float32)
+    for j, name in enumerate(stored):
+        scales[j] = read.column(name + SCALE_SUFFIX).to_numpy()
+    weights = np.array(scaled_weights(mix), np.float32)
+    out = np.empty((rows, dim), np.float32)
+    if from_types:
+        type_values, type_scales = types.stored_int8  # type: ignore[union-attr,misc]
+        rows_of_type = types.rows_for(read.column("token"))  # type: ignore[union-attr]
+        mix_int8(out, (type_values, type_scales, rows_of_type), weights[0], values, scales,
+                 weights[1:])
+    else:
+        mix_int8(out, None, 1.0, values, scales, weights)
     return out
 
 

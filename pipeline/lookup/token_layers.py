@@ -66,15 +66,31 @@ class TypeVectors:
 
     tokens: Any  # pa.Array of strings
     layer_0: np.ndarray  # [n_types, dim], float16/float32 as stored, float32 from int8
+    # int8 files: layer 0 as stored, [n_types, dim] values and [n_types] scales, for
+    # readers that dequantize as they go (``pipeline.lookup.int8_layers``).
+    stored_int8: tuple[np.ndarray, np.ndarray] | None = None
 
-    def for_tokens(self, tokens: pa.Array | pa.ChunkedArray) -> np.ndarray:
-        """``[n, dim]`` layer 0 of each of ``tokens`` (a column of the tokens file)."""
+    def rows_for(self, tokens: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """The row of ``layer_0`` of each of ``tokens`` (a column of the tokens file,
+        plain or dictionary-encoded: then only its distinct strings are looked up, about
+        10x faster than hashing every row's string)."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
+        if isinstance(tokens, pa.ChunkedArray):
+            parts = [self.rows_for(chunk) for chunk in tokens.chunks]
+            return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if pa.types.is_dictionary(tokens.type):
+            distinct = self.rows_for(tokens.dictionary)
+            return distinct[tokens.indices.to_numpy(zero_copy_only=False)]
         rows = pc.index_in(tokens, value_set=self.tokens)
         if rows.null_count:
             raise ElmoUserError("a token has no row in its types file (an incomplete dataset)")
-        return self.layer_0[rows.to_numpy(zero_copy_only=False)]
+        return rows.to_numpy(zero_copy_only=False)
+
+    def for_tokens(self, tokens: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """``[n, dim]`` layer 0 of each of ``tokens`` (a column of the tokens file)."""
+        return self.layer_0[self.rows_for(tokens)]
 
 
 def read_types(fs: Any, tokens_path: str) -> TypeVectors:
@@ -87,12 +103,18 @@ def read_types(fs: Any, tokens_path: str) -> TypeVectors:
     except FileNotFoundError:
         raise ElmoUserError(f"{path} is missing: layer 0 of {tokens_path} is stored "
                             "there (schema version 3)") from None
-    if HALF_LAYER_0 in table.column_names:
-        half = stored_vectors(table, HALF_LAYER_0)
-        layer_0 = np.concatenate([half, half], axis=1)
-    else:
-        layer_0 = stored_vectors(table, "layer_0")
-    return TypeVectors(table.column("token").combine_chunks(), layer_0)
+    name = HALF_LAYER_0 if HALF_LAYER_0 in table.column_names else "layer_0"
+    layer_0 = stored_vectors(table, name)
+    stored_int8 = None
+    if name + SCALE_SUFFIX in table.column_names:
+        stored_int8 = (matrix(table.column(name)),
+                       table.column(name + SCALE_SUFFIX).to_numpy().astype(np.float32))
+    if name == HALF_LAYER_0:
+        layer_0 = np.concatenate([layer_0, layer_0], axis=1)
+        if stored_int8 is not None:
+            stored_int8 = (np.concatenate([stored_int8[0], stored_int8[0]], axis=1),
+                           stored_int8[1])
+    return TypeVectors(table.column("token").combine_chunks(), layer_0, stored_int8)
 
 
 def file_version(schema: pa.Schema) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ DISTANCE_COLUMN = "_distance"
 _local = threading.local()
 
 
-def _run(coroutine: Coroutine[Any, Any, Any]) -> Any:
+def run_async(coroutine: Coroutine[Any, Any, Any]) -> Any:
     """Run ``coroutine`` on this thread's own event loop (made on first use), or on
     LanceDB's background loop when this thread is already inside a running loop (where a
     second loop cannot run)."""
@@ -57,7 +57,8 @@ class VectorSearch:
     """A search of ``table`` (a LanceDB table) for the ``k`` nearest rows by cosine to each
     of ``vectors`` (``[n, dim]`` float32): ``columns`` plus ``_distance``, nearest first,
     and with more than one vector a ``query_index`` column (the vector's row). ``where``
-    is a prefilter; ``ann`` the graph settings, or None for an exact scan."""
+    is a prefilter; ``ann`` the graph settings, or None for an exact scan; ``then`` a
+    step on the rows found."""
 
     table: Any
     vectors: np.ndarray
@@ -65,10 +66,14 @@ class VectorSearch:
     columns: Sequence[str]
     where: str | None = None
     ann: SearchParams | None = None
+    # Applied to the rows found (``to_arrow``): the index adds what its rows do not hold,
+    # such as the sentence text kept in a table of its own.
+    then: Callable[[pa.Table], pa.Table] | None = None
 
     def to_arrow(self) -> pa.Table:
         """Run the search (the fast path)."""
-        return _run(self._async_query().to_arrow())
+        found = run_async(self._async_query().to_arrow())
+        return found if self.then is None else self.then(found)
 
     def _async_query(self) -> Any:
         import pyarrow as pa

@@ -305,14 +305,14 @@ def test_refresh_index_adds_only_the_files_it_is_given(
     assert ix.table.count_rows("part = 'extra'") == 0  # live, but not asked for
     assert {f.key for f in more} <= set(ix.meta.indexed)
     assert not {f.key for f in extra} & set(ix.meta.indexed)
-    # The rows are the mix on read of exactly that file.
+    # The rows are the mix on read of exactly that file, stored as float16.
     got = ix.table.search().where("part = 'more'").select(
         ["sent_idx", "tok_idx", "vector"]).to_arrow()
     _, want = next(iter_mixed(ds, ds.mix("top"), columns=("tok_idx",),
                               files=[f.path for f in more]))
     order = np.lexsort((got["tok_idx"].to_numpy(), got["sent_idx"].to_numpy()))
     np.testing.assert_array_equal(
-        np.array(got["vector"].to_pylist(), np.float32)[order], want)
+        np.array(got["vector"].to_pylist(), np.float32)[order], want.astype(np.float16))
 
     # URIs name files too; a file given again replaces its rows (never held twice).
     refresh_index(str(ds_copy), mix="top", index_uri=out,

@@ -119,8 +119,7 @@ def test_identical_contexts_are_listed_once(index: str) -> None:
 
     ix = SenseIndex(index)
     # The repeated line is stored twice (two documents) ...
-    stored = ix.table.search().where("token_lower = 'played'").select(
-        ["doc_id", "sentence"]).to_arrow().to_pylist()
+    stored = ix.occurrences(["played"], columns=["doc_id", "sentence"]).to_pylist()
     assert sum(r["sentence"] == REPEATED for r in stored) == 2
     # ... and found once, still k results: the search fetched further to fill them.
     for match in ("forms", "any"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -504,3 +505,29 @@ def test_init_from_with_a_new_vocabulary_size_rebuilds_it(tmp_path: Path) -> Non
     # two small steps from the carried row: close to the old one, far from a fresh draw
     moved = (tuned_softmax.weight[cat_new] - base_softmax.weight[cat_old]).abs().max()
     assert moved < 0.05
+
+
+def test_package_averages_checkpoints_of_one_run(tmp_path: Path) -> None:
+    corpus = write_toy_corpus(tmp_path / "text")
+    options = write_tiny_options(tmp_path)
+    run = tmp_path / "run"
+    train(corpus, run, str(options), max_steps=3, **QUIET)
+    shutil.copytree(run, tmp_path / "step-3")
+    train(corpus, run, str(options), max_steps=6, **QUIET)
+    averaged = package_model(run, tmp_path / "avg", dtype=torch.float32,
+                             average_with=[tmp_path / "step-3"])
+    first, first_softmax, _, _ = load_trained(tmp_path / "step-3")
+    last, last_softmax, _, _ = load_trained(run)
+    shipped = load_file(str(averaged / "weights.safetensors"))
+    name = "layers.0.input_weight"
+    mean = (first.state_dict()[name] + last.state_dict()[name]) / 2
+    assert torch.allclose(shipped[name], mean, atol=1e-6)
+    assert not torch.allclose(shipped[name], last.state_dict()[name])
+    softmax = load_file(str(averaged / "softmax.safetensors"))
+    [weight_key] = [k for k in softmax if k.endswith("weight")]
+    assert torch.allclose(softmax[weight_key], (first_softmax.weight + last_softmax.weight) / 2,
+                          atol=1e-6)
+    other = tmp_path / "other"
+    train(corpus, other, str(options), max_steps=2, overrides={"n_tokens_vocab": 5}, **QUIET)
+    with pytest.raises(ElmoUserError, match="average checkpoints of one run"):
+        package_model(run, tmp_path / "bad", average_with=[other])

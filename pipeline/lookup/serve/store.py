@@ -59,6 +59,7 @@ class ServedStore:
             if ix.meta.model_fingerprint != ds.descriptor.model_fingerprint:
                 raise ElmoUserError(f"{uri} indexes a dataset of another model than "
                                     f"{dataset}; serve it with its own dataset")
+            ix.hold_sentences()  # results then take their sentence texts from memory
             indexes[name] = ix
         options, weights = model_files_for(ds.descriptor, model_dir)
         embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
@@ -128,9 +129,12 @@ class ServedStore:
                     ) -> tuple[int, list[Hit]]:
         import pyarrow as pa
 
+        index.require_indexed([word], "token_lower")
         total = index.word_rows([word])
         table = (index.table.search().where(token_filter([word]))
-                 .select(RESULT_COLUMNS).offset(offset).limit(limit).to_arrow())
+                 .select(index.stored(RESULT_COLUMNS)).offset(offset).limit(limit).to_arrow())
+        complete = index.completed(RESULT_COLUMNS)  # the sentence text, by key
+        table = table if complete is None else complete(table)
         table = table.append_column("_distance", pa.array([1.0] * table.num_rows))
         hits = hits_from_table(table)
         for rank, hit in enumerate(hits, offset + 1):
