@@ -238,7 +238,7 @@ def test_bundled_model_declares_the_tokenizer_it_learned() -> None:
         assert unseen  # "'t" / "n't" / "Mr.": tokens this model never saw in training
 
 
-def test_declared_tokenizer_halves_the_unknown_words_on_the_sample(corpora_dir: Path) -> None:
+def test_declared_tokenizer_cuts_the_unknown_words_on_the_sample(corpora_dir: Path) -> None:
     """The bundled sample comes from the model's training text: cut as in training, far
     fewer of its tokens fall outside the model's vocabulary than with the other two. (The
     vocabulary is the 50,000 most frequent words of the whole training corpus, of which
@@ -253,7 +253,8 @@ def test_declared_tokenizer_halves_the_unknown_words_on_the_sample(corpora_dir: 
     declared = unknown_share(model_tokenizer(str(DEFAULT_MODEL)))
     assert declared < 0.03  # 2.2% measured; MODEL_CARD gives the held-out rates
     for other in ("moses", "elmo-store-ptb"):
-        assert declared < 0.6 * unknown_share(other)
+        # 0.63 of moses's share measured (0.46 with the first model's classics vocabulary)
+        assert declared < 0.7 * unknown_share(other)
 
 
 def test_weights_that_declare_nothing_get_moses(elmo_fixture_dir: Path) -> None:
