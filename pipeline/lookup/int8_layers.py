@@ -27,21 +27,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from zlib_ng import zlib_ng
 
 from pipeline.lookup.parquet_layers import (
     _DATA_PAGE,
     _DATA_PAGE_V2,
     _DICTIONARY_PAGE,
-    _INDEX_PAGE,
     _PAGE_HEADER_FIELDS,
     _PLAIN,
-    CorruptPageError,
     UnsupportedLayoutError,
     _codec,
     _read_range,
     _skip_v1_levels,
-    _struct,
+    page_bodies,
 )
 
 if TYPE_CHECKING:
@@ -120,22 +117,10 @@ def _read_chunk(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: I
     data = _read_range(source, start, chunk.total_compressed_size, read_buffer)
     if len(data) != chunk.total_compressed_size:
         raise UnsupportedLayoutError("short read")
-    view = memoryview(data)
     table: np.ndarray | None = None
-    filled = pos = 0
-    while pos < len(data):
-        header, pos = _struct(data, pos, _HEADER_FIELDS)
-        kind = header.get(1)
-        compressed_size, size = header.get(3, -1), header.get(2, -1)
-        if compressed_size < 0 or size < 0 or pos + compressed_size > len(data):
-            raise UnsupportedLayoutError("bad page sizes")
-        body = view[pos:pos + compressed_size]
-        pos += compressed_size
-        if 4 in header and zlib_ng.crc32(body) != header[4] & 0xFFFFFFFF:
-            raise CorruptPageError(f"page CRC mismatch in column chunk at byte {start}: "
-                                   "the file is corrupt")
-        if kind == _INDEX_PAGE:
-            continue
+    filled = 0
+    for header, body in page_bodies(data, start, _HEADER_FIELDS):
+        kind, size, compressed_size = header.get(1), header.get(2, -1), len(body)
         if kind == _DICTIONARY_PAGE:
             table = _dictionary(body, codec, size, header.get(7, {}))
             continue

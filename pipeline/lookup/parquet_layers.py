@@ -263,6 +263,27 @@ def _read_range(source: Any, offset: int, size: int, buffer: np.ndarray | None) 
     return source.read_at(size, offset)
 
 
+def page_bodies(data: Any, start: int, header_fields: dict[int, Any]
+                ) -> Iterator[tuple[dict[int, Any], memoryview]]:
+    """Each page of a column chunk's bytes ``data`` (read from file offset ``start``):
+    its header and its (still compressed) body, the body's CRC checked when the writer
+    recorded one. Index pages are skipped."""
+    view = memoryview(data)
+    pos = 0
+    while pos < len(data):
+        header, pos = _struct(data, pos, header_fields)
+        compressed_size, size = header.get(3, -1), header.get(2, -1)
+        if compressed_size < 0 or size < 0 or pos + compressed_size > len(data):
+            raise UnsupportedLayoutError("bad page sizes")
+        body = view[pos:pos + compressed_size]
+        pos += compressed_size
+        if 4 in header and zlib_ng.crc32(body) != header[4] & 0xFFFFFFFF:
+            raise CorruptPageError(f"page CRC mismatch in column chunk at byte {start}: "
+                                   "the file is corrupt")
+        if header.get(1) != _INDEX_PAGE:
+            yield header, body
+
+
 def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: VectorColumn,
            read_buffer: np.ndarray | None) -> Iterator[np.ndarray]:
     _check_chunk(chunk, column)
@@ -275,22 +296,10 @@ def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: Vector
                        read_buffer)
     if len(data) != chunk.total_compressed_size:
         raise UnsupportedLayoutError("short read")
-    view = memoryview(data)
     dtype = column.dtype
-    filled = pos = 0
-    while pos < len(data):
-        header, pos = _struct(data, pos, _PAGE_HEADER_FIELDS)
-        kind = header.get(1)
-        compressed_size, size = header.get(3, -1), header.get(2, -1)
-        if compressed_size < 0 or size < 0 or pos + compressed_size > len(data):
-            raise UnsupportedLayoutError("bad page sizes")
-        body = view[pos:pos + compressed_size]
-        pos += compressed_size
-        if 4 in header and zlib_ng.crc32(body) != header[4] & 0xFFFFFFFF:
-            raise CorruptPageError(f"page CRC mismatch in column chunk at byte "
-                                   f"{chunk.data_page_offset}: the file is corrupt")
-        if kind == _INDEX_PAGE:
-            continue
+    filled = 0
+    for header, body in page_bodies(data, chunk.data_page_offset, _PAGE_HEADER_FIELDS):
+        kind, size = header.get(1), header.get(2, -1)
         if kind == _DATA_PAGE:
             page = header.get(5, {})
             if page.get(2) != _PLAIN:
@@ -307,7 +316,7 @@ def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: Vector
                 raise UnsupportedLayoutError("value encoding or nulls")
             levels = page.get(1, -1)
             skip = page.get(5, -1) + page.get(6, -1)
-            if skip < 0 or skip > compressed_size:
+            if skip < 0 or skip > len(body):
                 raise UnsupportedLayoutError("bad level sizes")
             values = body[skip:]
             if codec is not None and page.get(7, True):
