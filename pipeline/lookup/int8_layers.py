@@ -38,6 +38,7 @@ from pipeline.lookup.parquet_layers import (
     _codec,
     _read_range,
     _skip_v1_levels,
+    fixed_size_list_leaves,
     page_bodies,
 )
 
@@ -66,22 +67,10 @@ def int8_columns(metadata: pq.FileMetaData, schema: pa.Schema,
     """The columns of ``names`` stored as fixed-size lists of int8 (3-level lists)."""
     import pyarrow as pa
 
-    leaves: dict[str, int] = {}
-    for i in range(metadata.num_columns):
-        leaves.setdefault(metadata.schema.column(i).path.split(".")[0], i)
-    out = {}
-    for name in names:
-        if name not in schema.names or name not in leaves:
-            continue
-        kind = schema.field(name).type
-        if not pa.types.is_fixed_size_list(kind) or kind.value_type != pa.int8():
-            continue
-        leaf = metadata.schema.column(leaves[name])
-        if leaf.path not in (f"{name}.list.element", f"{name}.list.item"):
-            continue
-        out[name] = Int8Column(name, leaves[name], kind.list_size, leaf.max_repetition_level,
-                               leaf.max_definition_level)
-    return out
+    return {name: Int8Column(name, leaf_index, kind.list_size, leaf.max_repetition_level,
+                             leaf.max_definition_level)
+            for name, leaf_index, kind, leaf in fixed_size_list_leaves(metadata, schema, names)
+            if kind.value_type == pa.int8()}
 
 
 # --------------------------------------------------------------------------- chunks

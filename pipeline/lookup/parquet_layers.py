@@ -164,35 +164,38 @@ class VectorColumn:
     max_definition_level: int
 
 
-def vector_columns(metadata: pq.FileMetaData, schema: pa.Schema,
-                   names: list[str]) -> dict[str, VectorColumn]:
-    """The columns of ``names`` that are fixed-size lists of float16/float32 in this file
-    (others are absent from the result and must be read by pyarrow)."""
+def fixed_size_list_leaves(metadata: pq.FileMetaData, schema: pa.Schema, names: list[str]
+                           ) -> Iterator[tuple[str, int, pa.DataType, Any]]:
+    """``(name, leaf index, value type, leaf)`` for each column of ``names`` stored in this
+    file as a fixed-size list in the plain 3-level list layout (the only one the page
+    readers take)."""
     import pyarrow as pa
 
     leaves: dict[str, int] = {}
     for i in range(metadata.num_columns):
         leaves.setdefault(metadata.schema.column(i).path.split(".")[0], i)
-    out = {}
     for name in names:
         if name not in schema.names or name not in leaves:
             continue
         kind = schema.field(name).type
         if not pa.types.is_fixed_size_list(kind):
             continue
-        value_type = kind.value_type
-        if value_type == pa.float16():
-            dtype = np.dtype("<f2")
-        elif value_type == pa.float32():
-            dtype = np.dtype("<f4")
-        else:
-            continue
         leaf = metadata.schema.column(leaves[name])
-        if leaf.path != f"{name}.list.element" and leaf.path != f"{name}.list.item":
-            continue  # not the plain 3-level list layout
-        out[name] = VectorColumn(name, leaves[name], kind.list_size, dtype,
-                                 leaf.max_repetition_level, leaf.max_definition_level)
-    return out
+        if leaf.path in (f"{name}.list.element", f"{name}.list.item"):
+            yield name, leaves[name], kind, leaf
+
+
+def vector_columns(metadata: pq.FileMetaData, schema: pa.Schema,
+                   names: list[str]) -> dict[str, VectorColumn]:
+    """The columns of ``names`` that are fixed-size lists of float16/float32 in this file
+    (others are absent from the result and must be read by pyarrow)."""
+    import pyarrow as pa
+
+    dtypes = {pa.float16(): np.dtype("<f2"), pa.float32(): np.dtype("<f4")}
+    return {name: VectorColumn(name, leaf_index, kind.list_size, dtypes[kind.value_type],
+                               leaf.max_repetition_level, leaf.max_definition_level)
+            for name, leaf_index, kind, leaf in fixed_size_list_leaves(metadata, schema, names)
+            if kind.value_type in dtypes}
 
 
 def _codec(name: str) -> Any:
