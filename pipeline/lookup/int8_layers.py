@@ -121,8 +121,8 @@ def _read_chunk(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: I
         bit_width = int(runs[0])
         if bit_width > 8:
             raise UnsupportedLayoutError(f"index bit width {bit_width}")
-        got = int8_kernels.decode_hybrid(np.frombuffer(runs, np.uint8, offset=1), bit_width, table,
-                             values[filled:filled + levels], levels)
+        got = int8_kernels.decode_hybrid(np.frombuffer(runs, np.uint8, offset=1), bit_width,
+                                         table, values[filled:filled + levels], levels)
         if got != levels:
             raise UnsupportedLayoutError("fewer indices than levels: nulls or a bad page")
         filled += levels
@@ -188,4 +188,4 @@ def mix_int8(out: np.ndarray, dense: tuple[np.ndarray, np.ndarray, np.ndarray] |
     from pipeline.lookup import int8_kernels  # numba: imported when an int8 file is mixed
 
     int8_kernels.mix_rows(out, type_values, type_scales, rows.astype(np.int64, copy=False),
-              np.float32(dense_weight), values, scales, weights)
+                          np.float32(dense_weight), values, scales, weights)

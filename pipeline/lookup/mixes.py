@@ -244,7 +244,8 @@ def _read_row_group(fs: Any, path: str, metadata: pq.FileMetaData,
         vectors = None
         if int8 and not mix.token_norm:
             try:
-                vectors = _mix_int8_pages(source, parquet, group, mix, int8, types, buffers)
+                vectors = _mix_int8_pages(source, layers_file, group, mix, int8, types,
+                                          buffers)
             except UnsupportedLayoutError:
                 vectors = None
         if vectors is None and direct and not mix.token_norm:
@@ -321,16 +322,16 @@ def _keyed_by_token(source: Any, metadata: pq.FileMetaData) -> pq.ParquetFile:
                           page_checksum_verification=True)
 
 
-def _mix_int8_pages(source: Any, parquet: pq.ParquetFile, group: int, mix: Mix,
+def _mix_int8_pages(source: Any, layers_file: pq.ParquetFile, group: int, mix: Mix,
                     columns: dict[str, Int8Column], types: TypeVectors | None,
                     buffers: Any) -> np.ndarray | None:
     """The mix of a row group whose used layers are int8 columns (and layer 0 from the
     types file), decoded by ``pipeline.lookup.int8_layers`` and mixed in one pass; None
-    when some used layer is stored otherwise."""
-    metadata = parquet.metadata
+    when some used layer is stored otherwise. ``layers_file``: ``_keyed_by_token``'s."""
+    metadata = layers_file.metadata
     used = [f"layer_{k}" for k in mix.used_layers]
-    from_types = used[0] == "layer_0" and "layer_0" not in columns and types is not None \
-        and not has_own_layer_0(parquet.schema_arrow)
+    # ``_footers`` reads a types file only for a file without its own layer 0
+    from_types = used[0] == "layer_0" and types is not None
     if from_types and types.stored_int8 is None:  # type: ignore[union-attr]
         return None
     stored = used[1:] if from_types else used
@@ -342,7 +343,7 @@ def _mix_int8_pages(source: Any, parquet: pq.ParquetFile, group: int, mix: Mix,
     if any(columns[name].dim != dim for name in stored) or (
             from_types and types.layer_0.shape[1] != dim):  # type: ignore[union-attr]
         return None
-    read = _keyed_by_token(source, metadata).read_row_group(
+    read = layers_file.read_row_group(
         group, columns=[n + SCALE_SUFFIX for n in stored] + (["token"] if from_types else []))
     values = _reused(buffers, "int8", len(stored) * rows * dim, np.int8
                      ).reshape(len(stored), rows, dim)
