@@ -16,13 +16,14 @@ from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import Dataset
 from pipeline.lookup.doc_fields import index_field_arrays, quote, read_documents
 from pipeline.lookup.index import TABLE, VECTOR_DTYPE, IndexMeta, stem_words
-from pipeline.lookup.index_sentences import SENTENCES_TABLE, sentence_rows
+from pipeline.lookup.index_sentences import SENTENCES_TABLE, join_in_row_order, sentence_rows
 from pipeline.lookup.index_words import keep_mask
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mixes import iter_mixed
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
 
 @dataclass
 class BuildSummary:
@@ -44,7 +45,6 @@ class BuildSummary:
                 f"{self.rows} rows, vector index {self.built}; {total:.1f} s (mix+read "
                 f"{self.seconds_read:.1f}, add {self.seconds_add:.1f}, index "
                 f"{self.seconds_index:.1f})")
-
 
 
 def _sentence_lookup(ds: Dataset, path: str | None) -> pa.Table:
@@ -104,10 +104,8 @@ def rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences: pa.Tabl
         n = meta.num_rows
         if n == 0:
             continue
-        meta = meta.append_column("_row", pa.array(np.arange(n), pa.int64()))
-        # Arrow's hash join reorders rows: "_row" puts them back in step with the vectors.
-        joined = meta.join(starts, keys=["doc_id", "sent_idx"], join_type="left outer")
-        joined = joined.sort_by("_row")
+        # in step with the vectors
+        joined = join_in_row_order(meta, starts, ["doc_id", "sent_idx"])
         if joined.num_rows != n:
             raise ElmoUserError(f"{path}: tokens and sentences disagree (duplicate sentences)")
         sent_start = pc.fill_null(joined["sent_start"], 0)

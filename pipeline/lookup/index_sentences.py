@@ -71,18 +71,25 @@ def with_sentences(table: Any, rows: pa.Table) -> pa.Table:
     """``rows`` (index rows with ``doc_id`` and ``sent_idx``) with a ``sentence`` column
     appended: each row's sentence text from ``table``, "" where none is stored, row order
     kept."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if rows.num_rows == 0:
         return rows.append_column("sentence", pa.array([], pa.string()))
     texts = fetch_sentences(table, rows)
-    keyed = rows.select(list(SENTENCE_KEY)).append_column(
-        "_row", pa.array(np.arange(rows.num_rows), pa.int64()))
-    # Arrow's hash join reorders rows: "_row" puts them back in order.
-    joined = keyed.join(texts, keys=list(SENTENCE_KEY), join_type="left outer").sort_by("_row")
+    joined = join_in_row_order(rows.select(list(SENTENCE_KEY)), texts, list(SENTENCE_KEY))
     return rows.append_column("sentence", pc.fill_null(joined["text"], ""))
+
+
+def join_in_row_order(left: pa.Table, right: pa.Table, keys: list[str]) -> pa.Table:
+    """``left`` left-outer-joined to ``right`` on ``keys``, in ``left``'s row order (Arrow's
+    hash join reorders rows; a row number put on before and sorted by after restores it)."""
+    import numpy as np
+    import pyarrow as pa
+
+    numbered = left.append_column("_row", pa.array(np.arange(left.num_rows), pa.int64()))
+    joined = numbered.join(right, keys=keys, join_type="left outer").sort_by("_row")
+    return joined.drop_columns(["_row"])
 
 
 def read_all_texts(table: Any) -> dict[tuple[str, int], str]:
