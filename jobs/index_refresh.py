@@ -160,17 +160,7 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
         tables.delete(shard_filter(file.key))
         tables.add_file(ds, the_mix, file.path, file.key, sentences.get(file.key),
                         documents_of(ds, file.key, document_files, documents), meta,
-                        selected, summary, _NO_BAR)
+                        selected, summary)
         if file.key not in meta.indexed:
             meta.indexed.append(file.key)
     return finish_index(tables, meta, summary, index_uri, storage_options)
-
-
-class _NoBar:
-    """Progress nobody reads: a job's refresh reports its one-line result instead."""
-
-    def update(self, n: int) -> None:
-        pass
-
-
-_NO_BAR = _NoBar()

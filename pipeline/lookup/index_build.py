@@ -188,7 +188,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
             tables.delete(shard_filter(key))
             n_rows = tables.add_file(ds, the_mix, path, key, sentence_files.get(key),
                                      documents_of(ds, key, document_files, documents), meta,
-                                     selected, summary, bar)
+                                     selected, summary, bar.update)
             meta.indexed.append(key)
             if progress and not show_progress:
                 progress(f"{key}: {n_rows} rows")

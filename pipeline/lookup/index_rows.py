@@ -154,8 +154,10 @@ class IndexTables:
 
     def add_file(self, ds: Dataset, mix: Mix, path: str, key: str, sentences_path: str | None,
                  documents: tuple[list[str], list[dict[str, Any]]], meta: IndexMeta,
-                 selected: pa.Array | None, summary: BuildSummary, bar: Any) -> int:
-        """Add the rows of one shard file (its token rows, then the sentences they use)."""
+                 selected: pa.Array | None, summary: BuildSummary,
+                 on_read: Callable[[int], Any] | None = None) -> int:
+        """Add the rows of one shard file (its token rows, then the sentences they use);
+        ``on_read``: told the tokens read (progress)."""
         import pyarrow as pa
 
         sentences = _sentence_lookup(ds, sentences_path)
@@ -164,7 +166,7 @@ class IndexTables:
         t0 = time.perf_counter()
         for rows in rows_for_file(ds, mix, path, key, sentences, documents,
                                   meta.doc_fields or {}, meta.vector_dtype, selected,
-                                  bar.update):
+                                  on_read):
             t1 = time.perf_counter()
             summary.seconds_read += t1 - t0
             self._add(TABLE, rows)
