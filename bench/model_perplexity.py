@@ -130,19 +130,14 @@ def subsample(sentences: list[list[str]], max_tokens: int, seed: int) -> list[li
 def score(loaded: LoadedModel, sentences: list[list[str]], shared: set[str],
           max_batch_tokens: int = 4096) -> dict[str, float]:
     """Closed-vocabulary and shared-vocabulary perplexities (mean of both directions)."""
-    from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
-    from elmo_model.training.data import Corpus
+    from elmo_model.training.data import corpus_of, new_type_ids, sentence_ids
     from elmo_model.training.evaluation import contextual_batches
     from elmo_model.training.lm_head import perplexity
 
-    type_ids = {BOS_TOKEN: 0, EOS_TOKEN: 1}
-    lines = [np.array([0] + [type_ids.setdefault(t, len(type_ids)) for t in s] + [1],
-                      dtype=np.int64) for s in sentences]
-    types = list(type_ids)
-    corpus = Corpus(types, [], lines,
-                    np.stack([token_char_ids(t, 50) for t in types]).astype(np.int16),
-                    np.array(loaded.vocab.ids(types), dtype=np.int64))
-    type_shared = torch.tensor([t in shared for t in types])
+    type_ids = new_type_ids()
+    lines = [sentence_ids(s, type_ids) for s in sentences]
+    corpus = corpus_of(type_ids, [], lines, loaded.vocab, loaded.model.config.max_chars)
+    type_shared = torch.tensor([t in shared for t in corpus.types])
     outside = torch.tensor([w not in shared for w in loaded.vocab.words])
     weight, bias = loaded.softmax.weight, loaded.softmax.bias
     p = loaded.model.config.projection_dim

@@ -93,7 +93,7 @@ def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
     :data:`~elmo_model.tokenizers.TRAIN_DEFAULT`), split off the held-out texts, and build
     (or reuse) the vocabulary."""
     tokenizer = tokenizer or get_tokenizer(TRAIN_DEFAULT)
-    type_ids: dict[str, int] = {BOS_TOKEN: 0, EOS_TOKEN: 1}
+    type_ids = new_type_ids()
     train_tokens: list[list[str]] = []
     train, heldout = [], []
     for text in read_texts(pattern):
@@ -102,20 +102,39 @@ def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
             tokens = sentence.words
             if not tokens:
                 continue
-            ids = [0] + [type_ids.setdefault(t, len(type_ids)) for t in tokens] + [1]
+            ids = sentence_ids(tokens, type_ids)
             if held:
-                heldout.append(np.array(ids, dtype=np.int64))
+                heldout.append(ids)
             else:
-                train.append(np.array(ids, dtype=np.int64))
+                train.append(ids)
                 train_tokens.append(tokens)
     if not train:
         raise ElmoUserError(f"{pattern}: no training text (all texts empty or held out)")
     if vocab is None:
         vocab = Vocabulary.build(train_tokens, params.n_tokens_vocab)
+    return corpus_of(type_ids, train, heldout, vocab, max_chars), vocab
+
+
+def new_type_ids() -> dict[str, int]:
+    """Type ids of a new corpus: ``<S>`` 0 and ``</S>`` 1, every other type numbered as
+    :func:`sentence_ids` meets it."""
+    return {BOS_TOKEN: 0, EOS_TOKEN: 1}
+
+
+def sentence_ids(tokens: list[str], type_ids: dict[str, int]) -> np.ndarray:
+    """``<S> tokens </S>`` as type ids (``type_ids`` numbers the types not seen yet)."""
+    ids = [0] + [type_ids.setdefault(t, len(type_ids)) for t in tokens] + [1]
+    return np.array(ids, dtype=np.int64)
+
+
+def corpus_of(type_ids: dict[str, int], train: list[np.ndarray], heldout: list[np.ndarray],
+              vocab: Vocabulary, max_chars: int) -> Corpus:
+    """The :class:`Corpus` of sentences encoded by :func:`sentence_ids` with ``type_ids``:
+    each type's characters and its softmax class under ``vocab``."""
     types = list(type_ids)
     char_ids = np.stack([token_char_ids(t, max_chars) for t in types]).astype(np.int16)
     softmax_ids = np.array(vocab.ids(types), dtype=np.int64)
-    return Corpus(types, train, heldout, char_ids, softmax_ids), vocab
+    return Corpus(types, train, heldout, char_ids, softmax_ids)
 
 
 class StreamBatches:
