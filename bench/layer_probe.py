@@ -28,7 +28,6 @@ the same resamples for every layer, so the layer-1 minus layer-2 difference is p
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import re
 import time
@@ -68,11 +67,12 @@ def bootstrap_draws(n: int, count: int, seed: int) -> np.ndarray:
 
 def read_wordnet(wordnet_dir: Path) -> tuple[list[Item], dict[tuple[str, str], str]]:
     """Example items of every synset, and each (lemma, pos)'s first sense (synset)."""
-    import snowballstemmer
-
     from elmo_model.tokenizers import get_tokenizer
+    from pipeline.lookup.index_words import stem_words  # the index's stems: Snowball English
 
-    stem = functools.lru_cache(maxsize=None)(snowballstemmer.stemmer("english").stemWord)
+    def stem(word: str) -> str:
+        return stem_words([word])[0]
+
     tokenizer = get_tokenizer("elmo-store-sentences")
     items: list[Item] = []
     first_sense: dict[tuple[str, str], str] = {}
