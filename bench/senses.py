@@ -38,9 +38,9 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex
-from pipeline.lookup.mixes import fsl_to_numpy
 from pipeline.lookup.sense_clusters import centred, form_offsets
 from pipeline.lookup.senses import WORD_RE, Hit, distinct_contexts, hits_from_table
+from pipeline.lookup.token_layers import matrix
 
 NOUN_BEFORE = frozenset({"the", "a", "an", "this", "that", "his", "her", "my", "your", "our",
                          "their", "its", "no", "any", "some", "every", "what", "which", "whose",
@@ -68,7 +68,7 @@ def contexts_of(ix: SenseIndex, words: list[str]) -> tuple[np.ndarray, list[Hit]
     table = table.append_column("_distance", table.column("tok_idx").cast("float64"))
     hits = hits_from_table(table.drop_columns(["vector"]))
     keep = distinct_contexts(hits)
-    x = fsl_to_numpy(table.column("vector")).astype(np.float32)[keep]
+    x = matrix(table.column("vector")).astype(np.float32)[keep]
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     return x, [hits[i] for i in keep]
 

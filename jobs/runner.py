@@ -55,7 +55,7 @@ from pipeline.store import (
     PlanMismatchError,
     committed_shards,
     iter_parts,
-    open_output,
+    open_fs,
     publish_live,
     read_live,
     sum_counts,
@@ -169,7 +169,7 @@ def run_job(spec: JobSpec, *, trigger: str = "manual", slot: float | None = None
     history: a run another scheduler finished a moment ago may have served the slot
     already, and then this returns None without running.
     """
-    fs, root = open_output(spec.output, spec.storage_options or None)
+    fs, root = open_fs(spec.output, spec.storage_options or None)
     with job_lock(fs, root):
         if due_check is not None and not due_check(list(iter_runs(fs, root))):
             return None

@@ -25,7 +25,7 @@ from elmo_model.errors import ElmoUserError
 from jobs.runner import run_job
 from jobs.spec import JobSpec
 from jobs.state import JobBusyError, RunRecord, iter_runs
-from pipeline.store import open_output
+from pipeline.store import open_fs
 
 Clock = Callable[[], float]
 
@@ -63,7 +63,7 @@ def is_due(spec: JobSpec, runs: Sequence[RunRecord], now: float) -> bool:
 
 
 def _history(spec: JobSpec) -> list[RunRecord]:
-    fs, root = open_output(spec.output, spec.storage_options or None)
+    fs, root = open_fs(spec.output, spec.storage_options or None)
     return list(iter_runs(fs, root))
 
 

@@ -52,7 +52,7 @@ from pipeline.store import (
     check_output_dir,
     clear_staging,
     live_counts,
-    open_output,
+    open_fs,
     sum_counts,
     uncommit_items,
 )
@@ -199,7 +199,7 @@ def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
     tokenizer = get_tokenizer(cfg.tokenizer or model_tokenizer(cfg.model.options))
     descriptor = describe_dataset(cfg, tokenizer)
     sources = cfg.select_sources()
-    fs, root = open_output(cfg.out, cfg.storage_options)
+    fs, root = open_fs(cfg.out, cfg.storage_options)
     check_output_dir(fs, root)
     target = item_bytes(sources, cfg.item_tokens, cfg.n_shards)
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"

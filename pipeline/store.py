@@ -47,12 +47,12 @@ from pipeline.lookup.dataset import (
     committed_shards,
     is_local,
     iter_parts,
-    open_fs,
     read_json,
     shard_from_entry,
     write_bytes_atomic,
 )
 from pipeline.lookup.dataset import live_parts as live_parts
+from pipeline.lookup.dataset import open_fs as open_fs
 from pipeline.lookup.dataset import read_live as read_live
 from schemas import DESCRIPTOR_FILE, PARTITION_COLUMN, TABLES, DatasetDescriptor
 
@@ -62,7 +62,6 @@ PLAN_FILE = "plan.json"
 DEFAULT_STALE_AFTER_S = 15 * 60.0
 HEARTBEAT_EVERY_S = 30.0
 
-open_output = open_fs  # the write path's name for opening its --out
 
 
 # A work item's files live in ``shard=<item>`` folders: the public layout's name for them.

@@ -36,7 +36,7 @@ from pipeline.item_files import ItemFiles, TokenWriter, write_small_tables
 from pipeline.plan import WorkItem
 from pipeline.read import LineCounter, read_range
 from pipeline.sources import DocError, Document, ReadOptions
-from pipeline.store import open_output
+from pipeline.store import open_fs
 from pipeline.tokenize import Sentence, Token, get_tokenizer, windows
 
 
@@ -321,7 +321,7 @@ class ItemWorker:
         docs = read_range(item.source, item.start, item.end, s.read, s.storage_options,
                           self.lines)
         content = tokenize_item(docs, s)
-        fs, root = open_output(s.out, s.storage_options)
+        fs, root = open_fs(s.out, s.storage_options)
         files = ItemFiles(fs, root, s.run_id, s.part, item.index)
         tokens = TokenWriter(files, s.n_output_layers, s.dim, s.dtype)
         model_tokens = 0

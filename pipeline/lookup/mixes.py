@@ -47,7 +47,6 @@ from pipeline.lookup.token_layers import (
     check_layers,
     has_own_layer_0,
     layer_vectors,
-    matrix,
     read_types,
     stored_columns,
 )
@@ -63,7 +62,6 @@ _TOKEN_NORM_EPS = 1e-12  # the epsilon of elmo_model.scalar_mix's layer norm
 # --------------------------------------------------------------------------- mixing
 
 
-fsl_to_numpy = matrix  # its old name: ``[n, dim]`` view of a fixed-size-list column
 
 
 def _token_norm(layer: np.ndarray) -> np.ndarray:

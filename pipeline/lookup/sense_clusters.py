@@ -34,8 +34,8 @@ import numpy as np
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.doc_fields import Filters, as_filters
 from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex, stem_words
-from pipeline.lookup.mixes import fsl_to_numpy
 from pipeline.lookup.sense_hits import Hit, distinct_contexts, hits_from_table
+from pipeline.lookup.token_layers import matrix
 
 MAX_CONTEXTS = 5_000  # clustered (and drawn) per word at most; more are sampled
 CENTRINGS = ("case", "forms", "none")
@@ -249,7 +249,7 @@ def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str =
             if conditions else " in the index"
         raise ElmoUserError(f"{' / '.join(words)}: {n} distinct context(s){shown}; "
                             "need at least 2 to cluster")
-    every = _unit(fsl_to_numpy(table.column("vector")).astype(np.float32))  # cosine geometry
+    every = _unit(matrix(table.column("vector")).astype(np.float32))  # cosine geometry
     tokens = [h.token for h in rows]
     offsets = form_offsets(every[keep], [tokens[i] for i in keep], centre)
     every = centred(every, tokens, offsets)

@@ -153,9 +153,9 @@ def test_add_modify_touch_delete(tiny_model_dir: Path, tmp_path: Path,
 
 
 def _fs(spec: JobSpec) -> tuple[Any, str]:
-    from pipeline.store import open_output
+    from pipeline.store import open_fs
 
-    return open_output(spec.output)
+    return open_fs(spec.output)
 
 
 CRASHER = textwrap.dedent("""
@@ -414,9 +414,9 @@ def test_cli_run_status_and_busy(tiny_model_dir: Path, tmp_path: Path,
     assert status["job"] == "job" and [r["status"] for r in status["runs"]] == ["ok",
                                                                                 "no-changes"]
 
-    from pipeline.store import open_output
+    from pipeline.store import open_fs
 
-    fs, root = open_output(str(tmp_path / "ds"))
+    fs, root = open_fs(str(tmp_path / "ds"))
     with DatasetLock(fs, f"{root}/_jobs"):  # as if another run were going
         assert cli.main(["jobs", "run", spec_path]) == 2
     assert "in use by another run of this job" in capsys.readouterr().err

@@ -82,12 +82,12 @@ def test_a_killed_run_before_its_first_commit_does_not_block_a_corrected_rerun(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     """What kill -9 leaves before the first commit (descriptor, plan, lock, staging) of a
     run with the wrong model and inputs: a rerun with the right ones is accepted."""
-    from pipeline.store import check_plan, ensure_descriptor, open_output
+    from pipeline.store import check_plan, ensure_descriptor, open_fs
     from schemas import DatasetDescriptor
 
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
-    fs, root = open_output(str(out))
+    fs, root = open_fs(str(out))
     wrong = DatasetDescriptor(model_fingerprint="00" * 32, n_output_layers=2, dim=4,
                               dtype="float32", n_shards=0, tokenizer={"name": "x"})
     fs.makedirs(root, exist_ok=True)

@@ -12,7 +12,7 @@ from elmo_model.errors import ElmoUserError
 from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
 from pipeline.lookup.dataset import list_files, open_dataset
 from pipeline.sources import list_sources
-from pipeline.store import PlanMismatchError, live_parts, open_output, publish_live
+from pipeline.store import PlanMismatchError, live_parts, open_fs, publish_live
 
 
 def config(model_dir: Path, sources: list[str], out: Path | str, **kw: object) -> EmbedConfig:
@@ -30,7 +30,7 @@ def corpus(folder: Path) -> Path:
 
 
 def rows(out: Path, table: str = "tokens") -> list[dict]:
-    fs, root = open_output(str(out))
+    fs, root = open_fs(str(out))
     got = []
     for file in list_files(fs, root, table):
         got += pq.read_table(file.path).to_pylist()
@@ -98,7 +98,7 @@ def test_readers_follow_the_published_live_view(tiny_model_dir: Path, tmp_path: 
     src = corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
     embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], out, n_shards=2, part="old"))
-    fs, root = open_output(str(out))
+    fs, root = open_fs(str(out))
     assert live_parts(fs, root) == ["old"]  # nothing published: every committed part
     publish_live(fs, root, {"old"})
     embed_corpus(config(tiny_model_dir, [f"{src}/sub/b.txt"], out, n_shards=2, part="new"))

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex
-from pipeline.lookup.mixes import fsl_to_numpy
 from pipeline.lookup.senses import Hit
 from pipeline.lookup.serve.limits import EXACT_CACHE_VALUES, EXACT_CANDIDATE_VALUES
+from pipeline.lookup.token_layers import matrix
 
 
 @dataclass
@@ -64,7 +64,7 @@ class ExactSearch:
         column = "token_stem" if forms else "token_lower"
         table = index.occurrences(words, columns=HIT_COLUMNS, limit=max(1, index.meta.rows),
                                   column=column)
-        vectors = fsl_to_numpy(table.column("vector")).astype(np.float32)
+        vectors = matrix(table.column("vector")).astype(np.float32)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         rows = table.drop_columns(["vector"]).to_pylist()
         contexts = [Hit(rank=0, similarity=0.0, **row).context for row in rows]
