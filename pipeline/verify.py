@@ -9,15 +9,25 @@ and the work item that produced it, which is what ``elmo embed --repair`` re-emb
 
 Records written before hashes were recorded have no ``sha256``: their files are checked
 for size, rows and schema only, and their checks say so.
+
+Readers that cannot check Parquet page checksums themselves (DuckDB, behind `elmo sql` and
+`elmo serve`) call ``require_intact`` first. It remembers each file version it found
+intact (path, recorded hash, size and the store's modification time or ETag) in a
+per-user cache, so a file is read once per version, not once per query; a rewritten or
+damaged-and-rewritten file is a new version and is read again. `elmo dataset verify`
+always reads everything.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
+import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
@@ -41,6 +51,11 @@ UNREADABLE = "unreadable"  # the right bytes by size, but no Parquet footer to r
 READ_BYTES = 8 << 20  # one read's size: large sequential reads, bounded memory per thread
 FOOTER_TAIL = 1 << 20  # bytes kept from the end of each file to parse the footer from
 VERIFY_THREADS = 4  # hashing releases the GIL; object stores gain from requests in flight
+CACHE_ENV = "ELMO_STORE_CACHE"  # the per-user cache folder (default ~/.cache/elmo-store)
+VERIFIED_FILE = "verified-files.json"
+VERIFIED_MAX = 500_000  # file versions remembered (64 hex characters each); oldest go first
+# What a listing says of when a file last changed: local and most stores, S3, GCS/Azure.
+VERSION_FIELDS = ("mtime", "LastModified", "ETag", "updated", "last_modified", "etag")
 
 
 @dataclass(frozen=True)
@@ -230,11 +245,86 @@ def _schema_problem(found: Any, expected: Any) -> str | None:
     return "; ".join(parts) or "columns in another order"
 
 
-def require_intact(uri: str, storage_options: dict | None = None) -> VerifyReport:
-    """Verify a whole dataset; raise an ``ElmoUserError`` naming the first damaged file
-    and the fix, for readers that cannot check page CRCs themselves (DuckDB)."""
+def cache_dir() -> Path:
+    """The per-user cache folder: ``$ELMO_STORE_CACHE``, else ``$XDG_CACHE_HOME/elmo-store``,
+    else ``~/.cache/elmo-store``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "elmo-store"
+
+
+class VerifiedFiles:
+    """File versions found intact before (keys from ``version_keys``), kept in a JSON list
+    in ``cache_dir()``. A cache that cannot be read starts empty; one that cannot be
+    written is not kept (the checks themselves are unaffected)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or cache_dir() / VERIFIED_FILE
+        try:
+            keys = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            keys = []
+        self.keys: dict[str, None] = dict.fromkeys(k for k in keys if isinstance(k, str))
+
+    def __contains__(self, key: str | None) -> bool:
+        return key is not None and key in self.keys
+
+    def remember(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        if not keys:
+            return
+        for key in keys:
+            self.keys.pop(key, None)
+            self.keys[key] = None  # newest last, so the oldest are dropped first
+        kept = list(self.keys)[-VERIFIED_MAX:]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            scratch = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            scratch.write_text(json.dumps(kept))
+            os.replace(scratch, self.path)
+        except OSError:
+            pass
+
+
+def version_keys(fs: Any, root: str, wanted: list[ExpectedFile]) -> dict[str, str]:
+    """Path -> a key naming this version of the file: where it is, its recorded hash, and
+    the size and change time (or ETag) one listing per table folder reports. Files the
+    listing does not show, or shows without a change time, get no key (always read)."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    listed: dict[str, dict] = {}
+    for table in sorted({w.path.split("/", 1)[0] for w in wanted}):
+        try:
+            found = fs.find(f"{root}/{table}", detail=True)
+        except (FileNotFoundError, OSError):
+            continue
+        listed.update({fs._strip_protocol(name): info for name, info in found.items()})
+    keys = {}
+    for want in wanted:
+        full = fs._strip_protocol(f"{root}/{want.path}")
+        info = listed.get(full)
+        changed = next((info[f] for f in VERSION_FIELDS if info and info.get(f)), None)
+        if changed is not None:
+            version = [protocol, full, want.sha256, want.size, info.get("size"), str(changed)]
+            keys[want.path] = hashlib.sha256(json.dumps(version).encode()).hexdigest()
+    return keys
+
+
+def require_intact(uri: str, storage_options: dict | None = None, *,
+                   remember: bool = True) -> VerifyReport:
+    """Verify a dataset for readers that cannot check page CRCs themselves (DuckDB); raise
+    an ``ElmoUserError`` naming the first damaged file and the fix. ``remember``: skip the
+    file versions found intact before, and remember the ones found intact now (see the
+    module's docstring); False reads every file. The report lists the files read."""
     ds = open_dataset(uri, storage_options)
-    report = verify_dataset(ds.fs, ds.root, ds.descriptor)
+    wanted = expected_files(ds.fs, ds.root)
+    if remember:
+        known = VerifiedFiles()
+        keys = version_keys(ds.fs, ds.root, wanted)
+        wanted = [w for w in wanted if keys.get(w.path) not in known]
+    report = verify_dataset(ds.fs, ds.root, ds.descriptor, wanted=wanted)
+    if remember:
+        known.remember(keys[c.path] for c in report.files if c.ok and c.path in keys)
     if report.problems:
         raise ElmoUserError(
             f"{uri}: {len(report.problems)} damaged file(s), first {report.problems[0].line()}; "

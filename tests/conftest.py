@@ -4,11 +4,22 @@ skipped. ``../shared`` is for benchmarks and training only; no test reads it."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import FIXTURES, REPO
+
+from pipeline.verify import CACHE_ENV
+
+# What `elmo sql` and `elmo serve` remember of verified files goes to a scratch folder
+# (servers started by tests inherit it), not to the user's ~/.cache.
+os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="elmo-test-cache-")
+atexit.register(shutil.rmtree, os.environ[CACHE_ENV], True)
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,10 @@ examples:
       FROM mix_top WHERE lower(token) = \\$w ORDER BY sim DESC LIMIT 5" --param w=play
 --mix precomputes a mix with elmo's own Parquet reader (1-5M tokens/s) into a table:
 repeated comparisons then run in milliseconds instead of decoding the layer lists.
+DuckDB does not check Parquet page checksums, so elmo sql first checks the dataset's
+files against its manifest (size, sha256, rows, schema): each file version once, then
+remembered in ~/.cache/elmo-store ($ELMO_STORE_CACHE); --verify reads them all again,
+--no-verify skips the check. A damaged file stops the query with the item to --repair.
 """
 
 INDEX_EPILOG = """\
@@ -118,9 +122,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--mix", action="append", default=[], metavar="MIX",
                    help="precompute table mix_<name> (doc_id, sent_idx, tok_idx, token, "
                         "vector FLOAT[dim]) before the query; repeatable")
-    p.add_argument("--verify", action="store_true",
-                   help="first check every file against the manifest (`elmo dataset "
-                        "verify`): DuckDB does not check Parquet page checksums")
+    check = p.add_mutually_exclusive_group()
+    check.add_argument("--verify", action="store_true",
+                       help="read every file against the manifest first, even versions "
+                            "found intact before (by default each file version is checked "
+                            "once, then remembered: DuckDB does not check Parquet page "
+                            "checksums itself)")
+    check.add_argument("--no-verify", action="store_true",
+                       help="trust the files: skip the check against the manifest")
     p.set_defaults(handler=run_sql)
 
     index = _add(subparsers, "index", "build LanceDB indexes of mixed token vectors",
@@ -232,10 +241,10 @@ def run_sql(args: argparse.Namespace) -> int:
 
     if args.format == "parquet" and not args.out:
         raise ElmoUserError("--format parquet needs --out FILE")
-    if args.verify:
+    if not args.no_verify:
         from pipeline.verify import require_intact
 
-        require_intact(args.dataset)
+        require_intact(args.dataset, remember=not args.verify)
     table = run_query(args.dataset, args.query, _params(args.param), mixes=args.mix)
     if args.format == "parquet":
         import pyarrow.parquet as pq

@@ -62,6 +62,10 @@ def register(subparsers: Any) -> None:
                         "(default 1)")
     p.add_argument("--sql-timeout", type=float, default=SQL_TIMEOUT_S, metavar="SECONDS",
                    help=f"stop a /sql query after this long (default {SQL_TIMEOUT_S:g})")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip checking the dataset's files against its manifest at start "
+                        "(by default each file version is read once, then remembered, as "
+                        "`elmo sql` does: /sql runs on DuckDB, which skips page checksums)")
     p.set_defaults(handler=run_serve)
 
 
@@ -83,6 +87,10 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ElmoUserError("--sql-timeout must be more than 0 seconds")
     if args.replicas < 1:
         raise ElmoUserError(f"--replicas must be at least 1, not {args.replicas}")
+    if not args.no_verify:
+        from pipeline.verify import require_intact
+
+        require_intact(args.dataset)
     if args.ray_address:
         return _run_on_ray(args)
     import uvicorn

@@ -23,7 +23,17 @@ from pipeline.embed import embed_corpus
 from pipeline.lookup.dataset import committed_shards, open_dataset, open_fs
 from pipeline.lookup.mixes import iter_mixed
 from pipeline.lookup.parquet_layers import CorruptPageError
-from pipeline.verify import CORRUPT, MISSING, OK, TRUNCATED, require_intact, verify_dataset
+from pipeline.verify import (
+    CACHE_ENV,
+    CORRUPT,
+    MISSING,
+    OK,
+    TRUNCATED,
+    VERIFIED_FILE,
+    expected_files,
+    require_intact,
+    verify_dataset,
+)
 
 DAMAGES = ("flip", "truncate", "delete")
 
@@ -86,6 +96,9 @@ def _check_damage_reported_and_repaired(model: Path, corpus: Path, out: str,
     assert len(entries) >= len(DAMAGES)
     # One damage per item, each in its tokens file: item k gets DAMAGES[k].
     ds = open_dataset(out, options)
+    # What SQL and the server check first: each file version once, then only new ones.
+    require_intact(out, options)
+    assert require_intact(out, options).files == []
     damaged = {}
     for (item, entry), how in zip(sorted(entries.items()), DAMAGES, strict=False):
         rel = entry["files"]["tokens"]
@@ -93,7 +106,8 @@ def _check_damage_reported_and_repaired(model: Path, corpus: Path, out: str,
         damaged[rel] = (item, how)
         if how == "flip":
             _assert_readers_refuse(ds)
-            # DuckDB reads no page CRCs: SQL over a dataset checks the manifest first.
+            # DuckDB reads no page CRCs: SQL over a dataset checks the manifest first. The
+            # damaged file is a new version (its change time or ETag), so it is read again.
             with pytest.raises(ElmoUserError, match=f"corrupt: {rel}.*--repair"):
                 require_intact(out, options)
 
@@ -173,6 +187,10 @@ def test_flip_truncate_delete_on_local_disk_are_reported_and_repaired(
     query = "SELECT sum(list_sum(layer_1::FLOAT[])) FROM tokens"
     assert cli.main(["sql", out, "--verify", query]) == 2
     assert "--repair" in capsys.readouterr().err
+    # Without --verify too (each file version is checked once), and the server will not start.
+    assert cli.main(["sql", out, query]) == 2
+    assert cli.main(["serve", out, "--port", "0"]) == 2
+    assert capsys.readouterr().err.count("--repair") == 2
     # A truncated file fails in DuckDB itself, without --verify.
     _damage(fs, f"{root}/{entry['files']['tokens']}", "truncate")
     from pipeline.lookup.sql import run_query
@@ -229,3 +247,27 @@ def test_records_without_hashes_are_checked_by_size_rows_and_schema(
     bad = verify_dataset(fs, root, ds.descriptor).problems
     assert [(c.item, c.table, c.status, c.detail) for c in bad] == [
         (item, "sentences", "schema mismatch", "missing n_windows")]
+
+
+def test_sql_remembers_intact_file_versions_in_the_user_cache(
+        tiny_model_dir: Path, reference: tuple[Path, dict[str, bytes]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus, _ = reference
+    out = str(tmp_path / "ds")
+    _embed(tiny_model_dir, corpus, out)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    query = "SELECT count(*) AS n FROM tokens"
+    assert cli.main(["sql", out, "--no-verify", query]) == 0
+    assert not cache.exists()  # --no-verify reads and remembers nothing
+    assert cli.main(["sql", out, query]) == 0
+    remembered = json.loads((cache / VERIFIED_FILE).read_text())
+    fs, root = open_fs(out)
+    assert len(remembered) == len(expected_files(fs, root))
+    assert require_intact(out).files == []
+    assert len(require_intact(out, remember=False).files) == len(remembered)
+    # An unreadable cache is started again, not an error.
+    (cache / VERIFIED_FILE).write_text("{not json")
+    assert cli.main(["sql", out, query]) == 0
+    assert len(json.loads((cache / VERIFIED_FILE).read_text())) == len(remembered)
+    assert "n" in capsys.readouterr().out
