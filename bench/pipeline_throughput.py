@@ -4,7 +4,9 @@ Two scenarios (one command each):
 
 * ``--scenario scale`` (default): a near-free model (2 layers x 32 cells, projection 16:
   the model's cost drops out) over ~1M tokens (austen.txt) and ~13M tokens (the four
-  shared books x 4; ``--sizes small,large,huge`` adds ~42M, the books x 13), with the
+  shared books x 4; ``--sizes small,large,huge`` adds ~42M, the books x 13; ``books``, the
+  four books once, 3.2M, cuts the same items as ``large`` and ``huge``, so its peak RSS
+  compares corpus sizes at one item size), with the
   local executor and with Ray (``--actors`` actors). Each run
   is its own process, so its peak RSS is that run's: the driver's from getrusage, every
   worker's (Ray actors) from the commit records it returned. Also the bytes the driver
@@ -127,7 +129,8 @@ def run_child(model: Path, corpus: Path, out: Path, executor: str, actors: int,
 def scale(args: argparse.Namespace, work: Path) -> dict:
     model = near_free_model(work / "model")
     books = sorted(p.name for p in CORPORA.glob("*.txt"))
-    copies = {"small": (["austen.txt"], 1), "large": (books, 4), "huge": (books, 13)}
+    copies = {"small": (["austen.txt"], 1), "books": (books, 1), "large": (books, 4),
+              "huge": (books, 13)}
     corpora = {size: copy_books(work / size, *copies[size]) for size in args.sizes.split(",")}
     results: dict[str, object] = {}
     for repeat in range(args.repeats):
@@ -227,8 +230,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads, local runs")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--sizes", default="small,large",
-                        help="scale scenario corpora: small (austen.txt, 0.86M tokens), large "
-                             "(the four books x 4, 12.9M), huge (x 13, 42M)")
+                        help="scale scenario corpora: small (austen.txt, 0.86M tokens), books "
+                             "(the four books once, 3.2M), large (x 4, 12.9M), huge (x 13, "
+                             "42M)")
     parser.add_argument("--executors", default="local,ray", help="scale scenario executors")
     parser.add_argument("--shards", type=int, default=1,
                         help="minimum item count (scale scenario; default 1: items of "
