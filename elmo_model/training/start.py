@@ -4,7 +4,7 @@ fine-tune (``--init-from``), or the checkpoint already in ``--out`` (resume)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from elmo_model.training.config import (
     with_params,
 )
 from elmo_model.training.packaging import load_init_model
-from elmo_model.vocab import Vocabulary
+from elmo_model.vocab import SPECIALS, Vocabulary
 from elmo_model.weights import OPTIONS_FILE
 
 Log = Callable[[str], None]
@@ -74,6 +74,8 @@ def _fine_tune_start(init_from: str, config_spec: str, tokenizer: str | None) ->
     model, vocab, init_softmax = load_init_model(init_from)
     line_tokenizer = get_tokenizer(tokenizer or model_tokenizer(init_from))
     _, params = resolve_config(config_spec)  # the knobs only: the model's shape wins
+    if vocab is not None:  # kept (unless --set n_tokens_vocab rebuilds it): record its size
+        params = replace(params, n_tokens_vocab=len(vocab) - len(SPECIALS))
     config = with_extra(with_params(model.config, params),
                         {DECLARATION_KEY: line_tokenizer.record()})
     return Start(config, params, _with_config(model, config), line_tokenizer, vocab,

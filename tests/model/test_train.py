@@ -197,6 +197,10 @@ def test_init_from_fine_tunes_and_keeps_the_vocabulary(tmp_path: Path) -> None:
     assert tuned.state.init_from == str(tmp_path / "base")
     assert (tmp_path / "tuned" / "vocab.txt").read_text() == \
         (tmp_path / "base" / "vocab.txt").read_text()
+    # the options record the vocabulary kept, not the preset's size
+    kept = len((tmp_path / "base" / "vocab.txt").read_text().splitlines()) - 3
+    recorded = json.loads((tmp_path / "tuned" / "options.json").read_text())["training"]
+    assert recorded["n_tokens_vocab"] == kept != TrainParams().n_tokens_vocab
     base_model, base_softmax, _, _ = load_trained(tmp_path / "base")
     tuned_model, tuned_softmax, _, _ = load_trained(tmp_path / "tuned")
     # started from the base weights (same shapes), then moved
