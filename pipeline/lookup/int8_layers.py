@@ -29,15 +29,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.lookup.parquet_layers import (
-    _DATA_PAGE,
-    _DATA_PAGE_V2,
     _DICTIONARY_PAGE,
     _PAGE_HEADER_FIELDS,
     _PLAIN,
     UnsupportedLayoutError,
     _codec,
     _read_range,
-    _skip_v1_levels,
+    data_page_values,
     fixed_size_list_leaves,
     page_bodies,
 )
@@ -47,6 +45,7 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
 _RLE_DICTIONARY, _PLAIN_DICTIONARY = 8, 2
+_DICTIONARY_ENCODINGS = (_RLE_DICTIONARY, _PLAIN_DICTIONARY)  # of a data page's indices
 # PageHeader field 7: DictionaryPageHeader (num_values, encoding).
 _HEADER_FIELDS: dict[int, Any] = {**_PAGE_HEADER_FIELDS, 7: {1: True, 2: True}}
 
@@ -109,13 +108,12 @@ def _read_chunk(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: I
     table: np.ndarray | None = None
     filled = 0
     for header, body in page_bodies(data, start, _HEADER_FIELDS):
-        kind, size, compressed_size = header.get(1), header.get(2, -1), len(body)
-        if kind == _DICTIONARY_PAGE:
-            table = _dictionary(body, codec, size, header.get(7, {}))
+        if header.get(1) == _DICTIONARY_PAGE:
+            table = _dictionary(body, codec, header.get(2, -1), header.get(7, {}))
             continue
         if table is None:
             raise UnsupportedLayoutError("data page before the dictionary")
-        runs, levels = _page_values(body, codec, size, compressed_size, kind, header, column)
+        runs, levels = data_page_values(header, body, codec, column, _DICTIONARY_ENCODINGS)
         if levels < 0 or filled + levels > total or not len(runs):
             raise UnsupportedLayoutError("nulls or a ragged page")
         bit_width = int(runs[0])
@@ -145,33 +143,6 @@ def _dictionary(body: memoryview, codec: Any, size: int, header: dict[int, Any]
     table = np.zeros(256, np.int8)
     table[:len(values)] = values
     return table
-
-
-def _page_values(body: memoryview, codec: Any, size: int, compressed_size: int, kind: int,
-                 header: dict[int, Any], column: Int8Column) -> tuple[memoryview, int]:
-    """A data page's value section (bit width byte, then hybrid runs) and level count."""
-    if kind == _DATA_PAGE:
-        page = header.get(5, {})
-        if page.get(2) not in (_RLE_DICTIONARY, _PLAIN_DICTIONARY):
-            raise UnsupportedLayoutError("value encoding")
-        raw = body if codec is None else memoryview(
-            codec.decompress(body, decompressed_size=size, asbytes=False))
-        start = _skip_v1_levels(raw, 0, column.max_repetition_level, page.get(4, -1))
-        start = _skip_v1_levels(raw, start, column.max_definition_level, page.get(3, -1))
-        return raw[start:], page.get(1, -1)
-    if kind == _DATA_PAGE_V2:
-        page = header.get(8, {})
-        if page.get(4) not in (_RLE_DICTIONARY, _PLAIN_DICTIONARY) or page.get(2, -1) != 0:
-            raise UnsupportedLayoutError("value encoding or nulls")
-        skip = page.get(5, -1) + page.get(6, -1)
-        if skip < 0 or skip > compressed_size:
-            raise UnsupportedLayoutError("bad level sizes")
-        values = body[skip:]
-        if codec is not None and page.get(7, True):
-            values = memoryview(codec.decompress(values, decompressed_size=size - skip,
-                                                 asbytes=False))
-        return values, page.get(1, -1)
-    raise UnsupportedLayoutError(f"page type {kind}")
 
 
 def mix_int8(out: np.ndarray, dense: tuple[np.ndarray, np.ndarray, np.ndarray] | None,

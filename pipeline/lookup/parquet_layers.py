@@ -287,6 +287,37 @@ def page_bodies(data: Any, start: int, header_fields: dict[int, Any]
             yield header, body
 
 
+def data_page_values(header: dict[int, Any], body: memoryview, codec: Any, column: Any,
+                     encodings: tuple[int, ...]) -> tuple[memoryview, int]:
+    """A data page's value section (decompressed, its level sections skipped) and its level
+    count, for a ``column`` (its ``max_repetition_level`` and ``max_definition_level``)
+    whose values are stored in one of ``encodings``. Another page type or encoding, or a
+    V2 page with nulls, raises ``UnsupportedLayoutError``."""
+    kind, size = header.get(1), header.get(2, -1)
+    if kind == _DATA_PAGE:
+        page = header.get(5, {})
+        if page.get(2) not in encodings:
+            raise UnsupportedLayoutError("value encoding")
+        raw = body if codec is None else memoryview(
+            codec.decompress(body, decompressed_size=size, asbytes=False))
+        start = _skip_v1_levels(raw, 0, column.max_repetition_level, page.get(4, -1))
+        start = _skip_v1_levels(raw, start, column.max_definition_level, page.get(3, -1))
+        return raw[start:], page.get(1, -1)
+    if kind == _DATA_PAGE_V2:
+        page = header.get(8, {})
+        if page.get(4) not in encodings or page.get(2, -1) != 0:
+            raise UnsupportedLayoutError("value encoding or nulls")
+        skip = page.get(5, -1) + page.get(6, -1)
+        if skip < 0 or skip > len(body):
+            raise UnsupportedLayoutError("bad level sizes")
+        values = body[skip:]
+        if codec is not None and page.get(7, True):
+            values = memoryview(codec.decompress(values, decompressed_size=size - skip,
+                                                 asbytes=False))
+        return values, page.get(1, -1)
+    raise UnsupportedLayoutError(f"page type {kind}")
+
+
 def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: VectorColumn,
            read_buffer: np.ndarray | None) -> Iterator[np.ndarray]:
     _check_chunk(chunk, column)
@@ -302,31 +333,8 @@ def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: Vector
     dtype = column.dtype
     filled = 0
     for header, body in page_bodies(data, chunk.data_page_offset, _PAGE_HEADER_FIELDS):
-        kind, size = header.get(1), header.get(2, -1)
-        if kind == _DATA_PAGE:
-            page = header.get(5, {})
-            if page.get(2) != _PLAIN:
-                raise UnsupportedLayoutError("value encoding")
-            levels = page.get(1, -1)
-            raw = body if codec is None else memoryview(
-                codec.decompress(body, decompressed_size=size, asbytes=False))
-            start = _skip_v1_levels(raw, 0, column.max_repetition_level, page.get(4, -1))
-            start = _skip_v1_levels(raw, start, column.max_definition_level, page.get(3, -1))
-            values = raw[start:]
-        elif kind == _DATA_PAGE_V2:
-            page = header.get(8, {})
-            if page.get(4) != _PLAIN or page.get(2, -1) != 0:
-                raise UnsupportedLayoutError("value encoding or nulls")
-            levels = page.get(1, -1)
-            skip = page.get(5, -1) + page.get(6, -1)
-            if skip < 0 or skip > len(body):
-                raise UnsupportedLayoutError("bad level sizes")
-            values = body[skip:]
-            if codec is not None and page.get(7, True):
-                values = memoryview(codec.decompress(values, decompressed_size=size - skip,
-                                                     asbytes=False))
-        else:  # a dictionary page, or something newer
-            raise UnsupportedLayoutError(f"page type {kind}")
+        # a dictionary page, or something newer, is refused here
+        values, levels = data_page_values(header, body, codec, column, (_PLAIN,))
         count = len(values) // itemsize
         # As many values as levels: no null list and no null value on this page.
         if len(values) % itemsize or count != levels or filled + count > total:
