@@ -63,7 +63,6 @@ DEFAULT_STALE_AFTER_S = 15 * 60.0
 HEARTBEAT_EVERY_S = 30.0
 
 
-
 # A work item's files live in ``shard=<item>`` folders: the public layout's name for them.
 def table_file(root: str, table: str, item: int, part: str) -> str:
     return f"{root}/{table}/{PARTITION_COLUMN}={item}/{part}.parquet"

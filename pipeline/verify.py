@@ -20,6 +20,7 @@ always reads everything.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -30,12 +31,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fsspec.implementations.local import LocalFileSystem
+
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import (
     committed_shards,
     iter_parts,
     open_dataset,
     shard_from_entry,
+    write_bytes_atomic,
 )
 from schemas import TABLE_SCHEMAS, DatasetDescriptor
 
@@ -278,13 +282,8 @@ class VerifiedFiles:
             self.keys.pop(key, None)
             self.keys[key] = None  # newest last, so the oldest are dropped first
         kept = list(self.keys)[-VERIFIED_MAX:]
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            scratch = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            scratch.write_text(json.dumps(kept))
-            os.replace(scratch, self.path)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # not kept; the checks are unaffected
+            write_bytes_atomic(LocalFileSystem(), str(self.path), json.dumps(kept).encode())
 
 
 def version_keys(fs: Any, root: str, wanted: list[ExpectedFile]) -> dict[str, str]:

@@ -62,8 +62,6 @@ _TOKEN_NORM_EPS = 1e-12  # the epsilon of elmo_model.scalar_mix's layer norm
 # --------------------------------------------------------------------------- mixing
 
 
-
-
 def _token_norm(layer: np.ndarray) -> np.ndarray:
     """Each token's vector to zero mean and unit variance over its own values."""
     x = np.asarray(layer, dtype=np.float32)
