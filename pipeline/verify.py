@@ -20,18 +20,14 @@ always reads everything.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
-import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-from fsspec.implementations.local import LocalFileSystem
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import (
@@ -39,8 +35,8 @@ from pipeline.lookup.dataset import (
     iter_parts,
     open_dataset,
     shard_from_entry,
-    write_bytes_atomic,
 )
+from pipeline.user_cache import cache_dir, listed_version, load_json, save_json
 from schemas import TABLE_SCHEMAS, DatasetDescriptor
 
 OK = "ok"
@@ -55,11 +51,8 @@ UNREADABLE = "unreadable"  # the right bytes by size, but no Parquet footer to r
 READ_BYTES = 8 << 20  # one read's size: large sequential reads, bounded memory per thread
 FOOTER_TAIL = 1 << 20  # bytes kept from the end of each file to parse the footer from
 VERIFY_THREADS = 4  # hashing releases the GIL; object stores gain from requests in flight
-CACHE_ENV = "ELMO_STORE_CACHE"  # the per-user cache folder (default ~/.cache/elmo-store)
 VERIFIED_FILE = "verified-files.json"
 VERIFIED_MAX = 500_000  # file versions remembered (64 hex characters each); oldest go first
-# What a listing says of when a file last changed: local and most stores, S3, GCS/Azure.
-VERSION_FIELDS = ("mtime", "LastModified", "ETag", "updated", "last_modified", "etag")
 
 
 @dataclass(frozen=True)
@@ -249,15 +242,6 @@ def _schema_problem(found: Any, expected: Any) -> str | None:
     return "; ".join(parts) or "columns in another order"
 
 
-def cache_dir() -> Path:
-    """The per-user cache folder: ``$ELMO_STORE_CACHE``, else ``$XDG_CACHE_HOME/elmo-store``,
-    else ``~/.cache/elmo-store``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "elmo-store"
-
-
 class VerifiedFiles:
     """File versions found intact before (keys from ``version_keys``), kept in a JSON list
     in ``cache_dir()``. A cache that cannot be read starts empty; one that cannot be
@@ -265,10 +249,8 @@ class VerifiedFiles:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or cache_dir() / VERIFIED_FILE
-        try:
-            keys = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            keys = []
+        keys = load_json(self.path)
+        keys = keys if isinstance(keys, list) else []
         self.keys: dict[str, None] = dict.fromkeys(k for k in keys if isinstance(k, str))
 
     def __contains__(self, key: str | None) -> bool:
@@ -281,9 +263,7 @@ class VerifiedFiles:
         for key in keys:
             self.keys.pop(key, None)
             self.keys[key] = None  # newest last, so the oldest are dropped first
-        kept = list(self.keys)[-VERIFIED_MAX:]
-        with contextlib.suppress(OSError):  # not kept; the checks are unaffected
-            write_bytes_atomic(LocalFileSystem(), str(self.path), json.dumps(kept).encode())
+        save_json(self.path, list(self.keys)[-VERIFIED_MAX:])
 
 
 def version_keys(fs: Any, root: str, wanted: list[ExpectedFile]) -> dict[str, str]:
@@ -301,10 +281,9 @@ def version_keys(fs: Any, root: str, wanted: list[ExpectedFile]) -> dict[str, st
     keys = {}
     for want in wanted:
         full = fs._strip_protocol(f"{root}/{want.path}")
-        info = listed.get(full)
-        changed = next((info[f] for f in VERSION_FIELDS if info and info.get(f)), None)
+        changed = listed_version(listed.get(full))
         if changed is not None:
-            version = [protocol, full, want.sha256, want.size, info.get("size"), str(changed)]
+            version = [protocol, full, want.sha256, want.size, changed]
             keys[want.path] = hashlib.sha256(json.dumps(version).encode()).hexdigest()
     return keys
 

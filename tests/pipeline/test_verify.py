@@ -20,11 +20,11 @@ from helpers import config, write_corpus
 from elmo_model.errors import ElmoUserError
 from pipeline import cli
 from pipeline.embed import embed_corpus
-from pipeline.lookup.dataset import committed_shards, open_dataset, open_fs
+from pipeline.lookup.dataset import RECORDS_CACHE, committed_shards, open_dataset, open_fs
 from pipeline.lookup.mixes import iter_mixed
 from pipeline.lookup.parquet_layers import CorruptPageError
+from pipeline.user_cache import CACHE_ENV
 from pipeline.verify import (
-    CACHE_ENV,
     CORRUPT,
     MISSING,
     OK,
@@ -216,6 +216,57 @@ def test_flip_truncate_delete_on_s3_are_reported_and_repaired(
     _embed(tiny_model_dir, corpus, out, options)
     assert _file_bytes(out, options) == files
     _check_damage_reported_and_repaired(tiny_model_dir, corpus, out, files, options)
+
+
+def test_commit_records_on_s3_are_read_once_per_version(
+        s3_endpoint: str, tiny_model_dir: Path, reference: tuple[Path, dict[str, bytes]],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an object store each commit record is fetched once per version (one concurrent
+    request for all that are new), then answered from the per-user cache, which the
+    listing keeps honest: a rewritten record is read again, a deleted one is gone."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    options = _s3_options(s3_endpoint)
+    s3fs.S3FileSystem(**options).mkdir("records-bucket")
+    corpus, _ = reference
+    out = "s3://records-bucket/ds"
+    _embed(tiny_model_dir, corpus, out, options)
+    fs, root = open_fs(out, options)
+    folder = f"{root}/_manifest/main"
+
+    def stored() -> dict[int, dict]:
+        return {int(p.rsplit("=", 1)[1][:-5]): json.loads(fs.cat_file(p))
+                for p in fs.ls(folder, detail=False) if "shard=" in p}
+
+    records = stored()
+    assert len(records) >= 3
+    assert committed_shards(fs, root, "main") == records
+    [cache_file] = (tmp_path / "cache" / RECORDS_CACHE).iterdir()
+    cached = json.loads(cache_file.read_text())
+    assert sorted(cached["records"]) == sorted(f"shard={k}.json" for k in records)
+
+    # Answered from the cache: an entry planted under the record's current version is what
+    # comes back, so the record itself was not fetched.
+    cached["records"]["shard=1.json"]["entry"]["planted"] = True
+    cache_file.write_text(json.dumps(cached))
+    assert committed_shards(fs, root, "main")[1]["planted"] is True
+    assert open_dataset(out, options).shard_files()  # readers go through the same listing
+
+    # A rewritten record is a new version (ETag), read again; a deleted one is gone.
+    rewritten = stored()[1] | {"note": "rewritten"}
+    fs.pipe_file(f"{folder}/shard=1.json", json.dumps(rewritten).encode())
+    fs.rm(f"{folder}/shard=2.json")
+    left = {k: v for k, v in records.items() if k != 2} | {1: rewritten}
+    assert committed_shards(fs, root, "main") == stored() == left
+    assert sorted(json.loads(cache_file.read_text())["records"]) == sorted(
+        f"shard={k}.json" for k in left)
+
+    # An unreadable cache is started again.
+    cache_file.write_text("{not json")
+    assert committed_shards(fs, root, "main") == stored()
+    assert len(json.loads(cache_file.read_text())["records"]) == len(left)
 
 
 def test_records_without_hashes_are_checked_by_size_rows_and_schema(
