@@ -164,8 +164,9 @@ def _register_train(subparsers: Any) -> None:
     train.add_argument("--checkpoint-minutes", type=float, default=5.0, metavar="M",
                        help="save a checkpoint (and evaluate) every M minutes (default 5)")
     train.add_argument("--eval-lines", type=int, default=300,
-                       help="held-out lines evaluated at intermediate checkpoints (the final "
-                            "one uses all)")
+                       help="held-out lines evaluated at intermediate checkpoints, taken at "
+                            "even steps through the held-out set so that every file counts "
+                            "(the final checkpoint uses all)")
     train.add_argument("--threads", type=int, default=1,
                        help="torch threads (default 1: two under CPU contention are far slower)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -12,6 +13,18 @@ from elmo_model.lstm_steps import choose_step
 from elmo_model.model import BiLM, LstmState, PackPlan
 from elmo_model.training.data import Corpus, embed_types
 from elmo_model.training.lm_head import Softmax, perplexity
+
+Line = TypeVar("Line")
+
+
+def spread_sample(lines: Sequence[Line], count: int) -> list[Line]:
+    """``count`` of ``lines`` at even steps from the first: held-out lines come file by
+    file (one source a file in the corpus recipe), so this sample weighs each source by its
+    share of them, where the first ``count`` lines would all be the first file's."""
+    if count >= len(lines):
+        return list(lines)
+    step = len(lines) / count
+    return [lines[int(i * step)] for i in range(count)]
 
 
 def contextual_batches(model: BiLM, corpus: Corpus, lines: list[np.ndarray],

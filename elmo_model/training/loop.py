@@ -32,7 +32,7 @@ from elmo_model.training.checkpoints import (
 )
 from elmo_model.training.config import TrainParams
 from elmo_model.training.data import Corpus, StreamBatches, embed_types, load_corpus
-from elmo_model.training.evaluation import heldout_perplexity
+from elmo_model.training.evaluation import heldout_perplexity, spread_sample
 from elmo_model.training.lm_head import Softmax, carry_rows
 from elmo_model.training.start import Log, Start, starting_point
 from elmo_model.vocab import Vocabulary
@@ -192,7 +192,7 @@ def _build_trainer(out: Path, start: Start, corpus: Corpus, vocab: Vocabulary,
     plan = PackPlan.build(np.full(params.batch_size, params.unroll_steps), device)
     return _Trainer(out, params, device, model, softmax, optimizer, corpus,
                     StreamBatches(corpus, params), state, carried, plan,
-                    corpus.heldout[:eval_lines] if eval_lines else None, log)
+                    spread_sample(corpus.heldout, eval_lines) if eval_lines else None, log)
 
 
 class _Progress:
@@ -301,9 +301,10 @@ def train(
     in time for this invocation (corpus loading and the final checkpoint included) to end
     within that many minutes, whichever comes first, and always writes a final
     checkpoint; running the same call again resumes from it. ``eval_lines`` limits
-    held-out evaluation at checkpoints to that many lines (the final checkpoint evaluates
-    them all). ``device``: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``;
-    a checkpoint resumes on any device.
+    held-out evaluation at checkpoints to that many lines, spread over the held-out set
+    (``spread_sample``; the final checkpoint evaluates them all). ``device``: ``auto``
+    (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``; a checkpoint resumes on any
+    device.
     """
     started = time.perf_counter()
     log = log or _log_to_stderr

@@ -19,7 +19,7 @@ from elmo_model.model import BiLM, BiLMConfig
 from elmo_model.training import load_trained, package_model, train
 from elmo_model.training.config import TrainParams, resolve_config
 from elmo_model.training.data import Corpus, StreamBatches, is_heldout, load_corpus
-from elmo_model.training.evaluation import heldout_perplexity
+from elmo_model.training.evaluation import heldout_perplexity, spread_sample
 from elmo_model.training.lm_head import Softmax, carry_rows, perplexity
 from elmo_model.vocab import Vocabulary
 from pipeline.tokenize import get_tokenizer, model_tokenizer
@@ -271,6 +271,20 @@ def test_heldout_perplexity_by_hand() -> None:
     assert result["backward"] == pytest.approx(backward, rel=1e-5)
     assert result["mean"] == pytest.approx(math.sqrt(forward * backward), rel=1e-5)
     assert result["tokens"] == 3
+
+
+def test_intermediate_evaluation_samples_every_file() -> None:
+    """Held-out lines come file by file; the checkpoints' sample takes lines at even steps
+    through all of them, so a later file (source) is in it in proportion to its lines."""
+    lines = [("classics", i) for i in range(600)] + [("sotu", i) for i in range(300)] + \
+        [("wiki", i) for i in range(100)]
+    sample = spread_sample(lines, 100)
+    assert len(sample) == 100 and sample[0] == lines[0]
+    assert len(set(sample)) == 100 and sample == sorted(sample, key=lines.index)
+    counts = {source: sum(s == source for s, _ in sample) for source in ("classics", "sotu",
+                                                                          "wiki")}
+    assert counts == {"classics": 60, "sotu": 30, "wiki": 10}
+    assert spread_sample(lines[:7], 100) == lines[:7]
 
 
 def test_sampled_softmax_masks_accidental_hits() -> None:
