@@ -243,6 +243,10 @@ def _train(args: argparse.Namespace) -> int:
     if ppl:
         print(f"{result.out}: step {result.state.step}, held-out perplexity forward "
               f"{ppl['forward']:.1f} backward {ppl['backward']:.1f} mean {ppl['mean']:.1f}")
+        for name, figures in ppl.get("by_file", {}).items():
+            print(f"  {name}: forward {figures['forward']:.1f} backward "
+                  f"{figures['backward']:.1f} mean {figures['mean']:.1f} "
+                  f"({figures['tokens']:,.0f} tokens)")
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -44,6 +45,9 @@ class Corpus:
     heldout: list[np.ndarray]
     char_ids: np.ndarray = field(repr=False)  # [n_types, max_chars] int16
     softmax_ids: np.ndarray = field(repr=False)  # [n_types] int64 vocabulary id per type
+    # The file name (a source, in the corpus recipe) of each held-out line; empty when
+    # not known (a corpus built by other code).
+    heldout_files: list[str] = field(default_factory=list)
 
     @property
     def n_train_tokens(self) -> int:
@@ -53,6 +57,12 @@ class Corpus:
 def read_texts(pattern: str) -> Iterator[str]:
     """The texts of the files ``pattern`` matches, in path order: each non-empty, stripped
     line of a plain-text file, and each record's non-empty ``text`` in a ``.jsonl`` file."""
+    for _, text in read_file_texts(pattern):
+        yield text
+
+
+def read_file_texts(pattern: str) -> Iterator[tuple[str, str]]:
+    """``read_texts`` with the path of the file each text comes from."""
     paths = sorted(glob.glob(pattern))
     if not paths:
         raise ElmoUserError(f"no files match {pattern!r}")
@@ -65,11 +75,11 @@ def read_texts(pattern: str) -> Iterator[str]:
                     if not line:
                         continue
                     if not records:
-                        yield line
+                        yield path, line
                         continue
                     text = _record_text(line, path, number)
                     if text:
-                        yield text
+                        yield path, text
         except UnicodeDecodeError as error:
             raise ElmoUserError(f"{path}: not UTF-8 text ({error})") from None
 
@@ -95,8 +105,8 @@ def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
     tokenizer = tokenizer or get_tokenizer(TRAIN_DEFAULT)
     type_ids = new_type_ids()
     train_tokens: list[list[str]] = []
-    train, heldout = [], []
-    for text in read_texts(pattern):
+    train, heldout, heldout_files = [], [], []
+    for path, text in read_file_texts(pattern):
         held = is_heldout(text, params.heldout_percent)
         for sentence in tokenizer.split_sentences(text):
             tokens = sentence.words
@@ -105,6 +115,7 @@ def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
             ids = sentence_ids(tokens, type_ids)
             if held:
                 heldout.append(ids)
+                heldout_files.append(os.path.basename(path))
             else:
                 train.append(ids)
                 train_tokens.append(tokens)
@@ -112,7 +123,9 @@ def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
         raise ElmoUserError(f"{pattern}: no training text (all texts empty or held out)")
     if vocab is None:
         vocab = Vocabulary.build(train_tokens, params.n_tokens_vocab)
-    return corpus_of(type_ids, train, heldout, vocab, max_chars), vocab
+    corpus = corpus_of(type_ids, train, heldout, vocab, max_chars)
+    corpus.heldout_files = heldout_files
+    return corpus, vocab
 
 
 def new_type_ids() -> dict[str, int]:

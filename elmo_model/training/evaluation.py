@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -56,37 +56,54 @@ def contextual_batches(model: BiLM, corpus: Corpus, lines: list[np.ndarray],
 def heldout_perplexity(model: BiLM, softmax: Softmax, corpus: Corpus,
                        lines: list[np.ndarray] | None = None,
                        initial_state: LstmState | None = None,
-                       max_batch_tokens: int = 4096) -> dict[str, float]:
+                       max_batch_tokens: int = 4096,
+                       files: Sequence[str] | None = None) -> dict[str, Any]:
     """Per-direction perplexity of the held-out lines, each read on its own (stateless)
     from ``initial_state`` (zeros when None), with the full softmax.
 
     Forward predicts tokens 1..n (``w1 .. </S>``) from their left context, backward
     tokens 0..n-1 (``<S> .. wn``) from their right context; ``mean`` is ``exp`` of the
-    average of the two directions' mean NLLs (bilm-tf's reported number).
+    average of the two directions' mean NLLs (bilm-tf's reported number). With ``files``
+    (each line's file, a source in the corpus recipe) the same figures per file are under
+    ``by_file``.
     """
     lines = corpus.heldout if lines is None else lines
     was_training = model.training
     model.eval()
     device = softmax.weight.device
     p = model.config.projection_dim
-    totals = {"forward": 0.0, "backward": 0.0}
-    count = 0
+    names = sorted(set(files)) if files is not None else [""]
+    group = (np.searchsorted(names, np.asarray(files)) if files is not None
+             else np.zeros(len(lines), np.int64))
+    totals = {d: np.zeros(len(names)) for d in ("forward", "backward")}
+    counts = np.zeros(len(names))
     for batch, top in contextual_batches(model, corpus, lines, initial_state,
                                          max_batch_tokens):
         ids = np.concatenate([lines[i] for i in batch])
         lengths = np.array([len(lines[i]) for i in batch])
         targets = torch.from_numpy(corpus.softmax_ids[ids]).to(device)
         ends = np.cumsum(lengths)
+        row_group = np.repeat(group[batch], lengths)  # each row's line's file
         # every row but a line's last predicts the next token; every row but its first
         # (read backwards) the previous one
-        fwd_rows = torch.from_numpy(np.setdiff1d(np.arange(len(ids)), ends - 1)).to(device)
-        bwd_rows = torch.from_numpy(np.setdiff1d(np.arange(len(ids)), ends - lengths)).to(device)
-        totals["forward"] += float(softmax.nll(top[fwd_rows, :p], targets[fwd_rows + 1]).sum())
-        totals["backward"] += float(softmax.nll(top[bwd_rows, p:], targets[bwd_rows - 1]).sum())
-        count += len(fwd_rows)
+        fwd = np.setdiff1d(np.arange(len(ids)), ends - 1)
+        bwd = np.setdiff1d(np.arange(len(ids)), ends - lengths)
+        fwd_rows, bwd_rows = torch.from_numpy(fwd).to(device), torch.from_numpy(bwd).to(device)
+        for direction, rows, nll in (
+                ("forward", fwd, softmax.nll(top[fwd_rows, :p], targets[fwd_rows + 1])),
+                ("backward", bwd, softmax.nll(top[bwd_rows, p:], targets[bwd_rows - 1]))):
+            totals[direction] += np.bincount(row_group[rows], nll.double().cpu().numpy(),
+                                             minlength=len(names))
+        counts += np.bincount(row_group[fwd], minlength=len(names))
     model.train(was_training)
-    result = {k: perplexity(v, count) for k, v in totals.items()}
-    result["mean"] = (perplexity((totals["forward"] + totals["backward"]) / 2, count)
-                      if count else float("nan"))
-    result["tokens"] = float(count)
+
+    def figures(forward: float, backward: float, count: float) -> dict[str, float]:
+        return {"forward": perplexity(forward, count), "backward": perplexity(backward, count),
+                "mean": perplexity((forward + backward) / 2, count), "tokens": float(count)}
+
+    result: dict[str, Any] = figures(totals["forward"].sum(), totals["backward"].sum(),
+                                     counts.sum())
+    if files is not None:
+        result["by_file"] = {name: figures(totals["forward"][g], totals["backward"][g],
+                                           counts[g]) for g, name in enumerate(names)}
     return result

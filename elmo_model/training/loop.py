@@ -43,7 +43,7 @@ from elmo_model.weights import OPTIONS_FILE, options_from_config
 class TrainResult:
     out: Path
     state: TrainState
-    last_perplexity: dict[str, float] | None
+    last_perplexity: dict[str, Any] | None
     stopped_by: str  # max_steps | max_minutes
     losses: list[float] = field(default_factory=list)  # this invocation's, one per step
 
@@ -82,9 +82,9 @@ class _Trainer:
     state: TrainState
     carried: LstmState
     plan: PackPlan  # every step's windows: batch_size rows of unroll_steps tokens
-    eval_lines: list[np.ndarray] | None  # intermediate checkpoints evaluate these only
+    eval_lines: list[int] | None  # intermediate checkpoints evaluate these held-out lines
     log: Log
-    last_perplexity: dict[str, float] | None = None
+    last_perplexity: dict[str, Any] | None = None
     generator: torch.Generator = field(default_factory=torch.Generator)  # CPU: see sampled_nll
     _clock: float = field(default_factory=time.perf_counter)  # training time counted up to
 
@@ -142,15 +142,22 @@ class _Trainer:
         state = self.state
         state.wall_seconds += time.perf_counter() - self._clock
         if self.corpus.heldout:
-            ppl = heldout_perplexity(self.model, self.softmax, self.corpus,
-                                     None if final else self.eval_lines)
+            corpus = self.corpus
+            chosen = range(len(corpus.heldout)) if final or self.eval_lines is None \
+                else self.eval_lines
+            files = [corpus.heldout_files[i] for i in chosen] if corpus.heldout_files else None
+            ppl = heldout_perplexity(self.model, self.softmax, corpus,
+                                     [corpus.heldout[i] for i in chosen], files=files)
             if state.history and state.history[-1]["step"] == state.step:
                 state.history.pop()  # the final evaluation supersedes one at the same step
             state.history.append({"step": state.step, "tokens_seen": state.tokens_seen,
                                   "wall_seconds": round(state.wall_seconds, 1),
                                   "heldout_perplexity": ppl})
+            by_file = ", ".join(f"{name.rsplit('.', 1)[0]} {figures['mean']:.1f}"
+                                for name, figures in ppl.get("by_file", {}).items())
             self.log(f"step {state.step}: held-out perplexity forward {ppl['forward']:.1f} "
-                     f"backward {ppl['backward']:.1f} mean {ppl['mean']:.1f}")
+                     f"backward {ppl['backward']:.1f} mean {ppl['mean']:.1f}"
+                     + (f" (per file: {by_file})" if len(ppl.get("by_file", {})) > 1 else ""))
             self.last_perplexity = ppl
         save_checkpoint(self.out, self.model, self.softmax, self.optimizer, self.carried, state)
         self._clock = time.perf_counter()  # evaluation time is not training time
@@ -192,7 +199,8 @@ def _build_trainer(out: Path, start: Start, corpus: Corpus, vocab: Vocabulary,
     plan = PackPlan.build(np.full(params.batch_size, params.unroll_steps), device)
     return _Trainer(out, params, device, model, softmax, optimizer, corpus,
                     StreamBatches(corpus, params), state, carried, plan,
-                    spread_sample(corpus.heldout, eval_lines) if eval_lines else None, log)
+                    spread_sample(range(len(corpus.heldout)), eval_lines) if eval_lines
+                    else None, log)
 
 
 class _Progress:

@@ -271,6 +271,19 @@ def test_heldout_perplexity_by_hand() -> None:
     assert result["backward"] == pytest.approx(backward, rel=1e-5)
     assert result["mean"] == pytest.approx(math.sqrt(forward * backward), rel=1e-5)
     assert result["tokens"] == 3
+    # Per file: a second line ``<S> b </S>`` from another file (forward predicts b, </S>;
+    # backward <S>, b); the whole is both files' predictions together.
+    corpus.heldout.append(np.array([0, 3, 1]))
+    result = heldout_perplexity(model, softmax, corpus, files=["x.jsonl", "y.jsonl"])
+    second_fwd, second_bwd = (0.2 * 0.2) ** (-1 / 2), (0.1 * 0.2) ** (-1 / 2)
+    assert result["by_file"]["x.jsonl"]["forward"] == pytest.approx(forward, rel=1e-5)
+    assert result["by_file"]["x.jsonl"]["tokens"] == 3
+    assert result["by_file"]["y.jsonl"]["forward"] == pytest.approx(second_fwd, rel=1e-5)
+    assert result["by_file"]["y.jsonl"]["backward"] == pytest.approx(second_bwd, rel=1e-5)
+    assert result["by_file"]["y.jsonl"]["tokens"] == 2
+    assert result["forward"] == pytest.approx((forward ** 3 * second_fwd ** 2) ** (1 / 5),
+                                              rel=1e-5)
+    assert result["tokens"] == 5
 
 
 def test_intermediate_evaluation_samples_every_file() -> None:
@@ -475,6 +488,30 @@ def test_jsonl_documents_are_cut_into_sentences_and_held_out_whole(tmp_path: Pat
     first = [corpus.types[i] for i in corpus.train[0]]
     assert first[0] == "<S>" and first[-1] == "</S>" and first[-2] == "."
     assert "Dr" in [corpus.types[i] for i in corpus.train[1]]
+
+
+def test_checkpoints_report_held_out_perplexity_per_file(tmp_path: Path) -> None:
+    """Each held-out line remembers its file (a source in the corpus recipe); every
+    checkpoint's evaluation gives the figures per file besides the whole."""
+    corpus_dir = tmp_path / "text"
+    write_toy_corpus(corpus_dir)
+    (corpus_dir / "more.txt").write_text("\n".join(
+        f"the dog sees {i} birds ." for i in range(300)) + "\n")
+    params = TrainParams(heldout_percent=20.0)
+    corpus, _ = load_corpus(str(corpus_dir / "*.txt"), params)
+    assert sorted(set(corpus.heldout_files)) == ["more.txt", "toy.txt"]
+    assert len(corpus.heldout_files) == len(corpus.heldout)
+    messages: list[str] = []
+    result = train(str(corpus_dir / "*.txt"), tmp_path / "run",
+                   str(write_tiny_options(tmp_path)), max_steps=2, eval_lines=10,
+                   overrides={"heldout_percent": 20.0}, progress=False, log=messages.append)
+    by_file = result.last_perplexity["by_file"]
+    assert sorted(by_file) == ["more.txt", "toy.txt"]
+    assert sum(f["tokens"] for f in by_file.values()) == result.last_perplexity["tokens"]
+    assert any("per file: more " in m and ", toy " in m for m in messages)
+    history = json.loads((tmp_path / "run" / "training_state.json").read_text())["history"]
+    assert all(sorted(h["heldout_perplexity"]["by_file"]) == ["more.txt", "toy.txt"]
+               for h in history)
 
 
 def test_jsonl_records_without_text_are_one_line_errors(tmp_path: Path) -> None:
