@@ -166,12 +166,17 @@ def _remote_records(fs: Any, folder: str, records: dict[int, dict]) -> dict[int,
         else:
             fetch[shard] = (info["name"], version)
     if fetch:
-        data = fs.cat([path for path, _ in fetch.values()], on_error="omit")
+        data = fs.cat([path for path, _ in fetch.values()], on_error="return")
         data = {fs._strip_protocol(path): raw for path, raw in data.items()}
         for shard, (path, version) in fetch.items():
             raw = data.get(fs._strip_protocol(path))
-            entries[shard] = None if raw is None else json.loads(raw)  # gone since listed
-            if raw is not None and version is not None:
+            if isinstance(raw, FileNotFoundError) or raw is None:
+                entries[shard] = None  # deleted since the listing: not committed now
+                continue
+            if isinstance(raw, BaseException):  # never a committed item silently left out
+                raise raw
+            entries[shard] = json.loads(raw)
+            if version is not None:
                 kept[posixpath.basename(path)] = {"version": version, "entry": entries[shard]}
     if kept != cached:
         save_json(cache_file, {"folder": where, "records": kept})
