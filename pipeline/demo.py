@@ -2,13 +2,17 @@
 
 Each step prints the ``elmo`` command it runs and then runs exactly that, through the
 same dispatcher a user's shell reaches, so the demo cannot drift from the real CLI.
-Rerunning it is cheap: the dataset's committed shards and the index are reused.
+Rerunning it is cheap: the dataset's committed shards and the index are reused. A demo
+folder made with another model (a pulled new ``models/default``) is made again, since a
+dataset never mixes two models' vectors; only the demo's own folders are removed (the
+default one, or one holding the mark a demo leaves).
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +21,8 @@ DESCRIPTION = """\
 The tour `make run` gives: embed the bundled sample corpus with the bundled model, index it,
 query it with SQL, search word senses in context and draw a sense map. Each step prints
 the elmo command it runs, so you can rerun or adapt it; rerunning the demo reuses the
-dataset and the index.
+dataset and the index, or makes them again when they came from another model (after a
+pull that brought a new models/default).
 """
 
 EPILOG = """\
@@ -30,6 +35,7 @@ examples:
   elmo demo --model runs/my-model   # the same tour with your own model
 """
 MAP_WORD = "play"  # the sample corpus gathers its uses (data/sample/play.txt)
+DEMO_MARK = ".elmo-demo"  # left in a demo's --out: its dataset and index are the demo's own
 
 
 def _repo_root() -> Path:
@@ -41,7 +47,7 @@ def register(subparsers: Any) -> None:
         "demo", help="the tour: embed the sample corpus, index it, SQL, sense search and map",
         description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(_repo_root() / "runs" / "demo"), metavar="DIR",
+    p.add_argument("--out", default=str(default_out()), metavar="DIR",
                    help="where the dataset, index and sense maps go (default runs/demo)")
     p.add_argument("--corpus", default=str(_repo_root() / "data" / "sample" / "*.txt"),
                    metavar="GLOB", help="text files to embed (default data/sample/*.txt)")
@@ -92,11 +98,42 @@ def demo_steps(out: Path, corpus: str, model: str | None) -> list[tuple[str, lis
     ]
 
 
+def default_out() -> Path:
+    return _repo_root() / "runs" / "demo"
+
+
+def made_with_another_model(out: Path, model: str | None) -> bool:
+    """Whether ``out``'s dataset was embedded with another model than the one the demo
+    runs now (False when there is none, or the model cannot be read: the embed step then
+    says why)."""
+    import elmo_model
+    from elmo_model.errors import ElmoUserError
+    from elmo_model.weights import find_weights, model_fingerprint
+    from pipeline.lookup.dataset import read_dataset_descriptor
+    from schemas import DESCRIPTOR_FILE
+
+    if not (out / "dataset" / DESCRIPTOR_FILE).is_file():
+        return False
+    model_dir = Path(model) if model else elmo_model.default_model_dir()
+    try:
+        current = model_fingerprint(model_dir / elmo_model.OPTIONS_FILE, find_weights(model_dir))
+        stored = read_dataset_descriptor(str(out / "dataset")).model_fingerprint
+    except (OSError, ElmoUserError):
+        return False
+    return stored != current
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
     from pipeline.cli import main
 
     out = Path(args.out)
+    owned = (out / DEMO_MARK).is_file() or out.resolve() == default_out().resolve()
+    if owned and made_with_another_model(out, args.model):
+        print(f"{out} was made with another model: making its dataset and index again",
+              flush=True)
+        for folder in (out / "dataset", out / "index"):
+            shutil.rmtree(folder, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     for number, (title, argv) in enumerate(demo_steps(out, args.corpus, args.model), 1):
@@ -105,6 +142,7 @@ def run_demo(args: argparse.Namespace) -> int:
         if status != 0:
             raise ElmoUserError(f"demo step {number} failed (exit {status}): elmo "
                                 f"{shlex.join(argv)}")
+    (out / DEMO_MARK).touch()  # made by a whole demo run: a later one may make it again
     png, html = map_files(out)
     print(f"\ndemo done in {time.perf_counter() - started:.0f} s; in {out}/:\n"
           f"  dataset   {out / 'dataset'}   (try `elmo sql {out / 'dataset'} "

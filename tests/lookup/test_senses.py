@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from elmo_model.errors import ElmoUserError
+from pipeline.demo import DEMO_MARK
 from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
 from pipeline.lookup.senses import ClusterResult
 
@@ -458,3 +459,19 @@ def test_demo_writes_both_sense_maps_and_says_where(fixture_model: Path, corpus_
     assert _png_size(png.read_bytes())[0] > 0 and _hover_texts(page.read_text())
     assert f"sense map {png}" in printed and f"sense map {page}" in printed
     assert "$ elmo senses cluster play" in printed and "--same-word" not in printed
+
+    # Another model (a pulled models/default): the demo makes its own folder again, where
+    # `elmo embed` alone refuses to mix two models in one dataset.
+    other = Path(shutil.copytree(fixture_model, tmp_path / "other_model"))
+    options = json.loads((other / "options.json").read_text())
+    (other / "options.json").write_text(json.dumps({**options, "note": "another model"}))
+    assert cli.main(["demo", "--out", str(out), "--corpus", str(corpus_file),
+                     "--model", str(other)]) == 0
+    assert "made with another model: making its dataset and index again" in \
+        capsys.readouterr().out
+    # A folder the demo did not make keeps its data: the embed step refuses, as it would.
+    (out / DEMO_MARK).unlink()
+    assert cli.main(["demo", "--out", str(out), "--corpus", str(corpus_file),
+                     "--model", str(fixture_model)]) == 2
+    assert "demo step 1 failed" in capsys.readouterr().err
+    assert (out / "dataset" / "_dataset.json").is_file()
