@@ -106,17 +106,17 @@ def made_with_another_model(out: Path, model: str | None) -> bool:
     """Whether ``out``'s dataset was embedded with another model than the one the demo
     runs now (False when there is none, or the model cannot be read: the embed step then
     says why)."""
-    import elmo_model
     from elmo_model.errors import ElmoUserError
-    from elmo_model.weights import find_weights, model_fingerprint
+    from elmo_model.weights import model_fingerprint
+    from pipeline.config import ModelSpec
     from pipeline.lookup.dataset import read_dataset_descriptor
     from schemas import DESCRIPTOR_FILE
 
     if not (out / "dataset" / DESCRIPTOR_FILE).is_file():
         return False
-    model_dir = Path(model) if model else elmo_model.default_model_dir()
     try:
-        current = model_fingerprint(model_dir / elmo_model.OPTIONS_FILE, find_weights(model_dir))
+        spec = ModelSpec.resolve(model)  # the model files the embed step will read
+        current = model_fingerprint(spec.options, spec.weights)
         stored = read_dataset_descriptor(str(out / "dataset")).model_fingerprint
     except (OSError, ElmoUserError):
         return False

@@ -34,6 +34,7 @@ from pipeline.lookup.dataset import (
     committed_shards,
     iter_parts,
     open_dataset,
+    protocols,
     shard_from_entry,
 )
 from pipeline.user_cache import cache_dir, listed_version, load_json, save_json
@@ -270,7 +271,7 @@ def version_keys(fs: Any, root: str, wanted: list[ExpectedFile]) -> dict[str, st
     """Path -> a key naming this version of the file: where it is, its recorded hash, and
     the size and change time (or ETag) one listing per table folder reports. Files the
     listing does not show, or shows without a change time, get no key (always read)."""
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    protocol = protocols(fs)[0]
     listed: dict[str, dict] = {}
     for table in sorted({w.path.split("/", 1)[0] for w in wanted}):
         try:

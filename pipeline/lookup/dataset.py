@@ -53,8 +53,14 @@ def open_fs(uri: str, storage_options: dict | None = None) -> tuple[Any, str]:
     return fs, root.rstrip("/")
 
 
+def protocols(fs: Any) -> tuple[str, ...]:
+    """The file system's protocol names, its main one first (fsspec gives a str or a
+    tuple)."""
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+
+
 def is_local(fs: Any) -> bool:
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+    return "file" in protocols(fs)
 
 
 def read_json(fs: Any, path: str) -> dict | None:
@@ -148,8 +154,7 @@ def _remote_records(fs: Any, folder: str, records: dict[int, dict]) -> dict[int,
     work item on each open (thousands at corpus scale)."""
     from pipeline.user_cache import cache_dir, listed_version, load_json, save_json
 
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    where = f"{protocol}://{fs._strip_protocol(folder)}"
+    where = f"{protocols(fs)[0]}://{fs._strip_protocol(folder)}"
     cache_file = cache_dir() / RECORDS_CACHE / f"{sha256(where.encode()).hexdigest()[:32]}.json"
     cached = load_json(cache_file)
     cached = cached.get("records", {}) if isinstance(cached, dict) \
