@@ -4,7 +4,8 @@
         --index old=/tmp/old.lance --index new=runs/demo/index
 
 For each index: its bytes on disk over the dataset's, recall@10 of its default search
-(the graph, no prefilter; ``SenseIndex.vector_query`` with the index's own parameters)
+(no prefilter: the in-memory IVF where the index has one, else LanceDB's graph with the
+index's own parameters; ``--without-ivf`` adds LanceDB's for comparison)
 against exact float32 cosine search over every token's mixed vector, read from the
 dataset (the same mix), for the same query vectors (random tokens of the dataset, mixed
 as stored); and latency of sense search's fetch (``nearest_distinct`` by word form, the
@@ -79,6 +80,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--without-ivf", action="store_true",
+                        help="also each index's searches without its in-memory IVF (LanceDB's "
+                        "own, NAME/lance)")
     args = parser.parse_args()
     data_bytes = dir_bytes(args.dataset)
     opened = [(spec.partition("=")[0], SenseIndex(spec.partition("=")[2]))
@@ -86,7 +90,11 @@ def main() -> None:
     keys, tokens, unit = exact_vectors(args.dataset, opened[0][1].meta.mix_name)
     picks = np.random.default_rng(args.seed).choice(len(keys), args.queries, replace=False)
     print(f"dataset {args.dataset}: {data_bytes / 1e6:.1f} MB, {len(keys)} tokens")
-    for name, ix in opened:
+    runs = [(name, ix, True) for name, ix in opened]
+    if args.without_ivf:
+        runs += [(f"{name}/lance", ix, False) for name, ix in opened if ix.held_ivf()]
+    for name, ix, use_held in runs:
+        ix.use_held = use_held
         size = dir_bytes(ix.uri)
         # Warm the caches (index files, sentences table) before timing.
         measure(ix, keys, tokens, unit, picks[:5], args.k)

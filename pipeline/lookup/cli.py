@@ -143,12 +143,14 @@ def register(subparsers: Any) -> None:
                    "`elmo mix list DATASET`)")
     b.add_argument("--out", required=True, metavar="URI", help="LanceDB directory / URI")
     b.add_argument("--index", choices=("auto", "hnsw", "flat"), default="auto",
-                   help="vector index: hnsw (IVF_HNSW_SQ), flat (exact) or auto (hnsw from "
-                        "50k rows)")
+                   help="vector index: hnsw (LanceDB's IVF_HNSW_SQ, plus an IVF that "
+                        "`elmo serve` holds in memory for searches without a word), flat "
+                        "(exact) or auto (hnsw from 50k rows)")
     b.add_argument("--rebuild", action="store_true", help="drop what --out holds and rebuild")
     b.add_argument("--nprobes", type=int, default=None,
-                   help="search: IVF partitions probed (default: 20, or 10 from 300k rows; "
-                        "giving any search option pins all three)")
+                   help="LanceDB search: IVF partitions probed (default: 20, or 10 from "
+                        "300k rows; giving any search option pins all three; the in-memory "
+                        "IVF measures its own at build time)")
     b.add_argument("--ef", type=int, default=None,
                    help="search: HNSW candidate list size (default 150)")
     b.add_argument("--refine-factor", type=int, default=None,

@@ -53,6 +53,7 @@ from pipeline.lookup.doc_fields import (
     field_column,
     quote,
 )
+from pipeline.lookup.held_ivf import HELD_DIR, HeldIvf, HeldSearch, current
 from pipeline.lookup.index_sentences import (
     SENTENCE_KEY,
     SENTENCES_TABLE,
@@ -155,6 +156,8 @@ class IndexMeta:
     layout: int = 1  # LAYOUT of the rows (1: written before the field existed)
     vector_dtype: str = "float32"
     words: dict[str, Any] | None = None  # WordSelection.to_json (None: every word)
+    # The in-memory IVF made beside the table (held_ivf.build_held; None: not made).
+    held: dict[str, Any] | None = None
     format: str = INDEX_FORMAT
 
     def to_json(self) -> str:
@@ -211,6 +214,22 @@ class SenseIndex:
         self._counts: pa.Table | None = None
         self._counts_read = False
         self._documents: DocumentTable | None = None
+        self._held: HeldIvf | None = None
+        self._held_tried = False
+        # False: every search goes to LanceDB (benchmarks compare the two paths).
+        self.use_held = True
+
+    def held_ivf(self) -> HeldIvf | None:
+        """The in-memory IVF (loaded on first use), or None when the index has none or its
+        table changed after it was made."""
+        if not self._held_tried:
+            self._held_tried = True
+            held = self.meta.held
+            if held is not None and current(held, self.table.version):
+                fs, root = open_fs(self.uri, self.storage_options)
+                self._held = HeldIvf.load(fs, f"{root}/{HELD_DIR}/{held['folder']}",
+                                          held["nprobe"])
+        return self._held
 
     def stored(self, columns: Sequence[str]) -> list[str]:
         """``columns`` the token rows hold (``sentence`` comes from the sentences table)."""
@@ -357,10 +376,11 @@ class SenseIndex:
     def vector_query(self, vectors: np.ndarray, k: int = 10,
                      words: Sequence[str] | None = None, exact: bool = False,
                      columns: Sequence[str] = RESULT_COLUMNS, forms: bool = False,
-                     where: str | None = None) -> VectorSearch:
+                     where: str | None = None) -> VectorSearch | HeldSearch:
         """The search ``search`` runs, for ``[n, dim]`` query vectors (``to_arrow`` runs
-        it): with more than one, LanceDB answers them in one call and adds a
-        ``query_index`` column."""
+        it): with more than one, they are answered in one call with a ``query_index``
+        column. Without a prefilter it goes to the in-memory IVF when the index has one
+        (``held_ivf``), else to LanceDB."""
         import numpy as np
 
         if forms and words:
@@ -384,7 +404,12 @@ class SenseIndex:
             small = where is not None and self.word_rows(words, column) * self.meta.dim \
                 <= EXACT_FILTER_VALUES
         graph = not (exact or self.meta.built != "hnsw" or small)
-        return VectorSearch(self.table, vectors, k, tuple(self.stored(columns)), where,
+        stored = tuple(self.stored(columns))
+        if graph and where is None and self.use_held:
+            held = self.held_ivf()
+            if held is not None and held.holds(stored):
+                return HeldSearch(held, vectors, k, stored, self.completed(columns))
+        return VectorSearch(self.table, vectors, k, stored, where,
                             self.meta.search if graph else None, self.completed(columns))
 
     def occurrences(self, words: Sequence[str], columns: Sequence[str] = RESULT_COLUMNS,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import Dataset, open_dataset, open_fs
 from pipeline.lookup.doc_fields import field_kinds, indexable_fields, read_documents
+from pipeline.lookup.held_ivf import build_held, current, drop_other_folders
 from pipeline.lookup.index import (
     HNSW_MIN_ROWS,
     INDEX_KINDS,
@@ -256,9 +257,16 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
     if changed or meta.counted_rows != meta.rows:
         _write_word_counts(table, meta.rows, out, storage_options)
         meta.counted_rows = meta.rows
+    fs, root = open_fs(out, storage_options)
+    if meta.built != "hnsw":
+        meta.held = None
+    elif not current(meta.held, table.version):
+        # The table changed (or never had one): the in-memory IVF follows it.
+        meta.held = summary.held = build_held(table, fs, root, show_progress)
     summary.seconds_index = time.perf_counter() - t0
     summary.rows, summary.built = meta.rows, meta.built
     _write_meta(out, meta, storage_options)
+    drop_other_folders(fs, root, meta.held["folder"] if meta.held else None)
     return summary
 
 

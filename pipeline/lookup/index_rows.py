@@ -37,14 +37,19 @@ class BuildSummary:
     seconds_read: float = 0.0
     seconds_add: float = 0.0
     seconds_index: float = 0.0
+    held: dict | None = None  # IndexMeta.held when this build made the in-memory IVF
 
     def line(self) -> str:
         total = self.seconds_read + self.seconds_add + self.seconds_index
+        ivf = "" if self.held is None else (
+            f"; in-memory IVF: {self.held['nprobe']} of {self.held['lists']} lists probed, "
+            f"recall@10 {self.held['recall_at_10']:.3f} on "
+            f"{self.held['calibration_queries']} stored rows")
         return (f"index {self.out}: +{self.added_rows} rows from {self.added_files} shard "
                 f"files ({self.skipped_files} already in, {self.removed_files} removed), "
                 f"{self.rows} rows, vector index {self.built}; {total:.1f} s (mix+read "
                 f"{self.seconds_read:.1f}, add {self.seconds_add:.1f}, index "
-                f"{self.seconds_index:.1f})")
+                f"{self.seconds_index:.1f}){ivf}")
 
 
 def _sentence_lookup(ds: Dataset, path: str | None) -> pa.Table:

@@ -82,6 +82,16 @@ def test_settings_reach_the_search(index: SenseIndex) -> None:
 
 
 def test_sense_index_search_uses_it(index: SenseIndex) -> None:
+    """With its in-memory IVF set aside (tests/lookup/test_held_ivf.py covers that path),
+    every search goes this way."""
+    index.use_held = False
+    try:
+        _searches_use_it(index)
+    finally:
+        index.use_held = True
+
+
+def _searches_use_it(index: SenseIndex) -> None:
     q = _queries(3)
     for words, exact in ((None, False), (None, True), (["w1"], False)):
         query = index.vector_query(q[:1], k=7, words=words, exact=exact, columns=KEYS)

@@ -109,6 +109,38 @@ def test_search_answers_as_the_cli_function_does(client: httpx.Client, data: Ser
     assert hit["similarity"] > 0.95 and hit["document"]["source"].endswith("/shakespeare_play.txt")
 
 
+def test_an_index_with_an_in_memory_ivf_answers_from_it(data: Served, tmp_path: Path) -> None:
+    """An hnsw index also has the in-memory IVF: the server loads it at start, answers
+    searches without a word from it as the CLI function does, and batched answers equal
+    one-at-a-time ones."""
+    from pipeline.lookup.held_ivf import HeldSearch
+    from pipeline.lookup.index import SenseIndex
+    from pipeline.lookup.index_build import build_index
+    from pipeline.lookup.senses import search_senses
+
+    graph = Served(data.dataset, tmp_path / "graph")
+    build_index(str(data.dataset), "top", str(graph.index), kind="hnsw")
+    ix = SenseIndex(str(graph.index))
+    assert ix.meta.held is not None
+    assert isinstance(ix.vector_query(np.ones((1, ix.meta.dim), np.float32), k=5), HeldSearch)
+    bodies = [{"sentence": s, "word": w, "k": 6, "any_word": True} for s, w in QUERIES]
+    with running_server(graph, log=tmp_path / "server.log") as url, \
+            httpx.Client(base_url=url, timeout=60) as graph_client:
+        [info] = graph_client.get("/info").json()["indexes"]
+        assert info["vector_index"] == "hnsw" and info["in_memory_ivf"] == ix.meta.held
+        alone = [search(graph_client, **body)["hits"] for body in bodies]
+        for (sentence, word), got in zip(QUERIES, alone, strict=True):
+            want = search_senses(ix, sentence, word, k=6, match="any")
+            assert [(h["sentence"], h["tok_idx"]) for h in got] == \
+                [(h.sentence, h.tok_idx) for h in want]
+            assert [h["similarity"] for h in got] == pytest.approx(
+                [h.similarity for h in want], abs=1e-4)
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            together = list(pool.map(lambda body: search(graph_client, **body)["hits"],
+                                     bodies))
+        assert together == alone
+
+
 def test_concurrent_requests_are_batched_and_answer_as_one_at_a_time(
         client: httpx.Client) -> None:
     bodies = [{"sentence": s, "word": w, "k": k, "any_word": any_word}

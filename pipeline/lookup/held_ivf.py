@@ -1,0 +1,408 @@
+"""The sense index's vectors as an IVF index held in the serving process: the fast path of a
+search without a prefilter.
+
+LanceDB's IVF_HNSW_SQ query costs 9-12 ms at 1M x 1024 on this 2-core machine at recall@10
+0.95, about 0.75 ms for each partition it probes; faiss's inverted lists of 8-bit codes
+scanned in the process, with the candidates re-ranked exactly, answer the same queries at
+the same recall in a few ms (BENCHMARKS.md, "An IVF index held in the process").
+
+``elmo index build`` makes it after the LanceDB table (``finish_index``), from the table's
+own rows in one scan, into a folder of its own beside the table (``_ivf/<name>/``), which
+``_elmo_index.json`` then names (``IndexMeta.held``: that write is the commit):
+
+- ``ivf.faiss``: ``IndexIVFScalarQuantizer``, round(sqrt(n)) lists, 8-bit codes, inner
+  product over unit vectors (cosine);
+- ``vectors.npy``: the vectors as the table stores them (float16 or float32, n x dim), to
+  re-rank the candidates by: distances are then LanceDB's own to within float32 rounding;
+- ``sketch.npz``: a 128-bit sketch of every row (the signs of its centred vector's
+  projections on 128 random directions: ``planes``, ``mean``, ``codes``);
+- ``rows.parquet``: the table's other columns in the same order (row i is faiss id i).
+
+A query takes candidates from two places, and the exact cosine of their stored vectors
+ranks them: the rows of the lists it probes, and the rows whose sketches differ from its
+own in the fewest bits (a scan of every sketch, 16 bytes a row: about 1 ms per million).
+The lists find the neighbours that sit in a cluster; the sketches find those of a word with
+few uses, whose rows lie far from every list's centre and so in lists nobody would probe
+(on bench/lookup.py's 1M x 1024 vectors, 16 probes found 0.92 of the exact 10 alone, 0.96
+with the sketches).
+
+How many lists a query probes is measured at build time, not assumed, because it depends on
+the data: the same rule needed 16 of 1,000 lists on one set of vectors and 128 of 316 on
+another. ``CALIBRATION_QUERIES`` stored rows are searched, each with itself left out, against
+their exact 10 nearest among all rows; the index keeps the fewest probes in ``PROBE_STEPS``
+whose mean recall@10 reaches ``CALIBRATION_RECALL``, or after which twice the probes gain
+less than ``CALIBRATION_PLATEAU`` (the recall it reached is recorded either way). Queries
+that are new contexts of stored words measure close to these (BENCHMARKS.md).
+
+An index whose table has changed since its IVF was made (a build that stopped half way)
+keeps answering from LanceDB: the table version the IVF was made from must be the table's.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+HELD_DIR = "_ivf"
+# What a folder holds; an index whose IVF is of another format has it made again.
+HELD_FORMAT = 1
+IVF_FILE = "ivf.faiss"
+SKETCH_FILE = "sketch.npz"
+SKETCH_BITS = 128  # faiss scans binary codes of up to 32 bytes with its fast kernels
+VECTORS_FILE = "vectors.npy"
+ROWS_FILE = "rows.parquet"
+FILES = (IVF_FILE, VECTORS_FILE, SKETCH_FILE, ROWS_FILE)
+# Re-rank this many candidates per result with the stored vectors: the 8-bit codes alone
+# lose about 2 points of recall@10.
+CANDIDATES_PER_RESULT = 5
+CALIBRATION_QUERIES = 500
+# Above the 0.95 promised: a mean over 500 queries is good to about +-0.005, and queries
+# that are new sentences can differ from stored rows.
+CALIBRATION_RECALL = 0.97
+# ... or the fewest probes after which twice as many gain less than this (some neighbours
+# are found by no number of probes: then more probes only cost time).
+CALIBRATION_PLATEAU = 0.002
+CALIBRATION_K = 10
+PROBE_STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
+               1024, 1536, 2048)
+# k-means on at most this many rows per list (faiss wants at least 39).
+TRAIN_ROWS_PER_LIST = 64
+READ_BATCH_ROWS = 65_536
+
+
+def current(held: dict[str, Any] | None, table_version: int) -> bool:
+    """Whether ``held`` (``IndexMeta.held``) describes an IVF of this format made from the
+    table at ``table_version``."""
+    return held is not None and held.get("format") == HELD_FORMAT \
+        and held.get("table_version") == table_version
+
+
+def list_count(rows: int) -> int:
+    return max(1, round(rows ** 0.5))
+
+
+def probe_steps(lists: int) -> list[int]:
+    return [p for p in PROBE_STEPS if p < lists] + [lists]
+
+
+class HeldIvf:
+    """An IVF index of a sense index's rows, loaded: ``search`` returns row positions."""
+
+    def __init__(self, index: Any, vectors: np.ndarray, sketch: Sketch, rows: pa.Table,
+                 nprobe: int) -> None:
+        # One chunk: taking 10 rows from a chunked table costs 0.8 ms, from one 0.02 ms.
+        self.index, self.vectors, self.sketch = index, vectors, sketch
+        # A query's probed lists are scanned on every core (1.05 ms against 2.3 ms on one
+        # for 12 lists at 1M x 1024); queries come one at a time (``search``).
+        self.index.parallel_mode = 1
+        self.rows = rows.combine_chunks()
+        self.nprobe = nprobe
+        self.dim = vectors.shape[1]
+
+    @classmethod
+    def load(cls, fs: Any, folder: str, nprobe: int) -> HeldIvf:
+        import io
+
+        import faiss
+        import numpy as np
+        import pyarrow.parquet as pq
+
+        from pipeline.lookup.dataset import is_local
+
+        index = faiss.deserialize_index(np.frombuffer(fs.cat(f"{folder}/{IVF_FILE}"),
+                                                      np.uint8))
+        if is_local(fs):
+            # Mapped, not read: the page cache holds what re-ranks touch, shared by processes.
+            vectors = np.load(f"{folder}/{VECTORS_FILE}", mmap_mode="r")
+        else:
+            vectors = np.load(io.BytesIO(fs.cat(f"{folder}/{VECTORS_FILE}")))
+        with np.load(io.BytesIO(fs.cat(f"{folder}/{SKETCH_FILE}"))) as stored:
+            sketch = Sketch(stored["planes"], stored["mean"], stored["codes"])
+        with fs.open(f"{folder}/{ROWS_FILE}", "rb") as handle:
+            rows = pq.read_table(handle)
+        return cls(index, vectors, sketch, rows, nprobe)
+
+    def holds(self, columns: Sequence[str]) -> bool:
+        return set(columns) <= set(self.rows.column_names)
+
+    def search(self, queries: np.ndarray, k: int, nprobe: int | None = None,
+               leave_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Positions ``[n, k]`` (-1 where fewer rows exist) and cosine similarities of the
+        ``k`` rows nearest each of ``queries`` ``[n, dim]``; ``leave_out``: a position per
+        query not to return (calibration's own row).
+
+        One query at a time: a query's answer is then the same alone or in a batch (the
+        server's batching promises that), and batches gained nothing here (32 queries in
+        one faiss call took longer than 32 calls on 2 cores: BENCHMARKS.md)."""
+        import numpy as np
+
+        unit = unit_rows(queries)
+        positions = np.full((len(unit), k), -1, np.int64)
+        sims = np.full((len(unit), k), -np.inf, np.float32)
+        for i in range(len(unit)):
+            own = None if leave_out is None else int(leave_out[i])
+            found, best = self._search_one(unit[i:i + 1], k, nprobe or self.nprobe, own)
+            positions[i, :found.size], sims[i, :best.size] = found, best
+        return positions, sims
+
+    def _search_one(self, unit: np.ndarray, k: int, nprobe: int, leave_out: int | None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """``search`` for one unit query ``[1, dim]``: positions and similarities, best
+        first, at most ``k``."""
+        import faiss
+        import numpy as np
+
+        extra = 0 if leave_out is None else 1
+        want = min(self.index.ntotal, max(k, CANDIDATES_PER_RESULT * k) + extra)
+        enough = min(self.index.ntotal, k + extra)
+        while True:
+            params = faiss.SearchParametersIVF(nprobe=nprobe)
+            _, found = self.index.search(unit, want, params=params)
+            # The probed lists hold fewer rows than asked for (a large k): probe more.
+            if nprobe >= self.index.nlist or int((found >= 0).sum()) >= enough:
+                break
+            nprobe = min(self.index.nlist, 4 * nprobe)
+        # ... and the rows of the nearest sketches; a row found both ways counts once.
+        found = np.unique(np.concatenate([found[0], self.sketch.nearest(unit, want)[0]]))
+        found = found[(found >= 0) & (found != (-1 if leave_out is None else leave_out))]
+        # Exact cosine of every candidate, from the stored vectors.
+        candidates = np.asarray(self.vectors[found], np.float32)
+        sims = candidates @ unit[0] / np.maximum(np.linalg.norm(candidates, axis=1), 1e-12)
+        order = np.argsort(-sims, kind="stable")[:k]
+        return found[order], sims[order]
+
+    def nearest_rows(self, queries: np.ndarray, k: int, columns: Sequence[str]) -> pa.Table:
+        """``columns`` of the ``k`` nearest rows to each query, nearest first, with
+        ``_distance`` (1 - cosine, as LanceDB's cosine distance) and, for more than one
+        query, ``query_index``: the shape of a LanceDB vector search's answer."""
+        import numpy as np
+        import pyarrow as pa
+
+        from pipeline.lookup.vector_search import DISTANCE_COLUMN
+
+        positions, sims = self.search(queries, k)
+        keep = positions >= 0
+        taken = self.rows.select(list(columns)).take(pa.array(positions[keep]))
+        taken = taken.append_column(DISTANCE_COLUMN,
+                                    pa.array((1.0 - sims[keep]).astype(np.float32)))
+        if len(positions) > 1:
+            which = np.broadcast_to(np.arange(len(positions))[:, None], positions.shape)
+            taken = taken.append_column("query_index", pa.array(which[keep], pa.int32()))
+        return taken
+
+
+class Sketch:
+    """Binary sketches of unit vectors: bit j of a row is whether its vector, less the
+    rows' mean, points along ``planes[:, j]``; the bits two vectors differ in estimate the
+    angle between them (random-hyperplane hashing)."""
+
+    def __init__(self, planes: np.ndarray, mean: np.ndarray, codes: np.ndarray) -> None:
+        import faiss
+
+        self.planes, self.mean, self.codes = planes, mean, codes
+        self.scan = faiss.IndexBinaryFlat(planes.shape[1])
+        self.scan.add(codes)
+
+    @staticmethod
+    def planes_for(dim: int) -> np.ndarray:
+        import numpy as np
+
+        return np.random.default_rng(0).standard_normal((dim, SKETCH_BITS)).astype(
+            np.float32)
+
+    @staticmethod
+    def encode(unit: np.ndarray, planes: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        import numpy as np
+
+        return np.packbits((unit - mean) @ planes > 0, axis=1)
+
+    def nearest(self, unit: np.ndarray, k: int) -> np.ndarray:
+        """Positions ``[n, k]`` of the rows whose sketches are nearest each query's."""
+        _, found = self.scan.search(self.encode(unit, self.planes, self.mean),
+                                    min(k, self.scan.ntotal))
+        return found
+
+
+@dataclass(frozen=True)
+class HeldSearch:
+    """A search ``SenseIndex.vector_query`` sends to the held IVF: the same ``to_arrow`` as
+    ``VectorSearch``."""
+
+    ivf: HeldIvf
+    vectors: np.ndarray
+    k: int
+    columns: Sequence[str]
+    then: Callable[[pa.Table], pa.Table] | None = None
+
+    def to_arrow(self) -> pa.Table:
+        found = self.ivf.nearest_rows(self.vectors, self.k, self.columns)
+        return found if self.then is None else self.then(found)
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """``vectors`` (any float type) scaled to unit length, as float32."""
+    import numpy as np
+
+    vectors = np.asarray(vectors, np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12))
+
+
+def build_held(table: Any, fs: Any, root: str, show_progress: bool = False
+               ) -> dict[str, Any]:
+    """Make the IVF of ``table`` (a LanceDB table with a ``vector`` column) in a new folder
+    under ``root/_ivf``; returns what ``IndexMeta.held`` records. The caller commits it by
+    writing the metadata, then calls ``drop_other_folders``."""
+    import faiss
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.lookup.dataset import is_local
+    from pipeline.lookup.index_progress import phase, rows_bar
+
+    version = table.version
+    rows = table.count_rows()
+    columns = [f.name for f in table.schema if f.name != "vector"]
+    dim = table.schema.field("vector").type.list_size
+    name = f"v{version}-{uuid.uuid4().hex[:8]}"
+    local = is_local(fs)
+    work = f"{root}/{HELD_DIR}/{name}" if local else tempfile.mkdtemp(prefix="elmo-ivf-")
+    os.makedirs(work, exist_ok=True)
+    try:
+        stored_type = np.dtype(table.schema.field("vector").type.value_type.to_pandas_dtype())
+        vectors = np.lib.format.open_memmap(f"{work}/{VECTORS_FILE}", mode="w+",
+                                            dtype=stored_type, shape=(rows, dim))
+        pieces = []
+        done = 0
+        with rows_bar(rows, show_progress) as bar:
+            bar.set_description("index: in-memory IVF: read")
+            for batch in table.search().select([*columns, "vector"]).limit(max(1, rows)) \
+                    .to_batches(batch_size=READ_BATCH_ROWS):
+                flat = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
+                vectors[done:done + batch.num_rows] = flat.reshape(-1, dim)
+                pieces.append(pa.Table.from_batches([batch.drop_columns(["vector"])]))
+                done += batch.num_rows
+                bar.update(batch.num_rows)
+        if done != rows:
+            raise RuntimeError(f"read {done} rows of the index table, expected {rows}")
+        lists = list_count(rows)
+        with phase(f"index: in-memory IVF: {lists} lists over {rows} rows", show_progress):
+            quantizer = faiss.IndexFlatIP(dim)
+            index = faiss.IndexIVFScalarQuantizer(quantizer, dim, lists,
+                                                  faiss.ScalarQuantizer.QT_8bit,
+                                                  faiss.METRIC_INNER_PRODUCT)
+            rng = np.random.default_rng(0)
+            sample = np.sort(rng.choice(rows, min(rows, TRAIN_ROWS_PER_LIST * lists),
+                                        replace=False))
+            index.cp.min_points_per_centroid = 1  # small tables: no warning on stderr
+            index.train(unit_rows(vectors[sample]))
+            for start in range(0, rows, READ_BATCH_ROWS):
+                index.add(unit_rows(vectors[start:start + READ_BATCH_ROWS]))
+        with phase(f"index: in-memory IVF: {SKETCH_BITS}-bit sketches", show_progress):
+            planes = Sketch.planes_for(dim)
+            mean = np.zeros(dim, np.float32)
+            for start in range(0, rows, READ_BATCH_ROWS):
+                mean += unit_rows(vectors[start:start + READ_BATCH_ROWS]).sum(axis=0)
+            mean /= max(1, rows)
+            codes = np.concatenate([
+                Sketch.encode(unit_rows(vectors[start:start + READ_BATCH_ROWS]), planes, mean)
+                for start in range(0, rows, READ_BATCH_ROWS)])
+            np.savez(f"{work}/{SKETCH_FILE}", planes=planes, mean=mean, codes=codes)
+        held = HeldIvf(index, vectors, Sketch(planes, mean, codes), pa.concat_tables(pieces),
+                       lists)
+        with phase("index: in-memory IVF: measure probes for recall@10", show_progress):
+            nprobe, recall, queries = calibrate(held, rng)
+        with open(f"{work}/{IVF_FILE}", "wb") as handle:
+            handle.write(faiss.serialize_index(index).tobytes())
+        pq.write_table(held.rows, f"{work}/{ROWS_FILE}", compression="zstd")
+        vectors.flush()
+        del held, vectors
+        if not local:
+            for file in FILES:
+                fs.put_file(f"{work}/{file}", f"{root}/{HELD_DIR}/{name}/{file}")
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if not local:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"format": HELD_FORMAT, "folder": name, "table_version": version, "rows": rows,
+            "lists": lists, "nprobe": nprobe, "recall_at_10": round(recall, 4),
+            "calibration_queries": queries}
+
+
+def calibrate(held: HeldIvf, rng: np.random.Generator) -> tuple[int, float, int]:
+    """The fewest probes whose recall@10 reaches CALIBRATION_RECALL on stored rows used as
+    queries (each left out of its own answer): ``(nprobe, recall, queries)``."""
+    import numpy as np
+
+    rows = len(held.vectors)
+    k = min(CALIBRATION_K, rows - 1)
+    lists = held.index.nlist
+    if k < 1 or lists == 1:
+        return lists, 1.0, 0
+    picks = np.sort(rng.choice(rows, min(rows, CALIBRATION_QUERIES), replace=False))
+    queries = unit_rows(held.vectors[picks])
+    truth = exact_nearest(held.vectors, queries, k, picks)
+
+    def recall(nprobe: int) -> float:
+        found, _ = held.search(queries, k, nprobe=nprobe, leave_out=picks)
+        return float(np.mean([len(set(f) & set(t)) / k for f, t in zip(found, truth,
+                                                                       strict=True)]))
+
+    measured: dict[int, float] = {}
+    for nprobe in probe_steps(lists):
+        measured[nprobe] = recall(nprobe)
+        if measured[nprobe] >= CALIBRATION_RECALL:
+            return nprobe, measured[nprobe], len(picks)
+        twice = min(lists, 2 * nprobe)
+        if twice != nprobe:
+            measured.setdefault(twice, recall(twice))
+            if measured[twice] - measured[nprobe] < CALIBRATION_PLATEAU:
+                return nprobe, measured[nprobe], len(picks)
+    return lists, measured[lists], len(picks)
+
+
+def exact_nearest(vectors: np.ndarray, queries: np.ndarray, k: int,
+                  leave_out: np.ndarray) -> np.ndarray:
+    """Positions of the ``k`` rows of ``vectors`` with the highest cosine to each query
+    (unit vectors), ``leave_out[i]`` excluded for query i: a scan in blocks."""
+    import numpy as np
+
+    best_sims = np.full((len(queries), k), -np.inf, np.float32)
+    best_rows = np.full((len(queries), k), -1, np.int64)
+    block = 65_536
+    for start in range(0, len(vectors), block):
+        part = unit_rows(vectors[start:start + block])
+        sims = queries @ part.T
+        own = (leave_out >= start) & (leave_out < start + len(part))
+        sims[np.flatnonzero(own), leave_out[own] - start] = -np.inf
+        both_sims = np.concatenate([best_sims, sims], axis=1)
+        both_rows = np.concatenate([best_rows, np.broadcast_to(
+            np.arange(start, start + len(part)), sims.shape)], axis=1)
+        top = np.argpartition(-both_sims, k - 1, axis=1)[:, :k]
+        best_sims = np.take_along_axis(both_sims, top, axis=1)
+        best_rows = np.take_along_axis(both_rows, top, axis=1)
+    return best_rows
+
+
+def drop_other_folders(fs: Any, root: str, keep: str | None) -> None:
+    """Remove IVF folders other than ``keep`` (older builds, or ones a stopped build left)."""
+    base = f"{root}/{HELD_DIR}"
+    try:
+        names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(base, detail=False)]
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name != keep:
+            fs.rm(f"{base}/{name}", recursive=True)

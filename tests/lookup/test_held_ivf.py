@@ -1,0 +1,230 @@
+"""The in-memory IVF beside a sense index (``pipeline/lookup/held_ivf.py``): built by
+``build_index`` from the LanceDB table, calibrated on its own rows, used for searches without
+a prefilter, checked against exact search, rebuilt when the table changes, ignored when it is
+stale, and stored on S3 (moto) as on local disk.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.lookup.held_ivf import (
+    CALIBRATION_RECALL,
+    HELD_DIR,
+    HeldIvf,
+    HeldSearch,
+    build_held,
+    calibrate,
+    drop_other_folders,
+    exact_nearest,
+    probe_steps,
+    unit_rows,
+)
+from pipeline.lookup.index import INDEX_META, SenseIndex
+from pipeline.lookup.index_build import build_index
+from pipeline.lookup.vector_search import VectorSearch
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = ("doc_id", "sent_idx", "tok_idx")
+DIM = 32
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_lookup", ROOT / "bench" / "lookup.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("held_ivf")
+    data = _bench().write_synthetic(root / "ds", 6000, DIM, n_shards=2, vocab=200)
+    build_index(str(root / "ds"), "top", str(root / "ix"), kind="hnsw")
+    return root, data
+
+
+def _exact(index: SenseIndex, queries: np.ndarray, k: int) -> list[set[tuple]]:
+    rows = index.table.search().select([*KEYS, "vector"]).limit(100_000).to_arrow()
+    matrix = np.stack(rows["vector"].to_numpy(zero_copy_only=False)).astype(np.float32)
+    unit = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+    keys = list(zip(*(rows[c].to_pylist() for c in KEYS), strict=True))
+    out = []
+    for q in queries:
+        best = np.argsort(-(unit @ (q / np.linalg.norm(q))))[:k]
+        out.append({keys[i] for i in best})
+    return out
+
+
+def _keys(table: pa.Table) -> list[tuple]:
+    return list(zip(*(table[c].to_pylist() for c in KEYS), strict=True))
+
+
+def _queries(data: dict, n: int, seed: int = 3) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    top = data["top"]
+    picks = rng.choice(len(top), n, replace=False)
+    return top[picks] + 0.3 * rng.standard_normal((n, top.shape[1])).astype(np.float32)
+
+
+def test_built_beside_the_table_and_used_without_a_prefilter(built: tuple[Path, dict]) -> None:
+    root, data = built
+    index = SenseIndex(str(root / "ix"))
+    held = index.meta.held
+    assert held is not None and held["table_version"] == index.table.version
+    assert held["rows"] == 6000 and held["lists"] == 77
+    assert held["recall_at_10"] >= CALIBRATION_RECALL
+    assert [p.name for p in (root / "ix" / HELD_DIR).iterdir()] == [held["folder"]]
+    q = _queries(data, 40)
+    assert isinstance(index.vector_query(q[:1], k=10, columns=KEYS), HeldSearch)
+    # A prefilter, or exact search, still goes to LanceDB.
+    assert isinstance(index.vector_query(q[:1], k=10, words=["w1"], columns=KEYS),
+                      VectorSearch)
+    assert isinstance(index.vector_query(q[:1], k=10, exact=True, columns=KEYS),
+                      VectorSearch)
+    # Recall@10 against exact cosine over every row, and distances 1 - cosine.
+    truth = _exact(index, q, 10)
+    recall = []
+    for query, want in zip(q, truth, strict=True):
+        got = index.search(query, k=10, columns=KEYS)
+        assert got.column_names == [*KEYS, "_distance"] and got.num_rows == 10
+        distances = got["_distance"].to_numpy()
+        assert np.all(np.diff(distances) >= 0)
+        exact = index.search(query, k=10, columns=KEYS, exact=True)
+        # Distances are LanceDB's own for the same rows (the same stored vectors; LanceDB
+        # sums in lower precision).
+        lance = dict(zip(_keys(exact), exact["_distance"].to_pylist(), strict=True))
+        for key, distance in zip(_keys(got), distances, strict=True):
+            if key in lance:
+                assert abs(distance - lance[key]) < 1e-4
+        recall.append(len(set(_keys(got)) & want) / 10)
+    assert np.mean(recall) >= 0.95
+
+
+def test_several_queries_and_full_result_columns(built: tuple[Path, dict]) -> None:
+    root, data = built
+    index = SenseIndex(str(root / "ix"))
+    q = _queries(data, 4, seed=9)
+    many = index.vector_query(q, k=5).to_arrow()
+    assert many["query_index"].to_pylist() == [i for i in range(4) for _ in range(5)]
+    for i in range(4):
+        one = index.search(q[i], k=5)
+        part = many.filter(pa.compute.equal(many["query_index"], i)).drop_columns(
+            ["query_index"])
+        assert part.select(one.column_names).equals(one)
+    # Every result column is what LanceDB's path gives for the same row.
+    index.use_held = False
+    lance = index.search(q[0], k=5, exact=True)
+    index.use_held = True
+    by_key = dict(zip(_keys(lance), lance.drop_columns(["_distance"]).to_pylist(), strict=True))
+    first = many.filter(pa.compute.equal(many["query_index"], 0))
+    for key, row in zip(_keys(first), first.drop_columns(["_distance", "query_index"])
+                        .to_pylist(), strict=True):
+        if key in by_key:
+            assert row == by_key[key]
+    # More than the index holds: every row once.
+    everything = index.search(q[0], k=10_000, columns=KEYS)
+    assert everything.num_rows == 6000 and len(set(_keys(everything))) == 6000
+
+
+def test_stale_ivf_is_not_used_and_a_new_build_replaces_it(built: tuple[Path, dict],
+                                                            tmp_path: Path) -> None:
+    root, data = built
+    ix = tmp_path / "ix"
+    shutil.copytree(root / "ix", ix)
+    meta_file = ix / INDEX_META
+    meta = json.loads(meta_file.read_text())
+    old_folder = meta["held"]["folder"]
+    # A table that moved on after the IVF was made (a build stopped before its metadata).
+    meta["held"]["table_version"] -= 1
+    meta_file.write_text(json.dumps(meta))
+    index = SenseIndex(str(ix))
+    assert index.held_ivf() is None
+    assert isinstance(index.vector_query(_queries(data, 1), k=10, columns=KEYS), VectorSearch)
+    # The next build makes it again, in a new folder, and removes the old one.
+    build_index(str(root / "ds"), "top", str(ix), kind="hnsw")
+    again = SenseIndex(str(ix))
+    assert again.meta.held["table_version"] == again.table.version
+    assert again.meta.held["folder"] != old_folder
+    assert [p.name for p in (ix / HELD_DIR).iterdir()] == [again.meta.held["folder"]]
+    assert isinstance(again.vector_query(_queries(data, 1), k=10, columns=KEYS), HeldSearch)
+
+
+def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
+        built: tuple[Path, dict]) -> None:
+    import fsspec
+
+    root, _ = built
+    index = SenseIndex(str(root / "ix"))
+    held = index.meta.held
+    fs = fsspec.filesystem("file")
+    ivf = HeldIvf.load(fs, str(root / "ix" / HELD_DIR / held["folder"]), held["nprobe"])
+    rng = np.random.default_rng(0)
+    nprobe, recall, queries = calibrate(ivf, rng)
+    assert queries == 500 and recall >= CALIBRATION_RECALL
+    steps = probe_steps(ivf.index.nlist)
+    assert nprobe in steps and steps[-1] == ivf.index.nlist == 77
+    if nprobe > steps[0]:  # one step fewer does not reach it
+        fewer = steps[steps.index(nprobe) - 1]
+        picks = np.sort(np.random.default_rng(0).choice(6000, 500, replace=False))
+        q = unit_rows(ivf.vectors[picks])
+        truth = exact_nearest(ivf.vectors, q, 10, picks)
+        found, _ = ivf.search(q, 10, nprobe=fewer, leave_out=picks)
+        assert np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth,
+                                                                   strict=True)]) \
+            < CALIBRATION_RECALL
+    # Probing every list with its own row left out gives the exact answer.
+    picks = np.arange(0, 6000, 97)
+    q = unit_rows(ivf.vectors[picks])
+    found, _ = ivf.search(q, 10, nprobe=ivf.index.nlist, leave_out=picks)
+    truth = exact_nearest(ivf.vectors, q, 10, picks)
+    assert np.mean([len(set(f) & set(t)) for f, t in zip(found, truth, strict=True)]) >= 9.9
+    assert not np.any(found == picks[:, None])
+
+
+def test_exact_nearest_matches_numpy() -> None:
+    rng = np.random.default_rng(1)
+    stored = (3 * rng.standard_normal((70_000, 8))).astype(np.float16)
+    unit = stored.astype(np.float32) / np.linalg.norm(stored.astype(np.float32), axis=1,
+                                                      keepdims=True)
+    leave_out = np.array([5, 65_540, 69_999])
+    q = unit[leave_out]
+    got = exact_nearest(stored, q, 4, leave_out)
+    sims = q @ unit.T
+    sims[np.arange(3), leave_out] = -np.inf
+    want = np.argsort(-sims, axis=1)[:, :4]
+    assert [set(r) for r in got] == [set(r) for r in want]
+
+
+def test_stored_on_s3(built: tuple[Path, dict], s3_endpoint: str,
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an object store the folder is made locally and uploaded; loading reads it into
+    memory; other folders are removed."""
+    import s3fs
+
+    root, data = built
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    fs = s3fs.S3FileSystem(key="testing", secret="testing",
+                           client_kwargs={"endpoint_url": s3_endpoint})
+    fs.mkdir("ivf-bucket")
+    fs.pipe("ivf-bucket/ix/_ivf/v0-stale/ivf.faiss", b"left by a stopped build")
+    index = SenseIndex(str(root / "ix"))
+    held = build_held(index.table, fs, "ivf-bucket/ix")
+    assert held["rows"] == 6000 and held["recall_at_10"] >= CALIBRATION_RECALL
+    drop_other_folders(fs, "ivf-bucket/ix", held["folder"])
+    assert fs.ls("ivf-bucket/ix/_ivf", detail=False) == [f"ivf-bucket/ix/_ivf/{held['folder']}"]
+    remote = HeldIvf.load(fs, f"ivf-bucket/ix/_ivf/{held['folder']}", held["nprobe"])
+    local = index.held_ivf()
+    assert local is not None and isinstance(remote.vectors, np.ndarray)
+    q = _queries(data, 5)
+    assert remote.nearest_rows(q, 10, KEYS).equals(local.nearest_rows(q, 10, KEYS))
