@@ -87,6 +87,12 @@ def current(held: dict[str, Any] | None, table_version: int) -> bool:
         and held.get("table_version") == table_version
 
 
+def present(fs: Any, root: str, held: dict[str, Any] | None) -> bool:
+    """Whether every file of ``held``'s folder exists under ``root``."""
+    return held is not None and all(
+        fs.exists(f"{root}/{HELD_DIR}/{held['folder']}/{name}") for name in FILES)
+
+
 def list_count(rows: int) -> int:
     return max(1, round(rows ** 0.5))
 
@@ -119,8 +125,11 @@ class HeldIvf:
 
         from pipeline.lookup.dataset import is_local
 
-        index = faiss.deserialize_index(np.frombuffer(fs.cat(f"{folder}/{IVF_FILE}"),
-                                                      np.uint8))
+        if is_local(fs):
+            index = faiss.read_index(f"{folder}/{IVF_FILE}")
+        else:
+            index = faiss.deserialize_index(np.frombuffer(fs.cat(f"{folder}/{IVF_FILE}"),
+                                                          np.uint8))
         if is_local(fs):
             # Mapped, not read: the page cache holds what re-ranks touch, shared by processes.
             vectors = np.load(f"{folder}/{VECTORS_FILE}", mmap_mode="r")
@@ -291,7 +300,11 @@ def build_held(table: Any, fs: Any, root: str, show_progress: bool = False
                     .to_batches(batch_size=READ_BATCH_ROWS):
                 flat = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
                 vectors[done:done + batch.num_rows] = flat.reshape(-1, dim)
-                pieces.append(pa.Table.from_batches([batch.drop_columns(["vector"])]))
+                # A copy: a slice of the batch would keep its vectors' buffers alive (2 GB
+                # held at 1M x 1024).
+                kept = batch.drop_columns(["vector"])
+                pieces.append(pa.Table.from_batches([kept.take(pa.array(
+                    np.arange(kept.num_rows)))]))
                 done += batch.num_rows
                 bar.update(batch.num_rows)
         if done != rows:
@@ -323,8 +336,7 @@ def build_held(table: Any, fs: Any, root: str, show_progress: bool = False
                        lists)
         with phase("index: in-memory IVF: measure probes for recall@10", show_progress):
             nprobe, recall, queries = calibrate(held, rng)
-        with open(f"{work}/{IVF_FILE}", "wb") as handle:
-            handle.write(faiss.serialize_index(index).tobytes())
+        faiss.write_index(index, f"{work}/{IVF_FILE}")  # no copy in memory
         pq.write_table(held.rows, f"{work}/{ROWS_FILE}", compression="zstd")
         vectors.flush()
         del held, vectors

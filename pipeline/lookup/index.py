@@ -40,6 +40,7 @@ columns).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -220,15 +221,22 @@ class SenseIndex:
         self.use_held = True
 
     def held_ivf(self) -> HeldIvf | None:
-        """The in-memory IVF (loaded on first use), or None when the index has none or its
-        table changed after it was made."""
+        """The in-memory IVF (loaded on first use), or None when the index has none, its
+        table changed after it was made, or its files cannot be read (then LanceDB answers,
+        and one line on stderr says how to make it again)."""
         if not self._held_tried:
             self._held_tried = True
             held = self.meta.held
             if held is not None and current(held, self.table.version):
                 fs, root = open_fs(self.uri, self.storage_options)
-                self._held = HeldIvf.load(fs, f"{root}/{HELD_DIR}/{held['folder']}",
-                                          held["nprobe"])
+                folder = f"{root}/{HELD_DIR}/{held['folder']}"
+                try:
+                    self._held = HeldIvf.load(fs, folder, held["nprobe"])
+                except (OSError, RuntimeError, ValueError) as error:
+                    print(f"elmo: {self.uri}: in-memory IVF unreadable ({error}); searching "
+                          f"with LanceDB. `elmo index build {self.meta.dataset} --mix "
+                          f"{self.meta.mix_name} --out {self.uri}` makes it again",
+                          file=sys.stderr)
         return self._held
 
     def stored(self, columns: Sequence[str]) -> list[str]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import Dataset, open_dataset, open_fs
 from pipeline.lookup.doc_fields import field_kinds, indexable_fields, read_documents
-from pipeline.lookup.held_ivf import build_held, current, drop_other_folders
+from pipeline.lookup.held_ivf import build_held, current, drop_other_folders, present
 from pipeline.lookup.index import (
     HNSW_MIN_ROWS,
     INDEX_KINDS,
@@ -260,7 +260,7 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
     fs, root = open_fs(out, storage_options)
     if meta.built != "hnsw":
         meta.held = None
-    elif not current(meta.held, table.version):
+    elif not (current(meta.held, table.version) and present(fs, root, meta.held)):
         # The table changed (or never had one): the in-memory IVF follows it.
         meta.held = summary.held = build_held(table, fs, root, show_progress)
     summary.seconds_index = time.perf_counter() - t0

@@ -158,6 +158,25 @@ def test_stale_ivf_is_not_used_and_a_new_build_replaces_it(built: tuple[Path, di
     assert isinstance(again.vector_query(_queries(data, 1), k=10, columns=KEYS), HeldSearch)
 
 
+def test_a_missing_file_falls_back_to_lancedb_and_the_next_build_makes_it_again(
+        built: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root, data = built
+    ix = tmp_path / "ix"
+    shutil.copytree(root / "ix", ix)
+    folder = json.loads((ix / INDEX_META).read_text())["held"]["folder"]
+    (ix / HELD_DIR / folder / "ivf.faiss").unlink()
+    index = SenseIndex(str(ix))
+    q = _queries(data, 1)
+    assert isinstance(index.vector_query(q, k=10, columns=KEYS), VectorSearch)
+    assert index.search(q[0], k=10, columns=KEYS).num_rows == 10
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "in-memory IVF unreadable" in line and "elmo index build" in line
+    build_index(str(root / "ds"), "top", str(ix), kind="hnsw")
+    again = SenseIndex(str(ix))
+    assert isinstance(again.vector_query(q, k=10, columns=KEYS), HeldSearch)
+    assert (ix / HELD_DIR / again.meta.held["folder"] / "ivf.faiss").exists()
+
+
 def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
         built: tuple[Path, dict]) -> None:
     import fsspec
