@@ -295,7 +295,7 @@ def build_held(table: Any, fs: Any, root: str, show_progress: bool = False
         pieces = []
         done = 0
         with rows_bar(rows, show_progress) as bar:
-            bar.set_description("index: in-memory IVF: read")
+            bar.set_description("index: in-memory IVF: read", refresh=False)
             for batch in table.search().select([*columns, "vector"]).limit(max(1, rows)) \
                     .to_batches(batch_size=READ_BATCH_ROWS):
                 flat = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
