@@ -88,6 +88,10 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     sys.exit("elmo serve did not start in 180 s")
 
 
+# What every request adds to its body (``--any-word``).
+BODY_EXTRA: dict[str, object] = {}
+
+
 async def client(url: str, jobs: asyncio.Queue[int], k: int, latencies: list[float],
                  fresh: bool) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
@@ -101,7 +105,8 @@ async def client(url: str, jobs: asyncio.Queue[int], k: int, latencies: list[flo
                 sentence = f"{sentence} , {FRESH_RUN} {n} ."
             t0 = time.perf_counter()
             response = await http.post("/senses/search",
-                                       json={"sentence": sentence, "word": word, "k": k})
+                                       json={"sentence": sentence, "word": word, "k": k,
+                                             **BODY_EXTRA})
             latencies.append(time.perf_counter() - t0)
             if response.status_code != 200:
                 raise SystemExit(f"{response.status_code}: {response.text[:200]}")
@@ -145,7 +150,12 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=10)
     parser.add_argument("--fresh", type=int, default=0, metavar="N",
                         help="also N requests whose sentences are all new (the model runs)")
+    parser.add_argument("--any-word", action="store_true",
+                        help="search among every token, not the word's forms (the index's "
+                        "in-memory IVF where it has one)")
     args = parser.parse_args()
+    if args.any_word:
+        BODY_EXTRA["any_word"] = True
     args.index = args.index or ["runs/demo/index"]
     process = None
     if args.url:
