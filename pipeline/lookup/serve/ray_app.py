@@ -8,7 +8,9 @@ listens on ``--host``/``--port`` and spreads requests over the replicas.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -81,5 +83,7 @@ def wait_until_interrupted() -> None:
             time.sleep(1)
     except KeyboardInterrupt:
         pass
-    finally:
+    print("stopping the Ray Serve application (Ctrl-C again: leave it to Ray)",
+          file=sys.stderr, flush=True)
+    with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: no traceback
         serve.shutdown()
