@@ -28,10 +28,11 @@ with the sketches).
 How many lists a query probes is measured at build time, not assumed, because it depends on
 the data: the rule below chose 12 of 1,000 lists for one synthetic set, 128 of 316 for
 another and 3 of 319 for the `make run` index. ``CALIBRATION_QUERIES`` stored rows are
-searched, each with itself left out, against their exact 10 nearest among all rows; the index keeps the fewest probes in ``PROBE_STEPS``
-whose mean recall@10 reaches ``CALIBRATION_RECALL``, or after which twice the probes gain
-less than ``CALIBRATION_PLATEAU`` (the recall it reached is recorded either way). Queries
-that are new contexts of stored words measure close to these (BENCHMARKS.md).
+searched, each with itself left out, against their exact 10 nearest among all rows; the
+index keeps the fewest probes in ``PROBE_STEPS`` whose mean recall@10 reaches
+``CALIBRATION_RECALL``, or after which twice the probes gain less than
+``CALIBRATION_PLATEAU`` (the recall it reached is recorded either way). Queries that are
+new contexts of stored words measure close to these (BENCHMARKS.md).
 
 An index whose table has changed since its IVF was made (a build that stopped half way)
 keeps answering from LanceDB: the table version the IVF was made from must be the table's.
