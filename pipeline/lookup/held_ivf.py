@@ -26,7 +26,7 @@ few uses, whose rows lie far from every list's centre and so in lists nobody wou
 with the sketches).
 
 How many lists a query probes is measured at build time, not assumed, because it depends on
-the data: the rule below chose 12 of 1,000 lists for one synthetic set, 128 of 316 for
+the data: the rule below chose 12 of 1,000 lists for one synthetic set, 192 of 316 for
 another and 3 of 319 for the `make run` index. ``CALIBRATION_QUERIES`` stored rows are
 searched, each with itself left out, against their exact 10 nearest among all rows; the
 index keeps the fewest probes in ``PROBE_STEPS`` whose mean recall@10 reaches
