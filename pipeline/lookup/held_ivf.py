@@ -318,14 +318,14 @@ def build_held(table: Any, fs: Any, root: str, show_progress: bool = False
                                         replace=False))
             index.cp.min_points_per_centroid = 1  # small tables: no warning on stderr
             index.train(unit_rows(vectors[sample]))
+            mean = np.zeros(dim, np.float32)  # of the unit rows: the sketches' centre
             for start in range(0, rows, READ_BATCH_ROWS):
-                index.add(unit_rows(vectors[start:start + READ_BATCH_ROWS]))
+                unit = unit_rows(vectors[start:start + READ_BATCH_ROWS])
+                index.add(unit)
+                mean += unit.sum(axis=0)
+            mean /= max(1, rows)
         with phase(f"index: in-memory IVF: {SKETCH_BITS}-bit sketches", show_progress):
             planes = Sketch.planes_for(dim)
-            mean = np.zeros(dim, np.float32)
-            for start in range(0, rows, READ_BATCH_ROWS):
-                mean += unit_rows(vectors[start:start + READ_BATCH_ROWS]).sum(axis=0)
-            mean /= max(1, rows)
             codes = np.concatenate([
                 Sketch.encode(unit_rows(vectors[start:start + READ_BATCH_ROWS]), planes, mean)
                 for start in range(0, rows, READ_BATCH_ROWS)])
