@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.lookup.held_ivf import unit_rows
 from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex
 from pipeline.lookup.senses import Hit
 from pipeline.lookup.serve.limits import EXACT_CACHE_VALUES, EXACT_CANDIDATE_VALUES
@@ -64,8 +65,7 @@ class ExactSearch:
         column = "token_stem" if forms else "token_lower"
         table = index.occurrences(words, columns=HIT_COLUMNS, limit=max(1, index.meta.rows),
                                   column=column)
-        vectors = matrix(table.column("vector")).astype(np.float32)
-        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        vectors = unit_rows(matrix(table.column("vector")))
         rows = table.drop_columns(["vector"]).to_pylist()
         contexts = [Hit(rank=0, similarity=0.0, **row).context for row in rows]
         found = Candidates(rows, vectors, contexts)
