@@ -200,6 +200,8 @@ class FusedStep:
 
     def recurrence_graphs(self, device: torch.device) -> RecurrenceGraphs:
         """This step's graphs and padded buffers on ``device``, shared by all layers."""
+        if device.type == "cuda" and device.index is None:  # "cuda" is "cuda:0" (current)
+            device = torch.device("cuda", torch.cuda.current_device())
         if device not in self._recurrence_graphs:
             self._recurrence_graphs[device] = RecurrenceGraphs(device)
         return self._recurrence_graphs[device]

@@ -7,6 +7,10 @@ child Python started with that variable, which reports each one's outcome; this 
 process never imports triton. The child runs the same kernels, launches and time loops
 (packed, and padded as captured in CUDA graphs) that the model runs on a GPU; only the
 capture itself needs CUDA. Shapes are small: the interpreter is slow.
+
+On a GPU machine the same checks run on CUDA with the compiled kernels and real graph
+capture: ``python tests/model/test_fused_lstm.py tests/fixtures/elmo cuda`` (what
+``bench/gpu_checks.sh`` runs; CI has no GPU).
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ from elmo_model.model import BiLM, BiLMConfig, BiLstmLayer, LstmStep, PackPlan, 
 CONFIG = BiLMConfig(n_layers=2, lstm_dim=40, projection_dim=12, cell_clip=0.5, proj_clip=0.3,
                     char_embedding_dim=4, filters=((1, 4), (2, 8)), n_highway=1)
 LENGTHS = np.array([5, 2, 7, 1, 4, 7])
+DEVICE = torch.device("cpu")  # the child's second argument: cuda runs the checks there
 
 
 def _random_state(batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     p, d = CONFIG.projection_dim, CONFIG.lstm_dim
-    return (torch.randn(2, batch, p, generator=generator) * 0.2,
-            torch.randn(2, batch, d, generator=generator) * 0.4)
+    return ((torch.randn(2, batch, p, generator=generator) * 0.2).to(DEVICE),
+            (torch.randn(2, batch, d, generator=generator) * 0.4).to(DEVICE))
 
 
 def _layer_and_input(lengths: np.ndarray, seed: int = 0) -> tuple[BiLstmLayer, PackPlan,
@@ -46,9 +51,9 @@ def _layer_and_input(lengths: np.ndarray, seed: int = 0) -> tuple[BiLstmLayer, P
     with torch.no_grad():
         layer.bias.normal_(0.0, 0.5)
         layer.projection.mul_(8)  # large enough that the projection clip bites
-    plan = PackPlan.build(lengths)
+    plan = PackPlan.build(lengths, DEVICE)
     x = torch.randn(2, plan.n_tokens, CONFIG.projection_dim)
-    return layer, plan, x
+    return layer.to(DEVICE), plan, x.to(DEVICE)
 
 
 def _cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -64,8 +69,12 @@ def check_interpreter_is_on(fixture_dir: Path) -> None:
 
     from elmo_model import fused_lstm
 
+    interpreted = isinstance(fused_lstm._gates_cell_kernel, InterpretedFunction)
+    if DEVICE.type == "cuda":  # compiled kernels, not the interpreter
+        assert os.environ.get("TRITON_INTERPRET") != "1" and not interpreted
+        return
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    assert isinstance(fused_lstm._gates_cell_kernel, InterpretedFunction)
+    assert interpreted
 
 
 def check_one_step_matches_the_reference_math(fixture_dir: Path) -> None:
@@ -74,17 +83,17 @@ def check_one_step_matches_the_reference_math(fixture_dir: Path) -> None:
 
     generator = torch.Generator().manual_seed(1)
     batch, n, p, d = 6, 5, CONFIG.projection_dim, CONFIG.lstm_dim
-    rand = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    rand = lambda *shape: torch.randn(*shape, generator=generator).to(DEVICE)  # noqa: E731
     weights = StepWeights(rand(2, p, 4 * d) * 0.3, rand(2, d, p) * 0.3, rand(2, 4 * d) * 0.5,
                           cell_clip=0.5, proj_clip=0.3)
     pre_all = rand(2, 9, 4 * d)
     pre = pre_all[:, 3 : 3 + n]  # a strided slice, as in the packed loop
     h0, c0 = rand(2, batch, p) * 0.2, rand(2, batch, d) * 0.4
-    lengths = torch.tensor([4, 1, 2, 3, 0], dtype=torch.int32)
+    lengths = torch.tensor([4, 1, 2, 3, 0], dtype=torch.int32, device=DEVICE)
     for masked in (False, True):
         h, c = h0.clone(), c0.clone()
-        out = torch.full((2, n, p), float("nan"))
-        work = [torch.empty(2, n, w) for w in (4 * d, d, p)]
+        out = torch.full((2, n, p), float("nan"), device=DEVICE)
+        work = [torch.empty(2, n, w, device=DEVICE) for w in (4 * d, d, p)]
         step = 2
         fused_step(weights, pre, h, h, c, out, *work, lengths=lengths if masked else None,
                    step=step)
@@ -93,7 +102,7 @@ def check_one_step_matches_the_reference_math(fixture_dir: Path) -> None:
         want_c = (f * c0[:, :n] + i * torch.tanh(gates[..., 3 * d :])).clamp(-0.5, 0.5)
         want_out = torch.bmm(o * torch.tanh(want_c), weights.w_proj).clamp(-0.3, 0.3)
         want_h = want_out
-        active = torch.ones(n, dtype=torch.bool)
+        active = torch.ones(n, dtype=torch.bool, device=DEVICE)
         if masked:  # ended rows keep h and c; their output is padding, never read
             active = lengths > step
             want_c = torch.where(active[None, :, None], want_c, c0[:, :n])
@@ -118,7 +127,7 @@ def _fused_steps() -> dict[str, LstmStep]:
     from elmo_model.fused_graphs import FusedStep
 
     graphs = FusedStep()
-    graphs.recurrence_graphs(torch.device("cpu")).max_padding = float("inf")
+    graphs.recurrence_graphs(DEVICE).max_padding = float("inf")
     return {"packed": FusedStep(graphs=False), "graphs": graphs}
 
 
@@ -135,33 +144,36 @@ def check_fp32_loops_match_the_reference_step(fixture_dir: Path) -> None:
             got = _run_layer(layer, plan, x, step)
             for name, a, b in zip(("out", "h", "c"), got, want, strict=True):
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"{loop} {name}")
+    padded = steps["graphs"].recurrence_graphs(DEVICE)
+    assert padded.buffers._flat  # the padded loop ran, not a fallback to the packed one
+    assert bool(padded.graphs) == (DEVICE.type == "cuda")  # captured on a GPU only
 
 
 def check_low_precision_stays_close_to_fp32(fixture_dir: Path) -> None:
     """bf16 and fp16 matmuls (fp32 state and gate math): cosine >= 0.9999 per token."""
     torch.manual_seed(0)
-    model = BiLM(CONFIG).eval()
-    plan = PackPlan.build(LENGTHS)
-    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
+    model = BiLM(CONFIG).eval().to(DEVICE)
+    plan = PackPlan.build(LENGTHS, DEVICE)
+    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim).to(DEVICE)
     steps = _fused_steps()
     with torch.inference_mode():
         fp32, _ = model.contextualize(tokens, plan)
         for dtype in (torch.bfloat16, torch.float16):
             for loop, step in steps.items():
-                with torch.autocast("cpu", dtype=dtype):
+                with torch.autocast(DEVICE.type, dtype=dtype):
                     low, state = model.contextualize(tokens, plan, step=step)
                 assert low.dtype == torch.float32 and state[0][1].dtype == torch.float32
                 cosine = _cosines(low, fp32)
                 assert cosine.min() >= 0.9999, (dtype, loop, cosine.min())
-    assert steps["graphs"].recurrence_graphs(torch.device("cpu")).buffers._flat  # padded ran
+    assert steps["graphs"].recurrence_graphs(DEVICE).buffers._flat  # padded ran
 
 
 def check_model_paths_agree_with_initial_state(fixture_dir: Path) -> None:
     """Whole ``contextualize`` (2 layers, skip connection, carried state) per impl."""
     torch.manual_seed(0)
-    model = BiLM(CONFIG).eval()
-    plan = PackPlan.build(LENGTHS)
-    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
+    model = BiLM(CONFIG).eval().to(DEVICE)
+    plan = PackPlan.build(LENGTHS, DEVICE)
+    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim).to(DEVICE)
     state = [_random_state(len(LENGTHS), seed) for seed in range(CONFIG.n_layers)]
     with torch.inference_mode():
         want_layers, want_state = model.contextualize(tokens, plan, state)
@@ -184,10 +196,10 @@ def check_bilm_tf_conformance_on_the_fused_paths(fixture_dir: Path) -> None:
     expected = [h5py.File(fixture_dir / f"lm_embeddings_{k}.hdf5", "r") for k in range(3)]
     for loop in ("packed", "graphs"):
         embedder = elmo_model.load(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5",
-                                   mode="stateful", device="cpu", lstm_impl="fused")
+                                   mode="stateful", device=str(DEVICE), lstm_impl="fused")
         assert embedder.lstm_step == ("fused", "set explicitly")
         embedder.step.graphs = loop == "graphs"  # type: ignore[attr-defined]
-        embedder.step.recurrence_graphs(torch.device("cpu")).max_padding = float("inf")
+        embedder.step.recurrence_graphs(DEVICE).max_padding = float("inf")
         for i in range(2):
             batch = [sentences[k][i].split() for k in range(3)]
             for k, layers in enumerate(embedder.embed(batch)):
@@ -195,6 +207,21 @@ def check_bilm_tf_conformance_on_the_fused_paths(fixture_dir: Path) -> None:
                 got = np.stack([top[:, :16], top[:, 16:]])
                 want = expected[k][str(i)][...]
                 assert np.allclose(got, want, atol=1e-6, rtol=1e-5), (loop, i, k)
+
+
+def check_same_vectors_alone_and_in_a_batch(fixture_dir: Path) -> None:
+    """Stateless embedding through the fused step (graphs where the batch pads well): a
+    sentence's vectors do not depend on the batch it came in."""
+    import elmo_model
+
+    sentences = [s.split() for s in json.loads((fixture_dir / "sentences.json").read_text())[0]]
+    embedder = elmo_model.load(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5",
+                               device=str(DEVICE), lstm_impl="fused")
+    together = embedder.embed(sentences)
+    for sentence, batched in zip(sentences, together, strict=True):
+        alone = embedder.embed([sentence])[0]
+        assert np.allclose(alone, batched, atol=1e-6, rtol=1e-5), \
+            float(np.abs(alone - batched).max())
 
 
 def check_auto_picks_the_fused_step_on_cuda(fixture_dir: Path) -> None:
@@ -224,7 +251,7 @@ def check_buckets(fixture_dir: Path) -> None:
 def check_graphs_only_for_batches_that_pad_well(fixture_dir: Path) -> None:
     from elmo_model.fused_graphs import RecurrenceGraphs
 
-    graphs = RecurrenceGraphs(torch.device("cpu"))
+    graphs = RecurrenceGraphs(DEVICE)
     similar = PackPlan.build(np.full(30, 18) + np.arange(30) % 3)  # 18-20 tokens: 32 x 20
     assert graphs.fits(similar.batch_sizes)
     ragged = PackPlan.build(np.array([40] + [5] * 31))  # 32 x 40 grid for 195 tokens
@@ -275,5 +302,12 @@ def test_char_cnn_takes_larger_chunks_on_a_gpu() -> None:
     assert char_cnn.chunk_size(torch.device("cuda")) == 4096
 
 
-if __name__ == "__main__":  # the interpreter child: python tests/model/test_fused_lstm.py FIXTURE
-    print(json.dumps(_run_checks(Path(sys.argv[1]))))
+if __name__ == "__main__":  # the child: python tests/model/test_fused_lstm.py FIXTURE [DEVICE]
+    if len(sys.argv) > 2:
+        DEVICE = torch.device(sys.argv[2])
+    outcomes = _run_checks(Path(sys.argv[1]))
+    if DEVICE.type == "cuda":  # by hand on a GPU machine: say what failed, and how
+        for name, outcome in outcomes.items():
+            print(f"{name}: {outcome}", file=sys.stderr)
+    print(json.dumps(outcomes))
+    sys.exit(0 if DEVICE.type == "cpu" or set(outcomes.values()) == {"ok"} else 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import shutil
@@ -512,6 +513,41 @@ def test_checkpoints_report_held_out_perplexity_per_file(tmp_path: Path) -> None
     history = json.loads((tmp_path / "run" / "training_state.json").read_text())["history"]
     assert all(sorted(h["heldout_perplexity"]["by_file"]) == ["more.txt", "toy.txt"]
                for h in history)
+
+
+def test_cutting_in_parallel_gives_the_same_corpus(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Texts cut by several processes (chunks of about 2 kB here) give the corpus one
+    process gives: the same sentences, type ids, held-out split and vocabulary."""
+    from elmo_model.training import data
+
+    records = [{"text": f"Doc {i} says hello. It has {i % 7} cats! Does it? Yes."}
+               for i in range(400)]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_toy_corpus(tmp_path / "b", n_lines=200)
+    pattern = str(tmp_path / "*" / "*.*")
+    params = TrainParams(heldout_percent=10.0, n_tokens_vocab=40)
+    tokenizer = get_tokenizer("elmo-store-sentences")
+    monkeypatch.setattr(data, "CUT_CHUNK_CHARS", 2000)
+    submitted: list[int] = []
+
+    class CountingPool(concurrent.futures.ProcessPoolExecutor):
+        def submit(self, *args: object, **kwargs: object) -> concurrent.futures.Future:
+            submitted.append(1)
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", CountingPool)
+    one, vocab_one = load_corpus(pattern, params, tokenizer=tokenizer, workers=1)
+    assert not submitted
+    several, vocab_several = load_corpus(pattern, params, tokenizer=tokenizer, workers=2)
+    assert len(submitted) > 5  # cut in chunks by the pool
+    assert one.types == several.types and vocab_one.words == vocab_several.words
+    assert len(one.train) == len(several.train) > 400 and one.heldout
+    for mine, theirs in ((one.train, several.train), (one.heldout, several.heldout)):
+        assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True))
+    assert one.heldout_files == several.heldout_files
+    assert np.array_equal(one.softmax_ids, several.softmax_ids)
 
 
 def test_jsonl_records_without_text_are_one_line_errors(tmp_path: Path) -> None:
