@@ -13,7 +13,8 @@ way), but private, so ``onednn_unavailable`` tries them once before a step is ch
 where they are missing (a torch built without oneDNN) ``auto`` picks the torch step.
 
 ``OnednnStep`` is the CPU's default ``LstmStep``: the torch step's in-place recurrence
-with these matmuls, and the char CNN's highway and projection through them too. Its
+with these matmuls (in float32, small recurrent weights through torch's matmul in place:
+``IN_PLACE_MAX_WEIGHT_BYTES``), and the char CNN's highway and projection through them too. Its
 packings are kept per model and dtype (``weight_versions.DerivedWeights``) until the
 weights change.
 """
@@ -21,6 +22,7 @@ weights change.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 
 import torch
@@ -84,18 +86,83 @@ def _require(dtype: torch.dtype) -> None:
 # highways' and projection's. Shared by every step object, so embedders on one model
 # share them.
 _LAYER_PACKINGS = DerivedWeights()
+_PROJECTION_PACKINGS = DerivedWeights()  # the in-place float32 path's: projections only
 _CHAR_CNN_PACKINGS = DerivedWeights()
+
+
+# In float32, a recurrent weight up to this size is multiplied by torch's own matmul
+# (MKL) straight into the input projection's rows, in a buffer the step keeps: no new
+# tensor per time step. oneDNN's products have no output argument, and with the pipeline's
+# fixed mmap threshold (pipeline/executors.py) each new multi-MB gate tensor is freshly
+# zeroed pages. Measured 2026-11-26 (one thread, 128 KiB threshold, BENCHMARKS.md): the
+# default model (2 MB weight) 1.32x, the medium preset (8 MB) 1.05x, the standard (32 MB)
+# 0.86x, where MKL's per-call copy of the weight costs more than the pages did.
+IN_PLACE_MAX_WEIGHT_BYTES = 8 << 20
 
 
 class OnednnStep:
     """``LstmStep``: the in-place recurrence with oneDNN matmuls on weights reordered once,
     one direction after the other: the matmuls are per direction anyway, and only one
-    direction's input projections are held at a time."""
+    direction's input projections are held at a time.
+
+    In float32 with a recurrent weight of at most ``IN_PLACE_MAX_WEIGHT_BYTES``, the input
+    projection goes into a buffer this step keeps between calls and each time step's gates
+    are computed in place in its rows, so a call allocates no large tensor; one call at a
+    time uses the buffer (a lock), as the pipeline's model lock already ensures.
+    """
+
+    def __init__(self, in_place_max_bytes: int = IN_PLACE_MAX_WEIGHT_BYTES) -> None:
+        self.in_place_max_bytes = in_place_max_bytes
+        self._buffer = torch.empty(0)
+        self._lock = threading.Lock()
 
     def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
                  c: torch.Tensor, dtype: torch.dtype
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         _require(dtype)
+        weight = layer.recurrent_weight
+        if dtype == torch.float32 and weight[0].numel() * 4 <= self.in_place_max_bytes:
+            with self._lock:
+                return self._in_place(layer, x, plan, h, c)
+        return self._packed(layer, x, plan, h, c, dtype)
+
+    def _in_place(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
+                  c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """float32, the recurrent matmuls in place (see ``IN_PLACE_MAX_WEIGHT_BYTES``)."""
+        batch, d, p = c.shape[1], c.shape[-1], layer.projection.shape[-1]
+        n_tokens = x.shape[1]
+        projections = _PROJECTION_PACKINGS.get(layer, torch.float32, lambda: [
+            PackedLinear(layer.projection[k], None, torch.float32) for k in range(2)])
+        if self._buffer.numel() < n_tokens * 4 * d:
+            self._buffer = torch.empty(n_tokens * 4 * d)
+        pre = self._buffer[: n_tokens * 4 * d].view(n_tokens, 4 * d)
+        out = x.new_empty(2, n_tokens, p, dtype=torch.float32)
+        c = c.clone()  # updated in place; rows that end keep their final value
+        final_h = h.clone()
+        flat_cell = x.new_empty(batch * d, dtype=torch.float32)
+        for k, w_proj in enumerate(projections):
+            w_rec = layer.recurrent_weight[k].detach()
+            torch.addmm(layer.bias[k].detach(), x[k], layer.input_weight[k].detach(), out=pre)
+            h_k = h[k]
+            for t, n in enumerate(plan.batch_sizes):
+                if n < h_k.shape[0]:  # sentences of rank >= n just ended: keep their state
+                    final_h[k, n : h_k.shape[0]] = h_k[n:]
+                    h_k = h_k[:n]
+                start = plan.offsets[t]
+                gates = pre[start : start + n].addmm_(h_k, w_rec)  # [n, 4D], in place
+                cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d),
+                                    layer.cell_clip)
+                h_k = w_proj(cell)  # [n, P]
+                if layer.proj_clip:
+                    h_k.clamp_(-layer.proj_clip, layer.proj_clip)
+                out[k, start : start + n] = h_k
+            final_h[k, : h_k.shape[0]] = h_k
+        return out, final_h, c
+
+    def _packed(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
+                c: torch.Tensor, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every matmul through oneDNN (low precision, or a large recurrent weight)."""
         low = dtype != torch.float32
         batch, d, p = c.shape[1], c.shape[-1], layer.projection.shape[-1]
         directions = _LAYER_PACKINGS.get(layer, dtype, lambda: [

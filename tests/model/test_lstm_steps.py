@@ -17,7 +17,10 @@ from elmo_model.model import BiLM, LstmStep, PackPlan, reference_step
 from elmo_model.onednn import OnednnStep
 from elmo_model.torch_step import TorchStep
 
-FAST_CPU_STEPS = {"torch": TorchStep, "onednn": OnednnStep}
+# "onednn" runs its float32 in-place path on these small weights; "onednn-packed" is the
+# path it takes for large recurrent weights (every matmul through oneDNN).
+FAST_CPU_STEPS = {"torch": TorchStep, "onednn": OnednnStep,
+                  "onednn-packed": lambda: OnednnStep(in_place_max_bytes=0)}
 
 
 @pytest.mark.parametrize("name", sorted(FAST_CPU_STEPS))
@@ -31,6 +34,23 @@ def test_fp32_step_matches_the_reference_step(name: str) -> None:
     out, _, c = want
     assert (out.abs() == CONFIG.proj_clip).float().mean() > 0.05  # the clips were exercised
     assert (c.abs() == CONFIG.cell_clip).float().mean() > 0.05
+
+
+def test_the_in_place_buffer_serves_batches_of_any_size() -> None:
+    """One step object, its kept buffer grown by a large batch and reused by a smaller one
+    and a larger one again: each call equals the reference."""
+    layer, _, _, _ = layer_plan_input()
+    p, d = CONFIG.projection_dim, CONFIG.lstm_dim
+    step = OnednnStep()
+    for lengths in (LENGTHS, np.array([2, 1]), np.concatenate([LENGTHS, LENGTHS + 3])):
+        plan = PackPlan.build(lengths)
+        x = torch.randn(2, plan.n_tokens, p)
+        state = (torch.randn(2, len(lengths), p) * 0.2, torch.randn(2, len(lengths), d) * 0.4)
+        want = run_layer(layer, plan, x, state, reference_step)
+        got = run_layer(layer, plan, x, state, step)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
+    assert step._buffer.numel() == plan.n_tokens * 4 * d  # grown to the largest, kept
 
 
 @pytest.mark.parametrize("name", sorted(FAST_CPU_STEPS))
