@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -123,82 +124,22 @@ class OnednnStep:
         weight = layer.recurrent_weight
         if dtype == torch.float32 and weight[0].numel() * 4 <= self.in_place_max_bytes:
             with self._lock:
-                return self._in_place(layer, x, plan, h, c)
-        return self._packed(layer, x, plan, h, c, dtype)
+                return _recurrence(layer, x, plan, h, c, self._in_place(layer, x.shape[1]))
+        return _recurrence(layer, x, plan, h, c, _packed(layer, dtype, c.shape[1]))
 
-    def _in_place(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
-                  c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _in_place(self, layer: BiLstmLayer, n_tokens: int) -> list[_Direction]:
         """float32, the recurrent matmuls in place (see ``IN_PLACE_MAX_WEIGHT_BYTES``)."""
-        batch, d, p = c.shape[1], c.shape[-1], layer.projection.shape[-1]
-        n_tokens = x.shape[1]
-        projections = _PROJECTION_PACKINGS.get(layer, torch.float32, lambda: [
-            PackedLinear(layer.projection[k], None, torch.float32) for k in range(2)])
+        d = layer.recurrent_weight.shape[-1] // 4
         if self._buffer.numel() < n_tokens * 4 * d:
             self._buffer = torch.empty(n_tokens * 4 * d)
         pre = self._buffer[: n_tokens * 4 * d].view(n_tokens, 4 * d)
-        out = x.new_empty(2, n_tokens, p, dtype=torch.float32)
-        c = c.clone()  # updated in place; rows that end keep their final value
-        final_h = h.clone()
-        flat_cell = x.new_empty(batch * d, dtype=torch.float32)
-        for k, w_proj in enumerate(projections):
-            w_rec = layer.recurrent_weight[k].detach()
-            torch.addmm(layer.bias[k].detach(), x[k], layer.input_weight[k].detach(), out=pre)
-            h_k = h[k]
-            for t, n in enumerate(plan.batch_sizes):
-                if n < h_k.shape[0]:  # sentences of rank >= n just ended: keep their state
-                    final_h[k, n : h_k.shape[0]] = h_k[n:]
-                    h_k = h_k[:n]
-                start = plan.offsets[t]
-                gates = pre[start : start + n].addmm_(h_k, w_rec)  # [n, 4D], in place
-                cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d),
-                                    layer.cell_clip)
-                h_k = w_proj(cell)  # [n, P]
-                if layer.proj_clip:
-                    h_k.clamp_(-layer.proj_clip, layer.proj_clip)
-                out[k, start : start + n] = h_k
-            final_h[k, : h_k.shape[0]] = h_k
-        return out, final_h, c
-
-    def _packed(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
-                c: torch.Tensor, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Every matmul through oneDNN (low precision, or a large recurrent weight)."""
-        low = dtype != torch.float32
-        batch, d, p = c.shape[1], c.shape[-1], layer.projection.shape[-1]
-        directions = _LAYER_PACKINGS.get(layer, dtype, lambda: [
-            (PackedLinear(layer.input_weight[k], None if low else layer.bias[k], dtype, 1024),
-             PackedLinear(layer.recurrent_weight[k], None, dtype),
-             PackedLinear(layer.projection[k], None, dtype))
-            for k in range(2)])
-        out = x.new_empty(2, x.shape[1], p, dtype=torch.float32)
-        c = c.clone()  # updated in place; rows that end keep their final value
-        final_h = h.clone()
-        flat_cell = x.new_empty(batch * d, dtype=torch.float32)
-        flat_gates = x.new_empty(batch * 4 * d, dtype=torch.float32) if low else None
-        for k, (w_in, w_rec, w_proj) in enumerate(directions):
-            # In low precision without the bias, as ``BiLstmLayer.input_projection`` does
-            # (rounding x W alone is more accurate); the bias is added in float32 per step.
-            pre = w_in(x[k].to(dtype))  # [N, 4D]
-            h_k = h[k]
-            for t, n in enumerate(plan.batch_sizes):
-                if n < h_k.shape[0]:  # sentences of rank >= n just ended: keep their state
-                    final_h[k, n : h_k.shape[0]] = h_k[n:]
-                    h_k = h_k[:n]
-                start = plan.offsets[t]
-                if flat_gates is None:
-                    gates = w_rec(h_k, add=pre[start : start + n])  # [n, 4D]
-                else:
-                    gates = flat_gates[: n * 4 * d].view(n, 4 * d)
-                    gates.copy_(w_rec(h_k.to(dtype))).add_(pre[start : start + n])
-                    gates.add_(layer.bias[k])
-                cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d),
-                                    layer.cell_clip)
-                h_k = w_proj(cell.to(dtype)).float()  # [n, P]
-                if layer.proj_clip:
-                    h_k.clamp_(-layer.proj_clip, layer.proj_clip)
-                out[k, start : start + n] = h_k
-            final_h[k, : h_k.shape[0]] = h_k
-        return out, final_h, c
+        projections = _PROJECTION_PACKINGS.get(layer, torch.float32, lambda: [
+            PackedLinear(layer.projection[k], None, torch.float32) for k in range(2)])
+        return [_Direction(
+            lambda x_k, k=k: torch.addmm(layer.bias[k].detach(), x_k.float(),
+                                         layer.input_weight[k].detach(), out=pre),
+            lambda h_k, rows, k=k: rows.addmm_(h_k, layer.recurrent_weight[k].detach()),
+            projections[k]) for k in range(2)]
 
     def char_cnn_linears(self, char_cnn: CharCNN, dtype: torch.dtype
                          ) -> list[Callable[[torch.Tensor], torch.Tensor]]:
@@ -210,3 +151,69 @@ class OnednnStep:
         packed = _CHAR_CNN_PACKINGS.get(char_cnn, dtype, lambda: [
             PackedLinear(linear.weight.t(), linear.bias, dtype, rows) for linear in linears])
         return [lambda x, f=f: f(x.to(f.dtype)) for f in packed]
+
+
+@dataclass
+class _Direction:
+    """One direction's three maps for ``_recurrence``: input projection ``[N, P] -> [N,
+    4D]`` (bias included), gates ``(h [n, P], its rows of the projection [n, 4D]) -> [n,
+    4D]`` (may write into those rows) and output projection ``cell [n, D] -> [n, P]``."""
+
+    project_input: Callable[[torch.Tensor], torch.Tensor]
+    gates: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    project_output: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _packed(layer: BiLstmLayer, dtype: torch.dtype, batch: int) -> list[_Direction]:
+    """Every matmul through oneDNN (low precision, or a large recurrent weight)."""
+    d = layer.recurrent_weight.shape[-1] // 4
+    low = dtype != torch.float32
+    packings = _LAYER_PACKINGS.get(layer, dtype, lambda: [
+        (PackedLinear(layer.input_weight[k], None if low else layer.bias[k], dtype, 1024),
+         PackedLinear(layer.recurrent_weight[k], None, dtype),
+         PackedLinear(layer.projection[k], None, dtype))
+        for k in range(2)])
+    if not low:
+        return [_Direction(lambda x_k, w_in=w_in: w_in(x_k.to(dtype)),
+                           lambda h_k, rows, w_rec=w_rec: w_rec(h_k, add=rows), w_proj)
+                for w_in, w_rec, w_proj in packings]
+    # In low precision the input projection has no bias, as ``BiLstmLayer.input_projection``
+    # does (rounding x W alone is more accurate); the bias is added in float32 per step.
+    flat_gates = torch.empty(batch * 4 * d)
+
+    def gates(h_k: torch.Tensor, rows: torch.Tensor, w_rec: PackedLinear, k: int
+              ) -> torch.Tensor:
+        out = flat_gates[: rows.shape[0] * 4 * d].view(-1, 4 * d)
+        return out.copy_(w_rec(h_k.to(dtype))).add_(rows).add_(layer.bias[k])
+
+    return [_Direction(lambda x_k, w_in=w_in: w_in(x_k.to(dtype)),
+                       lambda h_k, rows, w_rec=w_rec, k=k: gates(h_k, rows, w_rec, k),
+                       lambda cell, w_proj=w_proj: w_proj(cell.to(dtype)).float())
+            for k, (w_in, w_rec, w_proj) in enumerate(packings)]
+
+
+def _recurrence(layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
+                c: torch.Tensor, directions: list[_Direction]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed time loop, one direction after the other, with ``directions``' maps."""
+    batch, d, p = c.shape[1], c.shape[-1], layer.projection.shape[-1]
+    out = x.new_empty(2, x.shape[1], p, dtype=torch.float32)
+    c = c.clone()  # updated in place; rows that end keep their final value
+    final_h = h.clone()
+    flat_cell = x.new_empty(batch * d, dtype=torch.float32)
+    for k, direction in enumerate(directions):
+        pre = direction.project_input(x[k])  # [N, 4D]
+        h_k = h[k]
+        for t, n in enumerate(plan.batch_sizes):
+            if n < h_k.shape[0]:  # sentences of rank >= n just ended: keep their state
+                final_h[k, n : h_k.shape[0]] = h_k[n:]
+                h_k = h_k[:n]
+            start = plan.offsets[t]
+            gates = direction.gates(h_k, pre[start : start + n])  # [n, 4D]
+            cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d), layer.cell_clip)
+            h_k = direction.project_output(cell)  # [n, P]
+            if layer.proj_clip:
+                h_k.clamp_(-layer.proj_clip, layer.proj_clip)
+            out[k, start : start + n] = h_k
+        final_h[k, : h_k.shape[0]] = h_k
+    return out, final_h, c
