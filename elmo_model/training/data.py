@@ -21,6 +21,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -102,7 +103,8 @@ def _record_text(line: str, path: str, number: int) -> str:
 
 def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
                 vocab: Vocabulary | None = None, tokenizer: Tokenizer | None = None,
-                workers: int | None = None) -> tuple[Corpus, Vocabulary]:
+                workers: int | None = None, progress: bool = False
+                ) -> tuple[Corpus, Vocabulary]:
     """Cut the texts into sentences of words (``tokenizer``, default
     :data:`~elmo_model.tokenizers.TRAIN_DEFAULT`), split off the held-out texts, and build
     (or reuse) the vocabulary.
@@ -110,12 +112,16 @@ def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
     Cutting is nine tenths of the loading time (137 s for the default model's 16.7M
     tokens on one core), so ``workers`` processes cut chunks of texts in parallel
     (default: one per CPU, at most 16; 1 cuts here). The chunks come back in order and
-    ids are numbered here, so the corpus is the same for any number of workers."""
+    ids are numbered here, so the corpus is the same for any number of workers. With
+    ``progress``, a bar on stderr follows the text cut (in bytes of the files)."""
     tokenizer = tokenizer or get_tokenizer(TRAIN_DEFAULT)
     type_ids = new_type_ids()
     train_tokens: list[list[str]] = []
     train, heldout, heldout_files = [], [], []
+    bar = _CutProgress(pattern) if progress else None
     for path, text, sentence_words in _cut_texts(pattern, tokenizer, workers):
+        if bar is not None:
+            bar.update(len(text))
         held = is_heldout(text, params.heldout_percent)
         for tokens in sentence_words:
             if not tokens:
@@ -127,6 +133,8 @@ def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
             else:
                 train.append(ids)
                 train_tokens.append(tokens)
+    if bar is not None:
+        bar.close()
     if not train:
         raise ElmoUserError(f"{pattern}: no training text (all texts empty or held out)")
     if vocab is None:
@@ -134,6 +142,25 @@ def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
     corpus = corpus_of(type_ids, train, heldout, vocab, max_chars)
     corpus.heldout_files = heldout_files
     return corpus, vocab
+
+
+class _CutProgress:
+    """A bar over the corpus files' bytes, advanced by each text's length as it is cut
+    (JSON keys and escapes are not counted, so it closes at the total)."""
+
+    def __init__(self, pattern: str) -> None:
+        from tqdm import tqdm
+
+        total = sum(os.path.getsize(path) for path in glob.glob(pattern))
+        self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="cutting the corpus",
+                        mininterval=1.0, dynamic_ncols=True, file=sys.stderr)
+
+    def update(self, n: int) -> None:
+        self.bar.update(min(n, self.bar.total - self.bar.n))
+
+    def close(self) -> None:
+        self.bar.update(self.bar.total - self.bar.n)
+        self.bar.close()
 
 
 CUT_CHUNK_CHARS = 1 << 20  # text per task sent to a cutting process

@@ -321,7 +321,8 @@ def train(
     start = starting_point(out, config_spec, init_from, tokenizer, overrides, log)
     loading = time.perf_counter()
     corpus, vocab = load_corpus(corpus_glob, start.params, start.config.max_chars,
-                                None if start.rebuild_vocab else start.vocab, start.tokenizer)
+                                None if start.rebuild_vocab else start.vocab, start.tokenizer,
+                                progress=progress)
     if start.vocab is not None and vocab is not start.vocab:
         start.init_softmax = carry_rows(start.init_softmax, start.vocab.words, vocab.words,
                                         start.params.seed) if start.init_softmax else {}

@@ -550,6 +550,17 @@ def test_cutting_in_parallel_gives_the_same_corpus(tmp_path: Path,
     assert np.array_equal(one.softmax_ids, several.softmax_ids)
 
 
+def test_cutting_shows_progress_over_the_files_bytes(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    pattern = write_toy_corpus(tmp_path, n_lines=400)
+    quiet, _ = load_corpus(pattern, TrainParams())
+    shown, _ = load_corpus(pattern, TrainParams(), progress=True)
+    kilobytes = f"{(tmp_path / 'toy.txt').stat().st_size / 1000:.1f}k"  # tqdm's unit_scale
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("cutting the corpus: 100%") and f"{kilobytes}/{kilobytes}" in last
+    assert quiet.types == shown.types and len(quiet.train) == len(shown.train)
+
+
 def test_jsonl_records_without_text_are_one_line_errors(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text('{"text": "fine words here ."}\n{"body": "x"}\n')
     with pytest.raises(ElmoUserError, match=r"bad.jsonl:2: the record has no \"text\""):
