@@ -118,7 +118,8 @@ def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
     type_ids = new_type_ids()
     train_tokens: list[list[str]] = []
     train, heldout, heldout_files = [], [], []
-    bar = _CutProgress(pattern) if progress else None
+    # no bar before the error a pattern that matches nothing gets from read_file_texts
+    bar = _CutProgress(pattern) if progress and glob.glob(pattern) else None
     for path, text, sentence_words in _cut_texts(pattern, tokenizer, workers):
         if bar is not None:
             bar.update(len(text))
