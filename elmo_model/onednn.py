@@ -117,6 +117,12 @@ class OnednnStep:
         self._buffer = torch.empty(0)
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, int]:  # a copy (deepcopy, pickle) starts empty
+        return {"in_place_max_bytes": self.in_place_max_bytes}
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__init__(state["in_place_max_bytes"])  # type: ignore[misc]
+
     def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
                  c: torch.Tensor, dtype: torch.dtype
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -88,6 +88,9 @@ def test_model_stays_picklable_and_copyable_after_onednn_runs() -> None:
         assert torch.equal(got, want)
         clone.load_state_dict(model.state_dict())  # the load hook survives the copy
         assert clone.layers[0].weights_version == model.layers[0].weights_version + 1
+    for step_clone in (copy.deepcopy(step), pickle.loads(pickle.dumps(step))):  # its lock
+        with torch.inference_mode():  # and kept buffer are not copied: made anew
+            assert torch.equal(model.contextualize(tokens, plan, step=step_clone)[0], want)
 
 
 def test_onednn_is_refused_off_the_cpu() -> None:
