@@ -85,8 +85,9 @@ load_and_ten = time.perf_counter() - began
 began = time.perf_counter()
 second = train(f"{corpus}/*/*.jsonl", "/tmp/probe", max_steps=60, **common)
 rate = 50 / (second.state.wall_seconds - first.state.wall_seconds)
-print(f"RESULT train probe: {rate:.2f} steps/s at batch {256} x 20 "
-      f"({rate * 256 * 20:,.0f} tokens/s per direction); first call {load_and_ten:.0f} s, "
+step_tokens = second.state.tokens_seen // second.state.step  # batch_size x unroll_steps
+print(f"RESULT train probe: {rate:.2f} steps/s of {step_tokens} tokens "
+      f"({rate * step_tokens:,.0f} tokens/s per direction); first call {load_and_ten:.0f} s, "
       f"resumed call {time.perf_counter() - began:.0f} s; steps {first.state.step} -> "
       f"{second.state.step}; held-out perplexity {second.last_perplexity['mean']:.1f}")
 EOF

@@ -118,8 +118,9 @@ def load_corpus(pattern: str, params: TrainParams, max_chars: int = 50,
     type_ids = new_type_ids()
     train_tokens: list[list[str]] = []
     train, heldout, heldout_files = [], [], []
+    paths = glob.glob(pattern) if progress else []
     # no bar before the error a pattern that matches nothing gets from read_file_texts
-    bar = _CutProgress(pattern) if progress and glob.glob(pattern) else None
+    bar = _CutProgress(paths) if paths else None
     for path, text, sentence_words in _cut_texts(pattern, tokenizer, workers):
         if bar is not None:
             bar.update(len(text))
@@ -149,10 +150,10 @@ class _CutProgress:
     """A bar over the corpus files' bytes, advanced by each text's length as it is cut
     (JSON keys and escapes are not counted, so it closes at the total)."""
 
-    def __init__(self, pattern: str) -> None:
+    def __init__(self, paths: list[str]) -> None:
         from tqdm import tqdm
 
-        total = sum(os.path.getsize(path) for path in glob.glob(pattern))
+        total = sum(os.path.getsize(path) for path in paths)
         self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="cutting the corpus",
                         mininterval=1.0, dynamic_ncols=True, file=sys.stderr)
 
@@ -168,10 +169,14 @@ CUT_CHUNK_CHARS = 1 << 20  # text per task sent to a cutting process
 MAX_CUT_WORKERS = 16
 
 
+def _sentence_words(tokenizer: Tokenizer, text: str) -> list[list[str]]:
+    return [sentence.words for sentence in tokenizer.split_sentences(text)]
+
+
 def _cut_chunk(tokenizer_name: str, texts: list[str]) -> list[list[list[str]]]:
     """In a cutting process: each text's sentences as lists of words."""
     tokenizer = get_tokenizer(tokenizer_name)
-    return [[sentence.words for sentence in tokenizer.split_sentences(text)] for text in texts]
+    return [_sentence_words(tokenizer, text) for text in texts]
 
 
 def _text_chunks(pattern: str) -> Iterator[list[tuple[str, str]]]:
@@ -200,7 +205,7 @@ def _cut_texts(pattern: str, tokenizer: Tokenizer, workers: int | None
     if workers <= 1 or not registered or len(head) < 2:
         for chunk in itertools.chain(head, chunks):
             for path, text in chunk:
-                yield path, text, [s.words for s in tokenizer.split_sentences(text)]
+                yield path, text, _sentence_words(tokenizer, text)
         return
     # fork, not spawn: spawn re-runs the caller's main script in every child, which a
     # script without an `if __name__ == "__main__"` guard does not survive. The children
