@@ -99,7 +99,8 @@ def main() -> None:
         # Warm the caches (index files, sentences table) before timing.
         measure(ix, keys, tokens, unit, picks[:5], args.k)
         result = measure(ix, keys, tokens, unit, picks, args.k)
-        print(f"{name:10s} layout {ix.meta.layout} {ix.meta.vector_dtype:7s} "
+        kind = "compact" if ix.meta.compact else ix.meta.vector_dtype
+        print(f"{name:10s} layout {ix.meta.layout} {kind:7s} "
               f"{size / 1e6:7.1f} MB ({size / data_bytes:.2f}x)  recall@{args.k} "
               f"{result['recall']:.3f}  top-10 p50 {result['top10_p50']:.1f} ms "
               f"p95 {result['top10_p95']:.1f}  sense fetch p50 {result['sense_p50']:.1f} ms "

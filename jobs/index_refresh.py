@@ -88,7 +88,8 @@ def refresh_indexes(spec: JobSpec, fs: Any, root: str, live: set[str]) -> dict[s
         try:
             refresh_index(spec.output, mix=mix, index_uri=spec.index_uri(mix),
                           add_files=add_files, remove_doc_ids=remove_ids,
-                          storage_options=spec.storage_options or None)
+                          storage_options=spec.storage_options or None,
+                          compact=spec.index_compact)
         except Exception as error:  # one mix failing must not hide the others' results
             results[mix] = f"failed: {type(error).__name__}: {error}"[:500]
             continue
@@ -117,14 +118,15 @@ def _named_files(ds: Dataset, live: Sequence[ShardFile], names: Sequence[str]
 
 def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence[str] = (),
                   remove_doc_ids: Sequence[str] = (), storage_options: dict | None = None,
-                  ) -> BuildSummary:
+                  compact: bool | None = None) -> BuildSummary:
     """Apply a delta to the sense index at ``index_uri``: delete the rows of
     ``remove_doc_ids``, add the rows of the token files ``add_files`` (live files of the
     dataset, as paths or URIs) and nothing else, then update the indexes and metadata.
 
     An index that does not exist yet, was built without word stems or document fields
-    or in an older layout, or holds another mix goes to ``build_index`` (which builds it
-    in full, or says to rebuild). The index keeps the words it was created with."""
+    or in an older layout, or holds another mix or is not of the kind ``compact`` asks
+    (True, False; None: either) goes to ``build_index`` (which builds it in full, or says
+    to rebuild). The index keeps the words it was created with."""
     os.environ.setdefault("LANCEDB_LOG", "error")  # as build_index: no k-means warnings
     import lancedb
 
@@ -134,8 +136,10 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
     db = lancedb.connect(index_uri, storage_options=lance_options(storage_options))
     if (meta is None or meta.stemmer != STEMMER or meta.doc_fields is None
             or meta.layout < LAYOUT or not meta.the_mix().same_vectors(the_mix)
+            or (compact is not None and meta.compact != compact)
             or TABLE not in db.list_tables().tables):
-        return build_index(dataset, mix, index_uri, storage_options=storage_options)
+        return build_index(dataset, mix, index_uri, storage_options=storage_options,
+                           compact=compact)
     live = ds.shard_files("tokens")
     adding = _named_files(ds, live, add_files)
     tables = IndexTables(db)

@@ -53,6 +53,7 @@ class JobSpec:
     delete_missing: bool = False
     mixes: tuple[str, ...] = ()
     index_out: str | None = None
+    index_compact: bool = False  # new indexes keep no vectors (`elmo index build --compact`)
     hash_max_bytes: int = 64 << 20  # content-hash files up to this size ("when cheap")
     runtime_env: dict[str, Any] = field(default_factory=dict)  # for `elmo jobs submit`
 
@@ -181,7 +182,7 @@ def _close_match(key: str, known: tuple[str, ...]) -> str | None:
 
 
 _JOB_KEYS = ("name", "source", "output", "model", "options", "weights", "schedule", "timezone",
-             "delete_missing", "mixes", "index_out", "hash_max_bytes")
+             "delete_missing", "mixes", "index_out", "index_compact", "hash_max_bytes")
 _JOB_RAY_KEYS = ("runtime_env",)
 
 
@@ -318,6 +319,7 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
     delete_missing = c.boolean(data, "delete_missing", False)
     mixes = _take_mixes(c, data)
     index_out = c.string(data, "index_out")
+    index_compact = c.boolean(data, "index_compact", False)
     hash_max_bytes = c.integer(data, "hash_max_bytes", 64 << 20, 0)
     tables = {table: c.table(data, table) for table in ("read", "ray")}
     runtime_env = c.table(tables["ray"], "runtime_env")
@@ -342,6 +344,7 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
         delete_missing=delete_missing,
         mixes=tuple(mixes),
         index_out=_resolve(index_out, base) if index_out else None,
+        index_compact=index_compact,
         hash_max_bytes=hash_max_bytes,
         runtime_env=runtime_env,
     )

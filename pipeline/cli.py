@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -69,6 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("elmo: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`elmo sql ... | head`): stop quietly, as other tools do.
+        # Python would otherwise report the failed flush of stdout again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -36,6 +36,15 @@ new contexts of stored words measure close to these (BENCHMARKS.md).
 
 An index whose table has changed since its IVF was made (a build that stopped half way)
 keeps answering from LanceDB: the table version the IVF was made from must be the table's.
+
+A compact index (``elmo index build --compact``, ``index_vectors``) keeps no vectors in its
+table and none in this folder: its lists hold product-quantized codes (``PQ_DIMS_PER_BYTE``
+dimensions a byte, from ``PQ_MIN_ROWS`` rows; 8-bit scalar codes below that, where the
+bytes do not matter), the re-rank takes the vectors mixed from the dataset when the index
+is opened, ``rows.parquet`` has LanceDB's ``_rowid`` of each row (a filtered search asks
+LanceDB for the row ids that pass, then ranks up to ``EXACT_FILTER_ROWS`` of them exactly
+and searches more through the lists and sketches restricted to them), and it answers
+every search, filtered or not (BENCHMARKS.md, "Compact indexes").
 """
 
 from __future__ import annotations
@@ -65,6 +74,8 @@ FILES = (IVF_FILE, VECTORS_FILE, SKETCH_FILE, ROWS_FILE)
 # Candidates per result taken from each source (the lists, the sketches), then ranked by
 # exact cosine: 10 found no more of the exact 10 than 5 at 1M x 1024.
 CANDIDATES_PER_RESULT = 5
+# ... from lists of product-quantized codes, whose order is rougher (compact indexes).
+PQ_CANDIDATES_PER_RESULT = 10
 CALIBRATION_QUERIES = 500
 # Above the 0.95 promised: a mean over 500 queries is good to about +-0.005, and queries
 # that are new sentences can differ from stored rows.
@@ -78,6 +89,22 @@ PROBE_STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384,
 # k-means on at most this many rows per list (faiss wants at least 39).
 TRAIN_ROWS_PER_LIST = 64
 READ_BATCH_ROWS = 65_536
+# Compact indexes: product quantization of this many dimensions per 8-bit code, once the
+# table has enough rows to train 256 centroids per sub-vector (faiss asks 39 per centroid).
+# Two dimensions a byte found what 8-bit scalar codes (one a byte) find; four lost a fifth
+# of the neighbours at 1M x 1024 (BENCHMARKS.md, "Compact indexes").
+PQ_DIMS_PER_BYTE = 2
+PQ_MIN_ROWS = 39 * 256
+# Each sub-vector's 256 centroids are trained on this many points per centroid, 10 rounds:
+# faiss's defaults (256 points, 25 rounds) took 6x as long at the same recall.
+PQ_TRAIN_POINTS_PER_CENTROID = 40
+PQ_TRAIN_ROUNDS = 10
+ROW_ID = "_rowid"  # LanceDB's row id, kept per row by compact indexes
+# A compact index's filtered search ranks up to this many rows exactly; a filter leaving
+# more is searched through the lists and sketches, restricted to its rows: an exact scan
+# of 95k rows at 1024-d took 0.2 s.
+EXACT_FILTER_ROWS = 20_000
+RANK_BLOCK_ROWS = 8_192  # rows widened to float32 at a time: they stay in cache
 
 
 def current(held: dict[str, Any] | None, table_version: int) -> bool:
@@ -87,10 +114,20 @@ def current(held: dict[str, Any] | None, table_version: int) -> bool:
         and held.get("table_version") == table_version
 
 
+def held_files(held: dict[str, Any]) -> tuple[str, ...]:
+    """The files of ``held``'s folder (a compact index's has no vectors file)."""
+    return tuple(f for f in FILES if not (f == VECTORS_FILE and from_dataset(held)))
+
+
+def from_dataset(held: dict[str, Any]) -> bool:
+    """Whether ``held`` re-ranks with vectors read from the dataset (a compact index)."""
+    return held.get("vectors") == "dataset"
+
+
 def present(fs: Any, root: str, held: dict[str, Any] | None) -> bool:
     """Whether every file of ``held``'s folder exists under ``root``."""
     return held is not None and all(
-        fs.exists(f"{root}/{HELD_DIR}/{held['folder']}/{name}") for name in FILES)
+        fs.exists(f"{root}/{HELD_DIR}/{held['folder']}/{name}") for name in held_files(held))
 
 
 def list_count(rows: int) -> int:
@@ -114,9 +151,16 @@ class HeldIvf:
         self.rows = rows.combine_chunks()
         self.nprobe = nprobe
         self.dim = vectors.shape[1]
+        self.candidates = PQ_CANDIDATES_PER_RESULT if hasattr(index, "pq") \
+            else CANDIDATES_PER_RESULT
+        self._row_order: np.ndarray | None = None  # positions by row id (positions_of)
+        self._sorted_ids: np.ndarray | None = None
 
     @classmethod
-    def load(cls, fs: Any, folder: str, nprobe: int) -> HeldIvf:
+    def load(cls, fs: Any, folder: str, nprobe: int,
+             vectors_of: Callable[[pa.Table], np.ndarray] | None = None) -> HeldIvf:
+        """The IVF in ``folder``; ``vectors_of``: a compact index's vectors for its rows
+        (``index_vectors.read_index_vectors``), instead of the folder's vectors file."""
         import io
 
         import faiss
@@ -125,28 +169,38 @@ class HeldIvf:
 
         from pipeline.lookup.dataset import is_local
 
-        if is_local(fs):
+        local = is_local(fs)
+        if local:
             index = faiss.read_index(f"{folder}/{IVF_FILE}")
-            # Mapped, not read: the page cache holds what re-ranks touch, shared by processes.
-            vectors = np.load(f"{folder}/{VECTORS_FILE}", mmap_mode="r")
         else:
             index = faiss.deserialize_index(np.frombuffer(fs.cat(f"{folder}/{IVF_FILE}"),
                                                           np.uint8))
-            vectors = np.load(io.BytesIO(fs.cat(f"{folder}/{VECTORS_FILE}")))
         with np.load(io.BytesIO(fs.cat(f"{folder}/{SKETCH_FILE}"))) as stored:
             sketch = Sketch(stored["planes"], stored["mean"], stored["codes"])
         with fs.open(f"{folder}/{ROWS_FILE}", "rb") as handle:
             rows = pq.read_table(handle)
+        if vectors_of is not None:
+            vectors = vectors_of(rows)
+        elif local:
+            # Mapped, not read: the page cache holds what re-ranks touch, shared by processes.
+            vectors = np.load(f"{folder}/{VECTORS_FILE}", mmap_mode="r")
+        else:
+            vectors = np.load(io.BytesIO(fs.cat(f"{folder}/{VECTORS_FILE}")))
+        if len(vectors) != index.ntotal or len(rows) != index.ntotal:
+            raise ValueError(f"{folder}: {index.ntotal} codes, {len(vectors)} vectors and "
+                             f"{len(rows)} rows")
         return cls(index, vectors, sketch, rows, nprobe)
 
     def holds(self, columns: Sequence[str]) -> bool:
         return set(columns) <= set(self.rows.column_names)
 
     def search(self, queries: np.ndarray, k: int, nprobe: int | None = None,
-               leave_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+               leave_out: np.ndarray | None = None, among: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
         """Positions ``[n, k]`` (-1 where fewer rows exist) and cosine similarities of the
         ``k`` rows nearest each of ``queries`` ``[n, dim]``; ``leave_out``: a position per
-        query not to return (calibration's own row).
+        query not to return (calibration's own row); ``among``: only these positions (a
+        filter: the lists and sketches skip the others).
 
         One query at a time: a query's answer is then the same alone or in a batch (the
         server's batching promises that), and batches gained nothing here (32 queries in
@@ -156,48 +210,123 @@ class HeldIvf:
         unit = unit_rows(queries)
         positions = np.full((len(unit), k), -1, np.int64)
         sims = np.full((len(unit), k), -np.inf, np.float32)
+        selector = None if among is None else _Selector(among, self.index.ntotal)
         for i in range(len(unit)):
             own = None if leave_out is None else int(leave_out[i])
-            found, best = self._search_one(unit[i:i + 1], k, nprobe or self.nprobe, own)
+            found, best = self._search_one(unit[i:i + 1], k, nprobe or self.nprobe, own,
+                                           selector)
             positions[i, :found.size], sims[i, :best.size] = found, best
         return positions, sims
 
-    def _search_one(self, unit: np.ndarray, k: int, nprobe: int, leave_out: int | None
-                    ) -> tuple[np.ndarray, np.ndarray]:
+    def _search_one(self, unit: np.ndarray, k: int, nprobe: int, leave_out: int | None,
+                    selector: _Selector | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``search`` for one unit query ``[1, dim]``: positions and similarities, best
         first, at most ``k``."""
         import faiss
         import numpy as np
 
+        rows = self.index.ntotal if selector is None else selector.rows
         extra = 0 if leave_out is None else 1
-        want = min(self.index.ntotal, max(k, CANDIDATES_PER_RESULT * k) + extra)
-        enough = min(self.index.ntotal, k + extra)
+        want = min(rows, max(k, self.candidates * k) + extra)
+        enough = min(rows, k + extra)
+        sel = None if selector is None else selector.faiss
         while True:
-            params = faiss.SearchParametersIVF(nprobe=nprobe)
+            params = faiss.SearchParametersIVF(nprobe=nprobe, sel=sel)
             _, found = self.index.search(unit, want, params=params)
-            # The probed lists hold fewer rows than asked for (a large k): probe more.
+            # The probed lists hold fewer rows than asked for (a large k, or a filter that
+            # leaves few in them): probe more.
             if nprobe >= self.index.nlist or int((found >= 0).sum()) >= enough:
                 break
             nprobe = min(self.index.nlist, 4 * nprobe)
         # ... and the rows of the nearest sketches; a row found both ways counts once.
-        found = np.unique(np.concatenate([found[0], self.sketch.nearest(unit, want)[0]]))
+        # The sketches give CANDIDATES_PER_RESULT a result whatever the lists' codes: their
+        # scan of every row slows with the number it keeps.
+        sketched = min(rows, max(k, CANDIDATES_PER_RESULT * k) + extra)
+        found = np.unique(np.concatenate([found[0],
+                                          self.sketch.nearest(unit, sketched, sel)[0]]))
         found = found[(found >= 0) & (found != (-1 if leave_out is None else leave_out))]
-        # Exact cosine of every candidate, from the stored vectors.
-        candidates = np.asarray(self.vectors[found], np.float32)
-        sims = candidates @ unit[0] / np.maximum(np.linalg.norm(candidates, axis=1), 1e-12)
+        sims = self.cosines(unit[0], found)
         order = np.argsort(-sims, kind="stable")[:k]
         return found[order], sims[order]
 
-    def nearest_rows(self, queries: np.ndarray, k: int, columns: Sequence[str]) -> pa.Table:
+    def cosines(self, unit: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Exact cosine of the stored vectors at ``positions`` to ``unit`` (a unit query):
+        every ranking's last step. Many rows (an exact scan) go through torch, which widens
+        float16 about 8x as fast as numpy (95k rows at 1024-d: 0.2 s against 1.1 s); a
+        query's candidates through numpy, since torch's thread pool and faiss's then wait
+        on each other (a query at 1M x 1024 took 8 ms instead of 3)."""
+        import numpy as np
+
+        if len(positions) < RANK_BLOCK_ROWS:
+            candidates = np.asarray(self.vectors[positions], np.float32)
+            return candidates @ unit / np.maximum(np.linalg.norm(candidates, axis=1), 1e-12)
+        import torch
+
+        sims = np.empty(len(positions), np.float32)
+        query = torch.from_numpy(np.ascontiguousarray(unit, np.float32))
+        for start in range(0, len(positions), RANK_BLOCK_ROWS):
+            block = torch.from_numpy(np.ascontiguousarray(
+                self.vectors[positions[start:start + RANK_BLOCK_ROWS]])).float()
+            norms = torch.linalg.vector_norm(block, dim=1).clamp_min(1e-12)
+            sims[start:start + RANK_BLOCK_ROWS] = ((block @ query) / norms).numpy()
+        return sims
+
+    def positions_of(self, row_ids: np.ndarray) -> np.ndarray:
+        """The positions of the rows whose LanceDB row ids are ``row_ids`` (a compact
+        index keeps them: ``ROW_ID``), in their order."""
+        import numpy as np
+
+        if self._row_order is None:
+            ids = self.rows.column(ROW_ID).to_numpy()
+            self._row_order = np.argsort(ids, kind="stable")
+            self._sorted_ids = ids[self._row_order]
+        row_ids = np.asarray(row_ids, np.uint64)
+        at = np.searchsorted(self._sorted_ids, row_ids)
+        at = np.minimum(at, len(self._sorted_ids) - 1)
+        if len(row_ids) and not np.array_equal(self._sorted_ids[at], row_ids):
+            raise ValueError("row ids the in-memory IVF does not hold (the table changed)")
+        return self._row_order[at]
+
+    def exact(self, queries: np.ndarray, k: int, among: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """``search`` by exact cosine over the rows at positions ``among`` (None: every
+        row), scanned in blocks: a filtered search, or one asked to be exact. One query at
+        a time, as ``search``: an answer is the same alone or in a batch."""
+        import numpy as np
+
+        unit = unit_rows(queries)
+        among = np.arange(len(self.vectors)) if among is None else np.asarray(among, np.int64)
+        positions = np.full((len(unit), k), -1, np.int64)
+        sims = np.full((len(unit), k), -np.inf, np.float32)
+        for i in range(len(unit)):
+            found, best = self._exact_one(unit[i], k, among)
+            positions[i, :found.size], sims[i, :best.size] = found, best
+        return positions, sims
+
+    def _exact_one(self, unit: np.ndarray, k: int, among: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        import numpy as np
+
+        sims = self.cosines(unit, among)
+        order = np.argsort(-sims, kind="stable")[:k]
+        return among[order], sims[order]
+
+    def nearest_rows(self, queries: np.ndarray, k: int, columns: Sequence[str],
+                     among: np.ndarray | None = None, exact: bool = False) -> pa.Table:
         """``columns`` of the ``k`` nearest rows to each query, nearest first, with
         ``_distance`` (1 - cosine, as LanceDB's cosine distance) and, for more than one
-        query, ``query_index``: the shape of a LanceDB vector search's answer."""
+        query, ``query_index``: the shape of a LanceDB vector search's answer. ``among``:
+        only these positions (up to ``EXACT_FILTER_ROWS`` of them ranked exactly, more
+        through the lists and sketches); ``exact``: all of them, or every row, exactly."""
         import numpy as np
         import pyarrow as pa
 
         from pipeline.lookup.vector_search import DISTANCE_COLUMN
 
-        positions, sims = self.search(queries, k)
+        if exact or (among is not None and len(among) <= EXACT_FILTER_ROWS):
+            positions, sims = self.exact(queries, k, among)
+        else:
+            positions, sims = self.search(queries, k, among=among)
         keep = positions >= 0
         taken = self.rows.select(list(columns)).take(pa.array(positions[keep]))
         taken = taken.append_column(DISTANCE_COLUMN,
@@ -233,11 +362,29 @@ class Sketch:
 
         return np.packbits((unit - mean) @ planes > 0, axis=1)
 
-    def nearest(self, unit: np.ndarray, k: int) -> np.ndarray:
-        """Positions ``[n, k]`` of the rows whose sketches are nearest each query's."""
+    def nearest(self, unit: np.ndarray, k: int, sel: Any = None) -> np.ndarray:
+        """Positions ``[n, k]`` of the rows whose sketches are nearest each query's
+        (``sel``: a faiss ID selector, only those rows)."""
+        import faiss
+
+        params = None if sel is None else faiss.SearchParameters(sel=sel)
         _, found = self.scan.search(self.encode(unit, self.planes, self.mean),
-                                    min(k, self.scan.ntotal))
+                                    min(k, self.scan.ntotal), params=params)
         return found
+
+
+class _Selector:
+    """The rows a filter leaves, as a faiss ID selector (a bitmap of every row)."""
+
+    def __init__(self, among: np.ndarray, total: int) -> None:
+        import faiss
+        import numpy as np
+
+        mask = np.zeros(total, bool)
+        mask[among] = True
+        self.rows = int(mask.sum())
+        self.bitmap = np.packbits(mask, bitorder="little")  # kept: faiss holds a pointer
+        self.faiss = faiss.IDSelectorBitmap(total, faiss.swig_ptr(self.bitmap))
 
 
 @dataclass(frozen=True)
@@ -250,9 +397,13 @@ class HeldSearch:
     k: int
     columns: Sequence[str]
     then: Callable[[pa.Table], pa.Table] | None = None
+    # A compact index's filtered search: the positions that passed (ranked exactly).
+    among: np.ndarray | None = None
+    exact: bool = False
 
     def to_arrow(self) -> pa.Table:
-        found = self.ivf.nearest_rows(self.vectors, self.k, self.columns)
+        found = self.ivf.nearest_rows(self.vectors, self.k, self.columns, self.among,
+                                      self.exact)
         return found if self.then is None else self.then(found)
 
 
@@ -265,11 +416,22 @@ def unit_rows(vectors: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12))
 
 
-def build_held(table: Any, fs: Any, root: str, show_progress: bool = False
-               ) -> dict[str, Any]:
+def codes_for(rows: int, dim: int, compact: bool) -> str:
+    """The faiss codes of an IVF's lists: 8-bit scalar codes, or for a compact index of
+    enough rows product-quantized codes of ``PQ_DIMS_PER_BYTE`` dimensions a byte."""
+    if compact and rows >= PQ_MIN_ROWS and dim % PQ_DIMS_PER_BYTE == 0:
+        return f"PQ{dim // PQ_DIMS_PER_BYTE}"
+    return "SQ8"
+
+
+def build_held(table: Any, fs: Any, root: str, show_progress: bool = False,
+               vectors_of: Callable[[pa.Table], np.ndarray] | None = None,
+               dim: int | None = None) -> dict[str, Any]:
     """Make the IVF of ``table`` (a LanceDB table with a ``vector`` column) in a new folder
     under ``root/_ivf``; returns what ``IndexMeta.held`` records. The caller commits it by
-    writing the metadata, then calls ``drop_other_folders``."""
+    writing the metadata, then calls ``drop_other_folders``. A compact index's table has
+    no vectors: ``vectors_of`` gives them for its rows (``index_vectors``) and ``dim``
+    their size; the folder then keeps each row's ``ROW_ID`` instead of the vectors."""
     import faiss
     import numpy as np
     import pyarrow as pa
@@ -278,44 +440,63 @@ def build_held(table: Any, fs: Any, root: str, show_progress: bool = False
     from pipeline.lookup.dataset import is_local
     from pipeline.lookup.index_progress import phase, rows_bar
 
+    compact = vectors_of is not None
     version = table.version
     rows = table.count_rows()
     columns = [f.name for f in table.schema if f.name != "vector"]
-    dim = table.schema.field("vector").type.list_size
+    if not compact:
+        dim = table.schema.field("vector").type.list_size
+    assert dim is not None, "a compact index's IVF needs the vectors' size"
     name = f"v{version}-{uuid.uuid4().hex[:8]}"
     local = is_local(fs)
     work = f"{root}/{HELD_DIR}/{name}" if local else tempfile.mkdtemp(prefix="elmo-ivf-")
     os.makedirs(work, exist_ok=True)
     try:
-        stored_type = np.dtype(table.schema.field("vector").type.value_type.to_pandas_dtype())
-        vectors = np.lib.format.open_memmap(f"{work}/{VECTORS_FILE}", mode="w+",
-                                            dtype=stored_type, shape=(rows, dim))
+        vectors: Any = None
+        if not compact:
+            stored_type = np.dtype(
+                table.schema.field("vector").type.value_type.to_pandas_dtype())
+            vectors = np.lib.format.open_memmap(f"{work}/{VECTORS_FILE}", mode="w+",
+                                                dtype=stored_type, shape=(rows, dim))
         pieces = []
         done = 0
         with rows_bar(rows, show_progress) as bar:
             bar.set_description("index: in-memory IVF: read", refresh=False)
-            for batch in table.search().select([*columns, "vector"]).limit(max(1, rows)) \
-                    .to_batches(batch_size=READ_BATCH_ROWS):
-                flat = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
-                vectors[done:done + batch.num_rows] = flat.reshape(-1, dim)
+            query = table.search().select(columns if compact else [*columns, "vector"])
+            if compact:
+                query = query.with_row_id(True)
+            for batch in query.limit(max(1, rows)).to_batches(batch_size=READ_BATCH_ROWS):
+                if not compact:
+                    flat = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
+                    vectors[done:done + batch.num_rows] = flat.reshape(-1, dim)
+                    batch = batch.drop_columns(["vector"])
                 # A copy: a slice of the batch would keep its vectors' buffers alive (2 GB
                 # held at 1M x 1024).
-                kept = batch.drop_columns(["vector"])
-                pieces.append(pa.Table.from_batches([kept.take(pa.array(
-                    np.arange(kept.num_rows)))]))
+                pieces.append(pa.Table.from_batches([batch.take(pa.array(
+                    np.arange(batch.num_rows)))]))
                 done += batch.num_rows
                 bar.update(batch.num_rows)
         if done != rows:
             raise RuntimeError(f"read {done} rows of the index table, expected {rows}")
+        kept_rows = pa.concat_tables(pieces)
+        if compact:
+            vectors = vectors_of(kept_rows)
         lists = list_count(rows)
-        with phase(f"index: in-memory IVF: {lists} lists over {rows} rows", show_progress):
-            quantizer = faiss.IndexFlatIP(dim)
-            index = faiss.IndexIVFScalarQuantizer(quantizer, dim, lists,
-                                                  faiss.ScalarQuantizer.QT_8bit,
-                                                  faiss.METRIC_INNER_PRODUCT)
+        codes = codes_for(rows, dim, compact)
+        with phase(f"index: in-memory IVF: {lists} lists of {codes} codes over {rows} rows",
+                   show_progress):
+            index = faiss.index_factory(dim, f"IVF{lists},{codes}", faiss.METRIC_INNER_PRODUCT)
+            # Polysemous codes serve Hamming-filtered PQ search, which is not used here; their
+            # training was 50 of 65 s on the `make run` index.
+            if hasattr(index, "do_polysemous_training"):
+                index.do_polysemous_training = False
+                index.pq.cp.max_points_per_centroid = PQ_TRAIN_POINTS_PER_CENTROID
+                index.pq.cp.niter = PQ_TRAIN_ROUNDS
             rng = np.random.default_rng(0)
-            sample = np.sort(rng.choice(rows, min(rows, TRAIN_ROWS_PER_LIST * lists),
-                                        replace=False))
+            # Product quantizers train 256 centroids a sub-vector: at least PQ_MIN_ROWS.
+            wanted = TRAIN_ROWS_PER_LIST * lists if codes == "SQ8" \
+                else max(TRAIN_ROWS_PER_LIST * lists, PQ_MIN_ROWS)
+            sample = np.sort(rng.choice(rows, min(rows, wanted), replace=False))
             index.cp.min_points_per_centroid = 1  # small tables: no warning on stderr
             index.train(unit_rows(vectors[sample]))
             mean = np.zeros(dim, np.float32)  # of the unit rows: the sketches' centre
@@ -326,29 +507,32 @@ def build_held(table: Any, fs: Any, root: str, show_progress: bool = False
             mean /= max(1, rows)
         with phase(f"index: in-memory IVF: {SKETCH_BITS}-bit sketches", show_progress):
             planes = Sketch.planes_for(dim)
-            codes = np.concatenate([
+            sketch_codes = np.concatenate([
                 Sketch.encode(unit_rows(vectors[start:start + READ_BATCH_ROWS]), planes, mean)
                 for start in range(0, rows, READ_BATCH_ROWS)])
-            np.savez(f"{work}/{SKETCH_FILE}", planes=planes, mean=mean, codes=codes)
-        held = HeldIvf(index, vectors, Sketch(planes, mean, codes), pa.concat_tables(pieces),
-                       lists)
+            np.savez(f"{work}/{SKETCH_FILE}", planes=planes, mean=mean, codes=sketch_codes)
+        held = HeldIvf(index, vectors, Sketch(planes, mean, sketch_codes), kept_rows, lists)
         with phase("index: in-memory IVF: measure probes for recall@10", show_progress):
             nprobe, recall, queries = calibrate(held, rng)
         faiss.write_index(index, f"{work}/{IVF_FILE}")  # no copy in memory
         pq.write_table(held.rows, f"{work}/{ROWS_FILE}", compression="zstd")
-        vectors.flush()
+        if not compact:
+            vectors.flush()
         del held, vectors
+        record = {"format": HELD_FORMAT, "folder": name, "table_version": version,
+                  "rows": rows, "lists": lists, "nprobe": nprobe,
+                  "recall_at_10": round(recall, 4), "calibration_queries": queries}
+        if compact:
+            record |= {"vectors": "dataset", "codes": codes}
         if not local:
-            for file in FILES:
+            for file in held_files(record):
                 fs.put_file(f"{work}/{file}", f"{root}/{HELD_DIR}/{name}/{file}")
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     if not local:
         shutil.rmtree(work, ignore_errors=True)
-    return {"format": HELD_FORMAT, "folder": name, "table_version": version, "rows": rows,
-            "lists": lists, "nprobe": nprobe, "recall_at_10": round(recall, 4),
-            "calibration_queries": queries}
+    return record
 
 
 def calibrate(held: HeldIvf, rng: np.random.Generator) -> tuple[int, float, int]:

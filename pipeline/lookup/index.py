@@ -30,7 +30,16 @@ committed since are added (LanceDB ``delete`` / ``add``), then ``optimize`` fold
 rows into the existing vector and scalar indexes. Only a changed mix needs ``--rebuild``.
 Each build also rewrites ``<out>/_word_counts.parquet`` (rows per lowercase token, with
 its stem), which routes filtered queries without a count query; the search parameters
-follow the index size (``SearchParams.for_rows``) unless given. Indexes of layout 2
+follow the index size (``SearchParams.for_rows``) unless given.
+
+A compact index (``--compact``: ``compact`` in the JSON, ``built`` is ``ivf``) keeps no
+vectors: its rows hold ``row`` (the token's row in its shard's tokens file) in place of
+``vector``, the in-memory IVF beside it holds product-quantized codes, and a process that
+opens it mixes the rows' vectors from the dataset (``index_vectors``) to rank candidates
+exactly. It answers every search from that IVF (a filter is applied by LanceDB, whose
+passing rows are then ranked: ``held_ivf.EXACT_FILTER_ROWS``), needs its dataset readable
+and unchanged since the last build, and costs about a tenth of a layout-2 index
+(BENCHMARKS.md, "Compact indexes"). Indexes of layout 2
 (``LAYOUT``) store float16 vectors and each sentence once (``index_sentences``), and may
 hold only some words (``index_words``); older ones are read as they are. An index written before
 stems or document fields were stored is rebuilt by the next build (its rows lack the
@@ -159,6 +168,7 @@ class IndexMeta:
     words: dict[str, Any] | None = None  # WordSelection.to_json (None: every word)
     # The in-memory IVF made beside the table (held_ivf.build_held; None: not made).
     held: dict[str, Any] | None = None
+    compact: bool = False  # vectors read from the dataset, quantized codes in the IVF
     format: str = INDEX_FORMAT
 
     def to_json(self) -> str:
@@ -224,6 +234,8 @@ class SenseIndex:
         """The in-memory IVF (loaded on first use), or None when the index has none, its
         table changed after it was made, or its files cannot be read (then LanceDB answers,
         and one line on stderr says how to make it again)."""
+        if self.meta.compact:
+            return self._compact_ivf()
         if not self._held_tried:
             self._held_tried = True
             held = self.meta.held
@@ -238,6 +250,35 @@ class SenseIndex:
                           f"{self.meta.mix_name} --out {self.uri}` makes it again",
                           file=sys.stderr)
         return self._held
+
+    def _compact_ivf(self) -> HeldIvf:
+        """A compact index's IVF, with its vectors read from the dataset (on first use);
+        it has no other way to search, so what stops it is an error naming the fix."""
+        if self._held is None:
+            from pipeline.lookup.index_vectors import vectors_from_dataset
+
+            held, rebuild = self.meta.held, (
+                f"`elmo index build {self.meta.dataset} --mix {self.meta.mix_name} --out "
+                f"{self.uri}` makes it again")
+            if held is None or not current(held, self.table.version):
+                raise ElmoUserError(f"{self.uri}: the compact index's IVF is missing or older "
+                                    f"than its table (a build stopped half way); {rebuild}")
+            fs, root = open_fs(self.uri, self.storage_options)
+            vectors_of = vectors_from_dataset(self.meta, self.uri, self.storage_options)
+            try:
+                self._held = HeldIvf.load(fs, f"{root}/{HELD_DIR}/{held['folder']}",
+                                          held["nprobe"], vectors_of)
+            except (OSError, RuntimeError, ValueError) as error:
+                raise ElmoUserError(f"{self.uri}: the compact index's IVF is unreadable "
+                                    f"({error}); {rebuild}") from error
+        return self._held
+
+    def _compact_positions(self, where: str) -> np.ndarray:
+        """Positions in the compact IVF of the rows that pass ``where``."""
+        # One small column: an empty selection would read them all.
+        rows = (self.table.search().where(where).select(["shard"]).with_row_id(True)
+                .limit(max(1, self.meta.rows)).to_arrow())
+        return self._compact_ivf().positions_of(rows.column("_rowid").to_numpy())
 
     def stored(self, columns: Sequence[str]) -> list[str]:
         """``columns`` the token rows hold (``sentence`` comes from the sentences table)."""
@@ -403,6 +444,11 @@ class SenseIndex:
         if words:
             self.require_indexed(words, column)
         word_where = token_filter(words, column) if words else None
+        if self.meta.compact:
+            where = " AND ".join(f"({w})" for w in (word_where, where) if w) or None
+            among = None if where is None else self._compact_positions(where)
+            return HeldSearch(self._compact_ivf(), vectors, k, tuple(self.stored(columns)),
+                              self.completed(columns), among=among, exact=exact)
         if where is not None:
             # Rows the whole filter leaves (a count query: the word counts do not know it).
             where = f"({word_where}) AND ({where})" if word_where else where
@@ -429,7 +475,24 @@ class SenseIndex:
         self.require_indexed(words, column)
         words_where = token_filter(words, column)
         where = words_where if where is None else f"({words_where}) AND ({where})"
-        found = (self.table.search().where(where).select([*self.stored(columns), "vector"])
-                 .limit(limit).to_arrow())
+        if self.meta.compact:
+            found = self._compact_occurrences(where, self.stored(columns), limit)
+        else:
+            found = (self.table.search().where(where).select([*self.stored(columns), "vector"])
+                     .limit(limit).to_arrow())
         complete = self.completed(columns)
         return found if complete is None else complete(found)
+
+    def _compact_occurrences(self, where: str, columns: Sequence[str], limit: int
+                             ) -> pa.Table:
+        """``occurrences`` of a compact index: the rows from LanceDB, their vectors from
+        the IVF's (the dataset's), as a ``vector`` column of the dataset's dtype."""
+        import pyarrow as pa
+
+        rows = (self.table.search().where(where).select(list(columns)).with_row_id(True)
+                .limit(limit).to_arrow())
+        held = self._compact_ivf()
+        vectors = held.vectors[held.positions_of(rows.column("_rowid").to_numpy())]
+        return rows.drop_columns(["_rowid"]).append_column(
+            "vector", pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)),
+                                                        held.dim))

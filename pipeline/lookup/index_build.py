@@ -44,6 +44,7 @@ from pipeline.lookup.index_rows import (
     shard_filter,
 )
 from pipeline.lookup.index_sentences import SENTENCE_KEY, SENTENCES_TABLE
+from pipeline.lookup.index_vectors import vectors_from_dataset
 from pipeline.lookup.index_words import WordSelection, read_selected, resolve, write_selected
 from pipeline.lookup.mix_specs import Mix
 
@@ -77,17 +78,23 @@ def _create_vector_index(table: Any, meta: IndexMeta) -> None:
 
 
 def reusable_meta(ds: Dataset, the_mix: Mix, out: str, storage_options: dict | None,
-                  progress: Callable[[str], None] | None) -> IndexMeta | None:
+                  progress: Callable[[str], None] | None, compact: bool | None = None
+                  ) -> IndexMeta | None:
     """The metadata of the index at ``out`` if new rows can be added to it; None when it
     must be built again (its rows lack word stems or document fields, or are of the
     layout before LAYOUT). An index of another model or mix is refused: the user chooses
-    ``--rebuild`` or another ``--out``."""
+    ``--rebuild`` or another ``--out``, and so is ``compact`` (True or False) where the
+    index is the other kind."""
     meta = read_meta(out, storage_options)
     if meta is None:
         return None
     if meta.model_fingerprint != ds.descriptor.model_fingerprint:
         raise ElmoUserError(f"{out} indexes a dataset of another model; use --rebuild "
                             "or another --out")
+    if compact is not None and meta.compact != compact:
+        raise ElmoUserError(f"{out} is {'' if meta.compact else 'not '}a compact index; to "
+                            f"build it {'' if compact else 'not '}compact add --rebuild (or "
+                            "use another --out)")
     if not meta.the_mix().same_vectors(the_mix):
         raise ElmoUserError(f"{out} holds mix {meta.mix_name!r} ({meta.the_mix().describe()}); "
                             f"asked for {the_mix.describe()}: use --rebuild or another --out")
@@ -105,13 +112,17 @@ def reusable_meta(ds: Dataset, the_mix: Mix, out: str, storage_options: dict | N
 
 
 def new_meta(ds: Dataset, dataset: str, the_mix: Mix, kind: str, words: WordSelection,
-             vector_dtype: str, documents: dict[str, tuple[list[str], list[dict[str, Any]]]]
-             ) -> IndexMeta:
-    """The metadata of an index about to be created (its field columns settled now)."""
+             vector_dtype: str, documents: dict[str, tuple[list[str], list[dict[str, Any]]]],
+             compact: bool = False) -> IndexMeta:
+    """The metadata of an index about to be created (its field columns settled now). A
+    local dataset is recorded by its absolute path: a compact index reads its vectors from
+    there whatever the directory it is opened from."""
+    if "://" not in str(dataset):
+        dataset = os.path.abspath(dataset)
     return IndexMeta(dataset=str(dataset), model_fingerprint=ds.descriptor.model_fingerprint,
                      mix=the_mix.to_json(), mix_name=the_mix.name, dim=ds.descriptor.dim,
                      kind=kind, stemmer=STEMMER, layout=LAYOUT, vector_dtype=vector_dtype,
-                     words=words.to_json(),
+                     words=words.to_json(), compact=compact,
                      doc_fields=indexable_fields(field_kinds(
                          row for _, rows in documents.values() for row in rows)))
 
@@ -121,10 +132,12 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                 storage_options: dict | None = None,
                 progress: Callable[[str], None] | None = None,
                 words: WordSelection | None = None, show_progress: bool = False,
-                vector_dtype: str = VECTOR_DTYPE) -> BuildSummary:
+                vector_dtype: str = VECTOR_DTYPE, compact: bool | None = None
+                ) -> BuildSummary:
     """Create or extend the index at ``out`` with the dataset's committed shard files.
     ``words``: which words a new index holds (an existing one keeps its own selection);
-    ``show_progress``: bars and phase lines on stderr."""
+    ``show_progress``: bars and phase lines on stderr; ``compact``: a new index keeps no
+    vectors (``index_vectors``; None: as the existing index, else not compact)."""
     # LanceDB logs k-means "empty cluster" warnings to stderr unless told otherwise.
     os.environ.setdefault("LANCEDB_LOG", "error")
     import lancedb
@@ -140,7 +153,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     db = lancedb.connect(out, storage_options=lance_options(storage_options))
     exists = TABLE in db.list_tables().tables
     meta = None if rebuild or not exists else reusable_meta(ds, the_mix, out, storage_options,
-                                                            progress)
+                                                            progress, compact)
     if meta is not None and words is not None and not words.everything \
             and words.to_json() != meta.words:
         raise ElmoUserError(f"{out} holds {meta.selection().describe()}; to index "
@@ -156,7 +169,8 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
             if name in db.list_tables().tables:
                 db.drop_table(name)
         words = words or WordSelection()
-        meta = new_meta(ds, dataset, the_mix, kind, words, vector_dtype, documents)
+        meta = new_meta(ds, dataset, the_mix, kind, words, vector_dtype, documents,
+                        bool(compact))
         selected_words = resolve(words, ds)
         if selected_words is not None:
             write_selected(fs, root, selected_words)
@@ -244,25 +258,29 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
                 if each is not None:
                     _optimize(each, drop_old_versions=fresh)
     grown = meta.trained_rows and meta.rows > 4 * meta.trained_rows
-    if want_hnsw and (not _has_vector_index(table) or grown):
+    if want_hnsw and not meta.compact and (not _has_vector_index(table) or grown):
         # First index, or the data outgrew the partitions it was trained with: (re)train.
         if grown:
             meta.num_partitions = None
         with phase(f"index: IVF_HNSW_SQ over {meta.rows} rows (LanceDB shows no progress)",
                    show_progress):
             _create_vector_index(table, meta)
-    meta.built = "hnsw" if _has_vector_index(table) else "flat"
+    meta.built = "ivf" if meta.compact else "hnsw" if _has_vector_index(table) else "flat"
     if meta.search_auto:
         meta.search = SearchParams.for_rows(meta.rows)
     if changed or meta.counted_rows != meta.rows:
         _write_word_counts(table, meta.rows, out, storage_options)
         meta.counted_rows = meta.rows
     fs, root = open_fs(out, storage_options)
-    if meta.built != "hnsw":
+    if meta.built == "flat":
         meta.held = None
     elif not (current(meta.held, table.version) and present(fs, root, meta.held)):
-        # The table changed (or never had one): the in-memory IVF follows it.
-        meta.held = summary.held = build_held(table, fs, root, show_progress)
+        # The table changed (or never had one): the in-memory IVF follows it. A compact
+        # index's vectors are read from the dataset, as its readers will read them.
+        vectors_of = vectors_from_dataset(meta, out, storage_options) if meta.compact \
+            else None
+        meta.held = summary.held = build_held(table, fs, root, show_progress, vectors_of,
+                                              meta.dim)
     summary.seconds_index = time.perf_counter() - t0
     summary.rows, summary.built = meta.rows, meta.built
     _write_meta(out, meta, storage_options)

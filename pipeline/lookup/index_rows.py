@@ -8,7 +8,7 @@ refresh both add files through ``IndexTables.add_file``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,13 +65,14 @@ def _sentence_lookup(ds: Dataset, path: str | None) -> pa.Table:
         return pq.read_table(handle, columns=columns, page_checksum_verification=True)
 
 
-def _split_key(key: str) -> tuple[str, int]:
+def split_key(key: str) -> tuple[str, int]:
+    """``(part, shard)`` of a committed file's key ``part/shard=k/run_id``."""
     part, shard, _ = key.split("/")
     return part, int(shard.split("=", 1)[1])
 
 
 def shard_filter(key: str) -> str:
-    part, shard = _split_key(key)
+    part, shard = split_key(key)
     return f"part = {quote(part)} AND shard = {shard}"
 
 
@@ -82,30 +83,40 @@ def rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences: pa.Tabl
                   documents: tuple[list[str], list[dict[str, Any]]],
                   doc_fields: dict[str, str], vector_dtype: str = VECTOR_DTYPE,
                   selected: pa.Array | None = None,
-                  on_read: Callable[[int], Any] | None = None) -> Iterator[pa.Table]:
+                  on_read: Callable[[int], Any] | None = None,
+                  compact: bool = False) -> Iterator[pa.Table]:
     """Index rows of one committed tokens file, in chunks (vectors mixed on read and
     stored as ``vector_dtype``), with their documents' fields (``documents``: its
     documents file, ``read_documents``); ``sentences``: its sentences file's ``doc_id,
     sent_idx, text, char_start``; ``selected``: the lowercase words kept (None: all);
-    ``on_read``: told the tokens read, kept or not (progress)."""
+    ``on_read``: told the tokens read, kept or not (progress); ``compact``: each row's
+    ``row`` in the file instead of its vector (``index_vectors``)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     dim = ds.descriptor.dim
-    part, shard = _split_key(key)
+    part, shard = split_key(key)
     starts = sentences.select(["doc_id", "sent_idx", "char_start"]).rename_columns(
         ["doc_id", "sent_idx", "sent_start"])
     cols = ("doc_id", "sent_idx", "tok_idx", "token", "char_start", "char_end")
     chunk_rows = max(4096, ADD_BYTES // (4 * dim))
-    for batch, vec in iter_mixed(ds, mix, columns=cols, files=[path], batch_rows=chunk_rows):
+    # A compact index reads no vectors here (they are read again when its IVF is made).
+    batches = ((batch, None) for batch in _token_batches(ds, path, cols, chunk_rows)) \
+        if compact else iter_mixed(ds, mix, columns=cols, files=[path], batch_rows=chunk_rows)
+    first_row = 0
+    for batch, vec in batches:
         if on_read is not None:
             on_read(batch.num_rows)
         meta = pa.Table.from_batches([batch])
+        file_row = np.arange(first_row, first_row + batch.num_rows, dtype=np.int32)
+        first_row += batch.num_rows
         lower = pc.utf8_lower(meta["token"]).combine_chunks()
         keep = keep_mask(lower, selected)
         if keep is not None:
-            meta, lower, vec = meta.filter(keep), lower.filter(keep), vec[keep.to_numpy(False)]
+            mask = keep.to_numpy(False)
+            meta, lower, file_row = meta.filter(keep), lower.filter(keep), file_row[mask]
+            vec = None if vec is None else vec[mask]
         n = meta.num_rows
         if n == 0:
             continue
@@ -116,9 +127,13 @@ def rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences: pa.Tabl
         sent_start = pc.fill_null(joined["sent_start"], 0)
         vocabulary = pc.unique(lower)  # stem each word type once, not each token
         stems = pa.array(stem_words(vocabulary.to_pylist()), pa.string())
-        values = np.ascontiguousarray(vec, dtype=vector_dtype).reshape(-1)
+        if vec is None:
+            vector_or_row = {"row": pa.array(file_row)}
+        else:
+            values = np.ascontiguousarray(vec, dtype=vector_dtype).reshape(-1)
+            vector_or_row = {"vector": pa.FixedSizeListArray.from_arrays(pa.array(values), dim)}
         yield pa.table({
-            "vector": pa.FixedSizeListArray.from_arrays(pa.array(values), dim),
+            **vector_or_row,
             "token": joined["token"],
             "token_lower": lower,
             "token_stem": stems.take(pc.index_in(lower, value_set=vocabulary)),
@@ -131,6 +146,16 @@ def rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences: pa.Tabl
             "end": pc.subtract(joined["char_end"], sent_start).cast(pa.int32()),
             **index_field_arrays(joined["doc_id"].combine_chunks(), documents, doc_fields),
         })
+
+
+def _token_batches(ds: Dataset, path: str, columns: Sequence[str], batch_rows: int
+                   ) -> Iterator[pa.RecordBatch]:
+    """``columns`` of one tokens file, in file order (page checksums checked)."""
+    import pyarrow.parquet as pq
+
+    with ds.fs.open(path, "rb") as handle:
+        yield from pq.ParquetFile(handle, page_checksum_verification=True).iter_batches(
+            batch_size=batch_rows, columns=list(columns))
 
 
 class IndexTables:
@@ -171,7 +196,7 @@ class IndexTables:
         t0 = time.perf_counter()
         for rows in rows_for_file(ds, mix, path, key, sentences, documents,
                                   meta.doc_fields or {}, meta.vector_dtype, selected,
-                                  on_read):
+                                  on_read, meta.compact):
             t1 = time.perf_counter()
             summary.seconds_read += t1 - t0
             self._add(TABLE, rows)
@@ -180,7 +205,7 @@ class IndexTables:
             t0 = time.perf_counter()
             summary.seconds_add += t0 - t1
         if keys:
-            part, shard = _split_key(key)
+            part, shard = split_key(key)
             self._add(SENTENCES_TABLE, sentence_rows(sentences, pa.concat_tables(keys),
                                                      part, shard))
         summary.added_files += 1

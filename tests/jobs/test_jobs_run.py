@@ -422,14 +422,23 @@ def test_cli_run_status_and_busy(tiny_model_dir: Path, tmp_path: Path,
     assert "in use by another run of this job" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("compact", [False, True])
 def test_index_refresh_with_the_lookup_layers_build_index(tiny_model_dir: Path,
-                                                           tmp_path: Path) -> None:
-    """The real LanceDB index follows the live view: a changed file's rows replaced."""
+                                                           tmp_path: Path, compact: bool) -> None:
+    """The real LanceDB index follows the live view: a changed file's rows replaced; a
+    compact index (``index_compact``) ranks with the changed dataset's vectors."""
     import lancedb
 
+    from pipeline.lookup.dataset import open_dataset
+    from pipeline.lookup.index import SenseIndex
+    from pipeline.lookup.mixes import iter_mixed
+
     write_corpus(tmp_path, INITIAL)
-    spec = load_spec(write_spec(tmp_path, tiny_model_dir, mixes='["top"]'))
+    spec = load_spec(write_spec(tmp_path, tiny_model_dir, mixes='["top"]',
+                                index_compact=str(compact).lower()))
+    assert spec.index_compact is compact
     assert run_job(spec).record.index["top"].startswith("refreshed")  # type: ignore[union-attr]
+    assert SenseIndex(spec.index_uri("top")).meta.compact is compact
 
     def index_rows() -> list[tuple]:
         table = lancedb.connect(spec.index_uri("top")).open_table("tokens").to_arrow()
@@ -447,6 +456,14 @@ def test_index_refresh_with_the_lookup_layers_build_index(tiny_model_dir: Path,
     result = run_job(spec)
     assert result is not None and result.exit_code == 0, result.lines
     assert index_rows() == live_rows()  # old b rows gone, new b and c rows in, no duplicates
+    # Each live token's own vector finds it first (the compact index reads them anew).
+    ds = open_dataset(spec.output)
+    index = SenseIndex(spec.index_uri("top"))
+    for batch, vec in iter_mixed(ds, ds.mix("top"), columns=("doc_id", "sent_idx", "tok_idx")):
+        for i in range(0, batch.num_rows, 7):
+            hit = index.search(vec[i], k=1, exact=True, columns=["doc_id", "sent_idx",
+                                                                   "tok_idx"]).to_pylist()[0]
+            assert 1 - hit.pop("_distance") > 0.999
 
 
 def test_the_spec_tokenizer_is_the_datasets(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -1,0 +1,292 @@
+"""Compact sense indexes (``elmo index build --compact``): no vectors in the index, product-
+quantized codes in the in-memory IVF, the exact re-rank with the dataset's own vectors
+(``pipeline/lookup/index_vectors.py``). Checked against exact cosine over the dataset's mixed
+vectors, filtered and not; kept up to date as the dataset changes, refused while stale;
+on S3 (moto); over HTTP from a real server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from elmo_model.errors import ElmoUserError
+from pipeline.lookup.dataset import open_dataset
+from pipeline.lookup.held_ivf import (
+    HELD_DIR,
+    PQ_DIMS_PER_BYTE,
+    PQ_MIN_ROWS,
+    ROW_ID,
+    VECTORS_FILE,
+    HeldIvf,
+    HeldSearch,
+    build_held,
+    held_files,
+)
+from pipeline.lookup.index import INDEX_META, SenseIndex
+from pipeline.lookup.index_build import build_index
+from pipeline.lookup.index_vectors import vectors_from_dataset
+from pipeline.lookup.mixes import iter_mixed
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = ("doc_id", "sent_idx", "tok_idx")
+DIM = 32
+ROWS = 12_000  # over PQ_MIN_ROWS: product-quantized codes
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_lookup", ROOT / "bench" / "lookup.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("compact")
+    _bench().write_synthetic(root / "ds", ROWS, DIM, n_shards=2, vocab=200)
+    build_index(str(root / "ds"), "top", str(root / "ix"), compact=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def truth(built: Path) -> tuple[list[tuple], list[str], np.ndarray]:
+    """Every token's key, word and mixed vector as the dataset gives them (float16, as the
+    index ranks with)."""
+    ds = open_dataset(str(built / "ds"))
+    keys, words, parts = [], [], []
+    for batch, vec in iter_mixed(ds, ds.mix("top"), columns=(*KEYS, "token")):
+        rows = pa.Table.from_batches([batch])
+        keys += list(zip(*(rows[c].to_pylist() for c in KEYS), strict=True))
+        words += rows["token"].to_pylist()
+        parts.append(np.asarray(vec, np.float16).astype(np.float32))
+    return keys, words, np.concatenate(parts)
+
+
+def _keys(table: pa.Table) -> list[tuple]:
+    return list(zip(*(table[c].to_pylist() for c in KEYS), strict=True))
+
+
+def _exact(vectors: np.ndarray, query: np.ndarray, k: int, among: np.ndarray | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
+    among = np.arange(len(vectors)) if among is None else among
+    unit = vectors[among] / np.linalg.norm(vectors[among], axis=1, keepdims=True)
+    sims = unit @ (query / np.linalg.norm(query))
+    order = np.argsort(-sims, kind="stable")[:k]
+    return among[order], sims[order]
+
+
+def _queries(vectors: np.ndarray, n: int, seed: int = 3) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(vectors), n, replace=False)
+    return vectors[picks] + 0.3 * rng.standard_normal((n, vectors.shape[1])).astype(np.float32)
+
+
+def test_holds_codes_and_keys_not_vectors(built: Path) -> None:
+    index = SenseIndex(str(built / "ix"))
+    meta = index.meta
+    assert meta.compact and meta.built == "ivf" and meta.rows == ROWS >= PQ_MIN_ROWS
+    held = meta.held
+    assert held is not None and held["vectors"] == "dataset"
+    assert held["codes"] == f"PQ{DIM // PQ_DIMS_PER_BYTE}"
+    # Reached, or the point after which more probes gain nothing (CALIBRATION_PLATEAU).
+    assert held["recall_at_10"] >= 0.95
+    folder = built / "ix" / HELD_DIR / held["folder"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(held_files(held))
+    assert not (folder / VECTORS_FILE).exists()
+    columns = index.table.schema.names
+    assert "vector" not in columns and "row" in columns
+    # The table has no vector index of LanceDB's: the IVF beside it is the only one.
+    assert not any(ix.columns == ["vector"] for ix in index.table.list_indices())
+    # Per row: DIM / PQ_DIMS_PER_BYTE bytes of codes and faiss's 8-byte id; then the coarse
+    # centroids and the product quantizer's (256 a sub-vector). The whole index's share of
+    # the dataset at the product's sizes is in BENCHMARKS.md ("Compact indexes").
+    lists = held["lists"]
+    assert (folder / "ivf.faiss").stat().st_size \
+        <= ROWS * (DIM // PQ_DIMS_PER_BYTE + 8) + (lists + 256) * DIM * 4 + lists * 64 + 4096
+    assert _dir_bytes(built / "ix") < _dir_bytes(built / "ds")
+
+
+def test_searches_rank_with_the_datasets_vectors(built: Path, truth: tuple) -> None:
+    keys, words, vectors = truth
+    index = SenseIndex(str(built / "ix"))
+    q = _queries(vectors, 40)
+    assert isinstance(index.vector_query(q[:1], k=10, columns=KEYS), HeldSearch)
+    recall = []
+    for query in q:
+        got = index.search(query, k=10, columns=KEYS)
+        want, sims = _exact(vectors, query, 10)
+        recall.append(len(set(_keys(got)) & {keys[i] for i in want}) / 10)
+        # Distances are 1 - the exact cosine of the dataset's vectors, nearest first.
+        found = {key: i for i, key in enumerate(keys)}
+        for key, distance in zip(_keys(got), got["_distance"].to_numpy(), strict=True):
+            row = vectors[found[key]]
+            cosine = row @ query / np.linalg.norm(row) / np.linalg.norm(query)
+            assert abs((1 - distance) - cosine) < 1e-5
+        # Exact: every row ranked, the exact answer.
+        exact = index.search(query, k=10, columns=KEYS, exact=True)
+        assert _keys(exact) == [keys[i] for i in want]
+        np.testing.assert_allclose(1 - exact["_distance"].to_numpy(), sims, atol=1e-5)
+    assert np.mean(recall) >= 0.95
+    # A word prefilter: LanceDB picks the rows, their vectors rank them exactly.
+    query = q[0]
+    same = np.array([i for i, w in enumerate(words) if w == "w1"])
+    want, _ = _exact(vectors, query, 7, same)
+    got = index.search(query, k=7, words=["W1"], columns=[*KEYS, "token"])
+    assert _keys(got) == [keys[i] for i in want] and set(got["token"].to_pylist()) == {"w1"}
+    # Several queries at once: each the same as alone.
+    many = index.vector_query(q[:3], k=5, words=["w2"], columns=KEYS).to_arrow()
+    for i in range(3):
+        one = index.search(q[i], k=5, words=["w2"], columns=KEYS)
+        part = many.filter(pa.compute.equal(many["query_index"], i)).drop_columns(
+            ["query_index"])
+        assert part.equals(one)
+
+
+def test_a_filter_leaving_many_rows_searches_the_lists(built: Path, truth: tuple,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above EXACT_FILTER_ROWS the filtered rows are searched through the lists and the
+    sketches, restricted to them: only those rows come back, nearly the exact ones."""
+    from pipeline.lookup import held_ivf
+
+    keys, words, vectors = truth
+    index = SenseIndex(str(built / "ix"))
+    common = max(set(words), key=words.count)
+    same = np.array([i for i, w in enumerate(words) if w == common])
+    monkeypatch.setattr(held_ivf, "EXACT_FILTER_ROWS", len(same) - 1)
+    recall = []
+    for query in _queries(vectors, 20, seed=5):
+        got = index.search(query, k=10, words=[common], columns=[*KEYS, "token"])
+        assert set(got["token"].to_pylist()) == {common} and got.num_rows == 10
+        want, _ = _exact(vectors, query, 10, same)
+        recall.append(len(set(_keys(got)) & {keys[i] for i in want}) / 10)
+    assert np.mean(recall) >= 0.9
+    monkeypatch.setattr(held_ivf, "EXACT_FILTER_ROWS", len(same))
+    exact = index.search(query, k=10, words=[common], columns=KEYS)
+    assert _keys(exact) == [keys[i] for i in want]
+
+
+def test_occurrences_carry_the_datasets_vectors(built: Path, truth: tuple) -> None:
+    keys, words, vectors = truth
+    index = SenseIndex(str(built / "ix"))
+    rows = index.occurrences(["w3"], columns=[*KEYS, "token"])
+    assert rows.num_rows == words.count("w3")
+    found = {key: i for i, key in enumerate(keys)}
+    got = np.stack(rows["vector"].to_numpy(zero_copy_only=False)).astype(np.float32)
+    np.testing.assert_array_equal(got, vectors[[found[k] for k in _keys(rows)]])
+
+
+def test_a_changed_dataset_is_refused_until_built_again(built: Path, tmp_path: Path,
+                                                        truth: tuple) -> None:
+    keys, _, vectors = truth
+    ds = Path(shutil.copytree(built / "ds", tmp_path / "ds"))
+    ix = tmp_path / "ix"
+    build_index(str(ds), "top", str(ix), compact=True)
+    # Building again without --compact keeps what it is; asking for the other kind is refused.
+    assert build_index(str(ds), "top", str(ix)).skipped_files == 2
+    assert SenseIndex(str(ix)).meta.compact
+    with pytest.raises(ElmoUserError, match=r"is a compact index.*--rebuild"):
+        build_index(str(ds), "top", str(ix), compact=False)
+    # One of the shards the index holds is committed no more.
+    manifest = next((ds / "_manifest").iterdir())
+    (next(manifest.glob("shard=1*"))).unlink()
+    with pytest.raises(ElmoUserError, match=r"dataset changed.*elmo index build"):
+        SenseIndex(str(ix)).search(vectors[0], k=3)
+    summary = build_index(str(ds), "top", str(ix))
+    assert summary.removed_files == 1
+    index = SenseIndex(str(ix))
+    assert index.meta.rows == index.table.count_rows() < ROWS
+    got = index.search(vectors[0], k=1, columns=KEYS)
+    assert _keys(got) == [keys[0]]
+
+
+def test_a_stale_ivf_is_an_error_naming_the_build(built: Path, tmp_path: Path) -> None:
+    import json
+
+    ix = Path(shutil.copytree(built / "ix", tmp_path / "ix"))
+    meta = json.loads((ix / INDEX_META).read_text())
+    meta["held"]["table_version"] -= 1
+    (ix / INDEX_META).write_text(json.dumps(meta))
+    with pytest.raises(ElmoUserError, match=r"older than its table.*elmo index build"):
+        SenseIndex(str(ix)).search(np.ones(DIM, np.float32), k=3)
+
+
+def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline import cli
+
+    out = tmp_path / "ix"
+    assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--index", "hnsw",
+                     "--no-progress"]) == 0
+    # A full index larger than its dataset (float16 vectors, LanceDB's graph, the in-memory
+    # IVF's vectors again) says what --compact would do.
+    assert _dir_bytes(out) > _dir_bytes(built / "ds")
+    hint = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "the dataset's bytes; --compact --rebuild makes one" in hint
+    assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--compact",
+                     "--no-progress"]) == 2
+    assert "not a compact index" in capsys.readouterr().err
+    assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--compact",
+                     "--rebuild", "--no-progress"]) == 0
+    assert "--compact" not in capsys.readouterr().err.strip().splitlines()[-1]
+    assert cli.main(["index", "info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "vector index ivf" in text and "compact: codes, vectors read from the dataset" in text
+
+
+def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch,
+                      truth: tuple) -> None:
+    """On an object store the folder holds no vectors file either; loaded with the
+    dataset's vectors it answers as the local one."""
+    import s3fs
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    fs = s3fs.S3FileSystem(key="testing", secret="testing",
+                           client_kwargs={"endpoint_url": s3_endpoint})
+    fs.mkdir("compact-bucket")
+    index = SenseIndex(str(built / "ix"))
+    vectors_of = vectors_from_dataset(index.meta, index.uri)
+    held = build_held(index.table, fs, "compact-bucket/ix", vectors_of=vectors_of, dim=DIM)
+    folder = f"compact-bucket/ix/_ivf/{held['folder']}"
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(folder, detail=False)) \
+        == sorted(held_files(held))
+    remote = HeldIvf.load(fs, folder, held["nprobe"], vectors_of)
+    local = index.held_ivf()
+    assert local is not None and remote.rows.column(ROW_ID).equals(local.rows.column(ROW_ID))
+    q = _queries(truth[2], 5)
+    assert remote.nearest_rows(q, 10, KEYS).equals(local.nearest_rows(q, 10, KEYS))
+
+
+def test_served_compact_index(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """Over HTTP a compact index of the bundled model answers a word's senses as the flat
+    (exact) index of the same dataset does, and searches without a word too."""
+    import httpx
+    from serve_helpers import Served, running_server, served_data
+
+    data = served_data(tmp_path_factory)
+    compact = tmp_path / "compact.lance"
+    build_index(str(data.dataset), "top", str(compact), compact=True)
+    ask = {"sentence": "Will you play upon this pipe ?", "word": "play", "k": 5}
+    answers = []
+    for index in (data.index, compact):
+        with running_server(Served(data.dataset, index), log=tmp_path / "serve.log") as url:
+            found = httpx.post(f"{url}/senses/search", json=ask, timeout=60)
+            assert found.status_code == 200, found.text
+            answers.append([(h["doc_id"], h["sent_idx"], h["tok_idx"])
+                            for h in found.json()["hits"]])
+            anyword = httpx.post(f"{url}/senses/search", json={**ask, "any_word": True},
+                                 timeout=60)
+            assert anyword.status_code == 200 and len(anyword.json()["hits"]) == 5
+    assert answers[0] == answers[1] and len(answers[0]) == 5
