@@ -159,3 +159,27 @@ def run_layer(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, state, step: 
     with torch.inference_mode(), torch.autocast("cpu", dtype=dtype or torch.bfloat16,
                                                 enabled=dtype is not None):
         return layer(x, plan, state[0], state[1], step)
+
+
+def bench_lookup():
+    """``bench/lookup.py`` as a module (its ``write_synthetic`` writes a dataset in the real
+    layout without an embedding run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_lookup", REPO / "bench" / "lookup.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def moto_fs(endpoint: str, monkeypatch: pytest.MonkeyPatch):
+    """An s3fs file system on the moto server at ``endpoint`` (the ``s3_endpoint`` fixture),
+    with the test credentials also in the environment (for LanceDB and pyarrow)."""
+    import s3fs
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    return s3fs.S3FileSystem(key="testing", secret="testing",
+                             client_kwargs={"endpoint_url": endpoint})

@@ -71,21 +71,16 @@ def test_every_option_and_positional_has_help(command: str) -> None:
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path) -> None:
     """`elmo sql ... | head -1`: the CLI stops quietly when its reader goes away."""
-    import importlib.util
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("bench_lookup", root / "bench" / "lookup.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    bench.write_synthetic(tmp_path / "ds", 200, 8, n_shards=1, vocab=20)
+    from helpers import REPO, bench_lookup
+
+    bench_lookup().write_synthetic(tmp_path / "ds", 200, 8, n_shards=1, vocab=20)
     command = [sys.executable, "-m", "pipeline.cli", "sql", str(tmp_path / "ds"),
                "select * from range(300000)", "--format", "csv", "--no-verify"]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          cwd=root) as process:
+                          cwd=REPO) as process:
         assert process.stdout is not None and process.stderr is not None
         assert process.stdout.readline().strip() == b"range"
         process.stdout.close()  # as `head -1` does

@@ -7,13 +7,13 @@ on S3 (moto); over HTTP from a real server.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers import bench_lookup, moto_fs
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import open_dataset
@@ -33,18 +33,9 @@ from pipeline.lookup.index_build import build_index
 from pipeline.lookup.index_vectors import vectors_from_dataset
 from pipeline.lookup.mixes import iter_mixed
 
-ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("doc_id", "sent_idx", "tok_idx")
 DIM = 32
 ROWS = 12_000  # over PQ_MIN_ROWS: product-quantized codes
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_lookup", ROOT / "bench" / "lookup.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
 
 
 def _dir_bytes(path: Path) -> int:
@@ -54,7 +45,7 @@ def _dir_bytes(path: Path) -> int:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("compact")
-    _bench().write_synthetic(root / "ds", ROWS, DIM, n_shards=2, vocab=200)
+    bench_lookup().write_synthetic(root / "ds", ROWS, DIM, n_shards=2, vocab=200)
     build_index(str(root / "ds"), "top", str(root / "ix"), compact=True)
     return root
 
@@ -248,13 +239,7 @@ def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyP
                       truth: tuple) -> None:
     """On an object store the folder holds no vectors file either; loaded with the
     dataset's vectors it answers as the local one."""
-    import s3fs
-
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1")):
-        monkeypatch.setenv(name, value)
-    fs = s3fs.S3FileSystem(key="testing", secret="testing",
-                           client_kwargs={"endpoint_url": s3_endpoint})
+    fs = moto_fs(s3_endpoint, monkeypatch)
     fs.mkdir("compact-bucket")
     index = SenseIndex(str(built / "ix"))
     vectors_of = vectors_from_dataset(index.meta, index.uri)

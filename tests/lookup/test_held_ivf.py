@@ -6,7 +6,6 @@ stale, and stored on S3 (moto) as on local disk.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers import bench_lookup, moto_fs
 
 from pipeline.lookup.held_ivf import (
     CALIBRATION_RECALL,
@@ -31,23 +31,14 @@ from pipeline.lookup.index import INDEX_META, SenseIndex
 from pipeline.lookup.index_build import build_index
 from pipeline.lookup.vector_search import VectorSearch
 
-ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("doc_id", "sent_idx", "tok_idx")
 DIM = 32
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_lookup", ROOT / "bench" / "lookup.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("held_ivf")
-    data = _bench().write_synthetic(root / "ds", 6000, DIM, n_shards=2, vocab=200)
+    data = bench_lookup().write_synthetic(root / "ds", 6000, DIM, n_shards=2, vocab=200)
     build_index(str(root / "ds"), "top", str(root / "ix"), kind="hnsw")
     return root, data
 
@@ -227,14 +218,8 @@ def test_stored_on_s3(built: tuple[Path, dict], s3_endpoint: str,
                       monkeypatch: pytest.MonkeyPatch) -> None:
     """On an object store the folder is made locally and uploaded; loading reads it into
     memory; other folders are removed."""
-    import s3fs
-
     root, data = built
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1")):
-        monkeypatch.setenv(name, value)
-    fs = s3fs.S3FileSystem(key="testing", secret="testing",
-                           client_kwargs={"endpoint_url": s3_endpoint})
+    fs = moto_fs(s3_endpoint, monkeypatch)
     fs.mkdir("ivf-bucket")
     fs.pipe("ivf-bucket/ix/_ivf/v0-stale/ivf.faiss", b"left by a stopped build")
     index = SenseIndex(str(root / "ix"))

@@ -10,29 +10,24 @@ as through ``VectorSearch.lancedb_query``, the query the index ran before.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import threading
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers import bench_lookup
 
 from pipeline.lookup.index import SearchParams, SenseIndex, token_filter
 from pipeline.lookup.index_build import build_index
 from pipeline.lookup.vector_search import VectorSearch
 
-ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("doc_id", "sent_idx", "tok_idx")
 DIM = 32
 
 
 def _write_synthetic(out: Path, n_tokens: int) -> None:
-    spec = importlib.util.spec_from_file_location("bench_lookup", ROOT / "bench" / "lookup.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    bench.write_synthetic(out, n_tokens, DIM, n_shards=2, vocab=200)
+    bench_lookup().write_synthetic(out, n_tokens, DIM, n_shards=2, vocab=200)
 
 
 @pytest.fixture(scope="module")
