@@ -148,7 +148,7 @@ def register(subparsers: Any) -> None:
     b.add_argument("--mix", default="top", help="mix to index (default top; see "
                    "`elmo mix list DATASET`)")
     b.add_argument("--out", required=True, metavar="URI", help="LanceDB directory / URI")
-    b.add_argument("--index", choices=("auto", "hnsw", "flat"), default="auto",
+    b.add_argument("--index", choices=("auto", "hnsw", "flat"), default=None,
                    help="vector index: hnsw (LanceDB's IVF_HNSW_SQ, plus an IVF that "
                         "`elmo serve` holds in memory for searches without a word), flat "
                         "(exact) or auto (hnsw from 50k rows)")
@@ -302,8 +302,11 @@ def run_index_build(args: argparse.Namespace) -> int:
             if value is not None and value < 1:
                 raise ElmoUserError(f"--{name.replace('_', '-')} must be at least 1")
         search = SearchParams(**{k: v for k, v in given.items() if v is not None})
+    if args.compact and (args.index is not None or search is not None):
+        raise ElmoUserError("--compact makes its own IVF and measures its probes: --index, "
+                            "--nprobes, --ef and --refine-factor are for full indexes")
     words = WordSelection(parse_words(args.words), args.min_count, args.max_count)
-    summary = build_index(args.dataset, args.mix, args.out, kind=args.index,
+    summary = build_index(args.dataset, args.mix, args.out, kind=args.index or "auto",
                           rebuild=args.rebuild, search=search, words=words,
                           show_progress=not args.no_progress, compact=args.compact,
                           progress=lambda line: print(f"  {line}", file=sys.stderr))

@@ -230,6 +230,9 @@ def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
     assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--compact",
                      "--rebuild", "--no-progress"]) == 0
     assert "--compact" not in capsys.readouterr().err.strip().splitlines()[-1]
+    assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--compact",
+                     "--ef", "200"]) == 2
+    assert "--ef and --refine-factor are for full indexes" in capsys.readouterr().err
     assert cli.main(["index", "info", str(out)]) == 0
     text = capsys.readouterr().out
     assert "vector index ivf" in text and "compact: codes, vectors read from the dataset" in text
