@@ -233,7 +233,8 @@ class SenseIndex:
     def held_ivf(self) -> HeldIvf | None:
         """The in-memory IVF (loaded on first use), or None when the index has none, its
         table changed after it was made, or its files cannot be read (then LanceDB answers,
-        and one line on stderr says how to make it again)."""
+        and one line on stderr says how to make it again). A compact index's has no
+        fallback: those cases are errors (``_compact_ivf``)."""
         if self.meta.compact:
             return self._compact_ivf()
         if not self._held_tried:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import Dataset
-from pipeline.lookup.index_rows import split_key
+from pipeline.lookup.index_rows import file_rows, split_key
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mixes import iter_mixed
 
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 
 # The columns of an index row that say where its vector is in the dataset.
 KEY_COLUMNS = ("part", "shard", "row")
-# Stored in float16: the same as a layout-2 index's vectors (recall@10 as float32).
-VECTOR_DTYPE = "float16"
 
 
 def committed_paths(ds: Dataset, indexed: Sequence[str], fix: str) -> dict[tuple[str, int], str]:
@@ -50,17 +48,16 @@ def committed_paths(ds: Dataset, indexed: Sequence[str], fix: str) -> dict[tuple
 
 
 def read_index_vectors(ds: Dataset, mix: Mix, paths: dict[tuple[str, int], str],
-                       keys: pa.Table) -> np.ndarray:
-    """The mixed vectors ``[len(keys), dim]`` (``VECTOR_DTYPE``) of the rows ``keys``
-    (columns ``KEY_COLUMNS``) in their order, mixed on read from the files ``paths``
-    (``committed_paths``)."""
+                       keys: pa.Table, dtype: str) -> np.ndarray:
+    """The mixed vectors ``[len(keys), dim]`` (held as ``dtype``: the index's
+    ``vector_dtype``) of the rows ``keys`` (columns ``KEY_COLUMNS``) in their order, mixed
+    on read from the files ``paths`` (``committed_paths``)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     n = keys.num_rows
-    out = np.empty((n, ds.descriptor.dim), VECTOR_DTYPE)
+    out = np.empty((n, ds.descriptor.dim), dtype)
     if n == 0:
         return out
     # Each row's file, as an index into the distinct (part, shard) pairs.
@@ -79,8 +76,7 @@ def read_index_vectors(ds: Dataset, mix: Mix, paths: dict[tuple[str, int], str],
     total = 0
     for i, path in enumerate(files):
         first[i] = total
-        with ds.fs.open(path, "rb") as handle:
-            total += pq.ParquetFile(handle).metadata.num_rows
+        total += file_rows(ds, [path])
     file_of = pc.index_in(pc.binary_join_element_wise(
         pairs.column("part"), pc.cast(pairs.column("shard"), pa.string()), "\x00"),
         value_set=pa.array([f"{p}\x00{s}" for p, s in wanted])).to_numpy()
@@ -124,6 +120,7 @@ def vectors_from_dataset(meta: IndexMeta, uri: str, storage_options: dict | None
     mix = meta.the_mix()
 
     def vectors_of(rows: pa.Table) -> np.ndarray:
-        return read_index_vectors(ds, mix, paths, rows.select(list(KEY_COLUMNS)))
+        return read_index_vectors(ds, mix, paths, rows.select(list(KEY_COLUMNS)),
+                                  meta.vector_dtype)
 
     return vectors_of
