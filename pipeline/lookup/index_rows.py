@@ -20,6 +20,7 @@ from pipeline.lookup.index_sentences import SENTENCES_TABLE, join_in_row_order, 
 from pipeline.lookup.index_words import keep_mask
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mixes import iter_mixed
+from schemas.layers import cast_floats
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -130,7 +131,7 @@ def rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences: pa.Tabl
         if vec is None:
             vector_or_row = {"row": pa.array(file_row)}
         else:
-            values = np.ascontiguousarray(vec, dtype=vector_dtype).reshape(-1)
+            values = cast_floats(vec, vector_dtype).reshape(-1)
             vector_or_row = {"vector": pa.FixedSizeListArray.from_arrays(pa.array(values), dim)}
         yield pa.table({
             **vector_or_row,

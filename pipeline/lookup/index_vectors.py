@@ -23,6 +23,7 @@ from pipeline.lookup.dataset import Dataset
 from pipeline.lookup.index_rows import file_rows, split_key
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mixes import iter_mixed
+from schemas.layers import cast_floats
 
 if TYPE_CHECKING:
     import numpy as np
@@ -92,9 +93,20 @@ def read_index_vectors(ds: Dataset, mix: Mix, paths: dict[tuple[str, int], str],
         end = start + len(vec)
         lo, hi = np.searchsorted(sorted_rows, [start, end])
         if hi > lo:
-            out[order[lo:hi]] = vec[sorted_rows[lo:hi] - start]
+            dst, src = order[lo:hi], sorted_rows[lo:hi] - start
+            if _is_run(dst) and _is_run(src):  # the usual case: rows kept in stream order
+                cast_floats(vec[src[0]:src[-1] + 1], dtype, out=out[dst[0]:dst[-1] + 1])
+            else:
+                out[dst] = cast_floats(vec[src], dtype)
         start = end
     return out
+
+
+def _is_run(positions: np.ndarray) -> bool:
+    import numpy as np
+
+    """Whether ``positions`` are ``p, p + 1, ...`` (one slice instead of a gather)."""
+    return bool((np.diff(positions) == 1).all())
 
 
 def vectors_from_dataset(meta: IndexMeta, uri: str, storage_options: dict | None = None

@@ -30,7 +30,7 @@ from pipeline.lookup.held_ivf import (
 )
 from pipeline.lookup.index import INDEX_META, SenseIndex
 from pipeline.lookup.index_build import build_index
-from pipeline.lookup.index_vectors import vectors_from_dataset
+from pipeline.lookup.index_vectors import KEY_COLUMNS, vectors_from_dataset
 from pipeline.lookup.mixes import iter_mixed
 
 KEYS = ("doc_id", "sent_idx", "tok_idx")
@@ -236,6 +236,19 @@ def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
     assert cli.main(["index", "info", str(out)]) == 0
     text = capsys.readouterr().out
     assert "vector index ivf" in text and "compact: codes, vectors read from the dataset" in text
+
+
+def test_vectors_of_rows_in_any_order(built: Path, truth: tuple) -> None:
+    """The vectors a compact index holds are the dataset's, row for row, whether its rows
+    come in the files' order (one slice per batch) or any other (a gather)."""
+    index = SenseIndex(str(built / "ix"))
+    rows = index.table.to_arrow().select([*KEY_COLUMNS, *KEYS])
+    found = {key: i for i, key in enumerate(truth[0])}
+    want = truth[2][[found[key] for key in _keys(rows)]].astype(np.float16)
+    vectors_of = vectors_from_dataset(index.meta, index.uri)
+    assert np.array_equal(vectors_of(rows), want)
+    shuffled = np.random.default_rng(5).permutation(rows.num_rows)
+    assert np.array_equal(vectors_of(rows.take(shuffled)), want[shuffled])
 
 
 def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch,

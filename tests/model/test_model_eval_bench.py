@@ -1,5 +1,6 @@
 """The pure parts of the model evaluation scripts (bench/model_perplexity.py,
-bench/layer_probe.py, bench/demo_searches.py), checked against brute force."""
+bench/layer_probe.py, bench/pos_probe_ud.py, bench/sense_probe_senseval.py,
+bench/demo_searches.py), checked against brute force."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench_module(name: str) -> ModuleType:
+    if str(ROOT / "bench") not in sys.path:  # the scripts import each other, as when run
+        sys.path.append(str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -79,3 +82,87 @@ def test_demo_hit_offsets_hold_for_a_sentence_cut_from_the_line() -> None:
     assert bench.line_offset(line, line, line.index("play.")) == line.index("play.")
     # a sentence whose stored spaces differ from the line's
     assert bench.line_offset(line, "Then he plays the lute.", 8) == line.index("plays")
+
+
+CONLLU = """# sent_id = 1
+# text = I don't know.
+1\tI\tI\tPRON\tPRP\t_\t4\tnsubj\t_\t_
+2-3\tdon't\t_\t_\t_\t_\t_\t_\t_\t_
+2\tdo\tdo\tAUX\tVBP\t_\t4\taux\t_\t_
+3\tn't\tnot\tPART\tRB\t_\t4\tadvmod\t_\t_
+4\tknow\tknow\tVERB\tVB\t_\t0\troot\t_\t_
+4.1\tit\tit\tPRON\tPRP\t_\t_\t_\t_\t_
+5\t.\t.\tPUNCT\t.\t_\t4\tpunct\t_\t_
+
+# sent_id = 2
+1\tYes\tyes\tINTJ\tUH\t_\t0\troot\t_\t_
+"""
+
+
+def test_conllu_words_skip_multiword_tokens_and_empty_nodes(tmp_path: Path) -> None:
+    bench = bench_module("pos_probe_ud")
+    (tmp_path / "x.conllu").write_text(CONLLU)
+    first, second = bench.read_conllu(tmp_path / "x.conllu")
+    assert first.words == ("I", "do", "n't", "know", ".")
+    assert first.upos == ("PRON", "AUX", "PART", "VERB", "PUNCT")
+    assert first.xpos == ("PRP", "VBP", "RB", "VB", ".")
+    assert second.words == ("Yes",) and second.upos == ("INTJ",)
+
+
+def test_sentence_bootstrap_resamples_whole_sentences() -> None:
+    bench = bench_module("pos_probe_ud")
+    lengths = np.array([3, 1, 2])
+    scores = {"layer1": np.array([1, 1, 0, 1, 0, 0.0]), "layer2": np.array([1, 0, 0, 1, 1, 0.0])}
+    out = bench.sentence_bootstrap(scores, lengths, resamples=300, seed=4)
+    assert out["layer1"][0] == 3 / 6 and out["layer2"][0] == 3 / 6
+    # Brute force: each draw's accuracy is its sentences' correct tokens over their tokens.
+    draws = bench.bootstrap_draws(3, 300, 4)
+    correct = {"layer1": [2, 1, 0], "layer2": [1, 1, 1]}
+    for name in ("layer1", "layer2"):
+        means = [sum(correct[name][s] for s in d) / lengths[d].sum() for d in draws]
+        np.testing.assert_allclose(out[name][1:], np.percentile(means, [2.5, 97.5]))
+    diff = [(sum(correct["layer1"][s] - correct["layer2"][s] for s in d)) / lengths[d].sum()
+            for d in draws]
+    np.testing.assert_allclose(out["layer1 - layer2"], [0.0, *np.percentile(diff, [2.5, 97.5])],
+                               atol=1e-12)
+
+
+SENSEVAL = """<corpus lang="en"><lexelt item="line-n">
+<instance id="a"><answer instance="a" senseid="cord"/><context>
+ <wf pos="DT">the</wf> <head> <wf pos="NN">line</wf></head> <wf pos="VBD">broke</wf>
+</context></instance>
+<instance id="b"><answer instance="b" senseid="phone"/><answer instance="b" senseid="cord"/>
+<context> <head> <wf pos="NN">line</wf></head> </context></instance>
+<instance id="c"><answer instance="c" senseid="phone"/><context>
+ <wf pos="PRP">he</wf> <wf pos="VBD">held</wf> <wf pos="DT">the</wf>
+ <head> <wf pos="NN">line</wf></head>
+</context></instance>
+</lexelt></corpus>"""
+
+
+def test_senseval_contexts_and_nearest_sense_mean(tmp_path: Path) -> None:
+    bench = bench_module("sense_probe_senseval")
+    (tmp_path / "line.pos").write_text(SENSEVAL)
+    contexts = bench.read_senseval(tmp_path)
+    # "b" has two answers: left out, as ambiguous
+    assert [(c.words, c.position, c.sense) for c in contexts] == [
+        (("the", "line", "broke"), 1, "cord"), (("he", "held", "the", "line"), 3, "phone")]
+    # Two senses of one word, vectors in two layers; sense means against brute force.
+    rng = np.random.default_rng(2)
+    many = [bench.Context("line", ("line",), 0, s) for s in ["cord"] * 6 + ["phone"] * 6]
+    vectors = rng.normal(size=(12, 2, 4))
+    vectors[:6, 1] += [3, 0, 0, 0]  # layer 1 separates the senses
+    vectors[6:, 1] += [0, 3, 0, 0]
+    train, test = bench.split_halves(many, seed=0)
+    assert len(train) == len(test) == 6
+    assert sorted(many[i].sense for i in train) == ["cord"] * 3 + ["phone"] * 3
+    scores = bench.sense_scores(vectors, many, train, test)
+    for layer in (0, 1):
+        unit = vectors[:, layer] / np.linalg.norm(vectors[:, layer], axis=1, keepdims=True)
+        means = {s: unit[[i for i in train if many[i].sense == s]].mean(axis=0)
+                 for s in ("cord", "phone")}
+        want = [max(means, key=lambda s: unit[i] @ means[s] / np.linalg.norm(means[s]))
+                == many[i].sense for i in test]
+        np.testing.assert_array_equal(scores[f"layer{layer}, nearest sense mean"], want)
+    assert scores["layer1, nearest sense mean"].mean() == 1.0
+    np.testing.assert_array_equal(scores["most frequent sense"].sum(), 3)

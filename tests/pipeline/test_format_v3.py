@@ -22,7 +22,7 @@ from pipeline.lookup.token_layers import (
     stored_columns,
 )
 from schemas import HALF_LAYER_0, SCHEMA_VERSION
-from schemas.layers import dequantize_int8, quantize_int8
+from schemas.layers import cast_floats, dequantize_int8, quantize_int8
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +61,23 @@ def test_int8_rule_round_trips_within_half_a_step() -> None:
     assert q.dtype == np.int8 and np.abs(q).max() == 127 and scale[3] == 0
     back = dequantize_int8(q, scale)
     assert np.all(np.abs(back - x) <= scale[:, None] / 2 + 1e-7)
+
+
+@pytest.mark.parametrize("rows", [3, 4096])  # numpy's cast below the torch threshold, then torch
+def test_cast_floats_rounds_as_numpy(rows: int) -> None:
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((rows, 64)) * rng.choice([1e-7, 1e-3, 1, 3e4], (rows, 1)))
+    x = x.astype(np.float32)
+    # Ties between two float16 values, overflow, subnormals and NaN.
+    x[0, :6] = [1 + 2 ** -11, 1 + 3 * 2 ** -11, 70000.0, -1e-8, np.nan, 65520.0]
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+        got = cast_floats(x, "float16")
+        into = np.empty((rows + 2, 64), np.float16)
+        cast_floats(x, "float16", out=into[1:-1])
+    assert got.dtype == np.float16 and np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(into[1:-1], want, equal_nan=True)
+    assert np.array_equal(cast_floats(want, "float32"), want.astype(np.float32), equal_nan=True)
 
 
 def test_v3_moves_layer_0_to_types_once_per_token(datasets: dict[str, Path]) -> None:
