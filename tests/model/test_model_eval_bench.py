@@ -1,5 +1,5 @@
 """The pure parts of the model evaluation scripts (bench/model_perplexity.py,
-bench/layer_probe.py, bench/pos_probe_ud.py, bench/sense_probe_senseval.py,
+bench/layer_probe.py, bench/pos_probe.py, bench/sense_probe_senseval.py,
 bench/demo_searches.py), checked against brute force."""
 
 from __future__ import annotations
@@ -100,17 +100,28 @@ CONLLU = """# sent_id = 1
 
 
 def test_conllu_words_skip_multiword_tokens_and_empty_nodes(tmp_path: Path) -> None:
-    bench = bench_module("pos_probe_ud")
+    bench = bench_module("pos_probe")
     (tmp_path / "x.conllu").write_text(CONLLU)
     first, second = bench.read_conllu(tmp_path / "x.conllu")
     assert first.words == ("I", "do", "n't", "know", ".")
-    assert first.upos == ("PRON", "AUX", "PART", "VERB", "PUNCT")
-    assert first.xpos == ("PRP", "VBP", "RB", "VB", ".")
-    assert second.words == ("Yes",) and second.upos == ("INTJ",)
+    assert first.tags == {"upos": ("PRON", "AUX", "PART", "VERB", "PUNCT"),
+                          "xpos": ("PRP", "VBP", "RB", "VB", ".")}
+    assert second.words == ("Yes",) and second.tags["upos"] == ("INTJ",)
+
+
+def test_ptb_trees_give_their_leaves_without_traces(tmp_path: Path) -> None:
+    bench = bench_module("pos_probe")
+    (tmp_path / "wsj_0001.mrg").write_text(
+        "( (S (NP-SBJ (NNP Mr.) (NNP Vinken) )\n  (VP (VBZ is) (NP (-NONE- *T*-1) ))\n"
+        "  (. .) ))\n( (FRAG (NP (NN Yes) ) (. !) ))\n")
+    first, second = bench.read_ptb(tmp_path / "wsj_0001.mrg")
+    assert first.words == ("Mr.", "Vinken", "is", ".")
+    assert first.tags == {"ptb": ("NNP", "NNP", "VBZ", ".")}
+    assert second.words == ("Yes", "!") and second.tags == {"ptb": ("NN", ".")}
 
 
 def test_sentence_bootstrap_resamples_whole_sentences() -> None:
-    bench = bench_module("pos_probe_ud")
+    bench = bench_module("pos_probe")
     lengths = np.array([3, 1, 2])
     scores = {"layer1": np.array([1, 1, 0, 1, 0, 0.0]), "layer2": np.array([1, 0, 0, 1, 1, 0.0])}
     out = bench.sentence_bootstrap(scores, lengths, resamples=300, seed=4)

@@ -1,20 +1,29 @@
-"""Which biLM layer serves part of speech, on every token of a Universal Dependencies
-treebank with gold tags (never in the training corpora, which exclude annotated text), with
-sentence-level bootstrap 95% intervals.
+"""Which biLM layer serves part of speech, on every token of a treebank with gold tags
+(never in the training corpora, which exclude annotated text), with sentence-level bootstrap
+95% intervals.
 
-    # English Web Treebank, CC BY-SA 4.0 (its dev and test files; the train file is not needed)
+    # English Web Treebank (Universal Dependencies), CC BY-SA 4.0: its dev and test files
     git clone --depth 1 https://github.com/UniversalDependencies/UD_English-EWT /tmp/ewt
-    PYTHONPATH=$PWD .venv/bin/python bench/pos_probe_ud.py models/default --ud-dir /tmp/ewt \\
+    PYTHONPATH=$PWD .venv/bin/python bench/pos_probe.py models/default --ud-dir /tmp/ewt \\
         --random-floor
+    # NLTK's Penn Treebank sample (Wall Street Journal, 199 files; LDC, non-commercial use)
+    unzip treebank.zip -d /tmp/nltk        # nltk_data: packages/corpora/treebank.zip
+    PYTHONPATH=$PWD .venv/bin/python bench/pos_probe.py models/default \\
+        --ptb-dir /tmp/nltk/treebank/combined
 
-Each sentence's word forms (column 2 of the CoNLL-U file; multiword-token lines such as
-``don't`` are skipped in favour of their words ``do`` ``n't``) are embedded as one sequence
-with the model's own start (``initial_state`` auto), the way the ELMo paper's taggers read
-them. Per layer, a linear probe (scikit-learn's ``LogisticRegression`` on standardised
-vectors) is trained on every token of ``*-dev.conllu`` and scored on every token of
-``*-test.conllu``, for the universal tags (UPOS, 17) and the treebank's own (XPOS: Penn
-Treebank tags for English, the paper's task). Baseline: each word's most frequent tag in
-the training file (unseen words: the most frequent tag overall).
+Each sentence's words are embedded as one sequence with the model's own start
+(``initial_state`` auto), the way the ELMo paper's taggers read them. Per layer, a linear
+probe (scikit-learn's ``LogisticRegression`` on standardised vectors) is trained on every
+token of the training part and scored on every token of the test part. Baseline: each
+word's most frequent tag in the training part (unseen words: the most frequent tag overall).
+
+- UD (``--ud-dir``): trained on ``*-dev.conllu``, scored on ``*-test.conllu``; word forms
+  from column 2 (multiword-token lines such as ``don't`` are skipped in favour of their
+  words ``do`` ``n't``); the universal tags (UPOS, 17) and the treebank's own (XPOS: Penn
+  Treebank tags for English).
+- PTB (``--ptb-dir``, the ``.mrg`` parse files): the leaves of each tree, traces
+  (``-NONE-``) left out, with their Penn Treebank tags (the paper's task); trained on the
+  first 80% of the files in name order, scored on the rest.
 
 Intervals: ``--resamples`` bootstrap resamples of the test *sentences* (a sentence's tokens
 stay together, since their tags are not independent), the same resamples for every layer,
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -33,14 +43,14 @@ from pathlib import Path
 import numpy as np
 from layer_probe import bootstrap_draws, load_embedder
 
-TAG_SETS = ("upos", "xpos")
+PTB_LEAF = re.compile(r"\(([^\s()]+) ([^\s()]+)\)")  # (TAG word)
+PTB_TRAIN_SHARE = 0.8
 
 
 @dataclass(frozen=True)
 class Sentence:
     words: tuple[str, ...]
-    upos: tuple[str, ...]
-    xpos: tuple[str, ...]
+    tags: dict[str, tuple[str, ...]]  # tag set name -> one tag per word
 
 
 def read_conllu(path: Path) -> list[Sentence]:
@@ -52,13 +62,44 @@ def read_conllu(path: Path) -> list[Sentence]:
         if not line:
             if words:
                 forms, upos, xpos = zip(*words, strict=True)
-                sentences.append(Sentence(forms, upos, xpos))
+                sentences.append(Sentence(forms, {"upos": upos, "xpos": xpos}))
             words = []
         elif not line.startswith("#"):
             fields = line.split("\t")
             if fields[0].isdigit():  # not "3-4" (a multiword token) or "5.1" (empty node)
                 words.append((fields[1], fields[3], fields[4]))
     return sentences
+
+
+def read_ptb(path: Path) -> list[Sentence]:
+    """The sentences of a Penn Treebank ``.mrg`` file: each top-level tree's leaves with
+    their tags, traces and other empty elements (``-NONE-``) left out."""
+    sentences, depth, tree = [], 0, []
+    for char in path.read_text(encoding="latin-1"):
+        if depth or char == "(":
+            tree.append(char)
+        depth += (char == "(") - (char == ")")
+        if tree and depth == 0:
+            leaves = [(w, t) for t, w in PTB_LEAF.findall("".join(tree)) if t != "-NONE-"]
+            if leaves:
+                words, tags = zip(*leaves, strict=True)
+                sentences.append(Sentence(words, {"ptb": tags}))
+            tree = []
+    return sentences
+
+
+def read_treebank(args: argparse.Namespace) -> tuple[str, list[Sentence], list[Sentence]]:
+    """``(name, training sentences, test sentences)`` of the treebank the options name."""
+    if args.ud_dir:
+        ud = Path(args.ud_dir)
+        (dev,), (test,) = sorted(ud.glob("*-dev.conllu")), sorted(ud.glob("*-test.conllu"))
+        return f"{ud.name} ({dev.name} / {test.name})", read_conllu(dev), read_conllu(test)
+    files = sorted(Path(args.ptb_dir).glob("*.mrg"))
+    cut = round(len(files) * PTB_TRAIN_SHARE)
+    return (f"Penn Treebank sample ({files[0].stem}..{files[cut - 1].stem} / "
+            f"{files[cut].stem}..{files[-1].stem})",
+            [s for f in files[:cut] for s in read_ptb(f)],
+            [s for f in files[cut:] for s in read_ptb(f)])
 
 
 def token_vectors(embedder, sentences: list[Sentence]) -> np.ndarray:
@@ -112,8 +153,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", nargs="+", help="one or more model directories")
-    parser.add_argument("--ud-dir", required=True,
-                        help="a UD treebank folder with *-dev.conllu and *-test.conllu")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--ud-dir", help="a UD treebank folder with *-dev.conllu and "
+                        "*-test.conllu")
+    source.add_argument("--ptb-dir", help="a folder of Penn Treebank .mrg files")
     parser.add_argument("--random-floor", action="store_true",
                         help="also score the first model's network with random weights")
     parser.add_argument("--resamples", type=int, default=1000)
@@ -124,37 +167,36 @@ def main() -> None:
 
     torch.set_num_threads(1)
     start = time.perf_counter()
-    ud = Path(args.ud_dir)
-    (dev,), (test,) = sorted(ud.glob("*-dev.conllu")), sorted(ud.glob("*-test.conllu"))
-    train_sents, test_sents = read_conllu(dev), read_conllu(test)
+    name, train_sents, test_sents = read_treebank(args)
+    tag_sets = list(train_sents[0].tags)
     lengths = np.array([len(s.words) for s in test_sents])
     train_words = [w for s in train_sents for w in s.words]
     test_words = [w for s in test_sents for w in s.words]
-    print(f"{ud.name}: probe trained on {len(train_words):,} tokens ({dev.name}), scored on "
-          f"{len(test_words):,} tokens in {len(test_sents):,} sentences ({test.name})",
-          flush=True)
+    print(f"{name}: probe trained on {len(train_words):,} tokens, scored on "
+          f"{len(test_words):,} tokens in {len(test_sents):,} sentences", flush=True)
 
     runs = [(m, False) for m in args.model_dir]
     if args.random_floor:
         runs.append((args.model_dir[0], True))
     results: dict[str, dict] = {}
     for model_dir, random_weights in runs:
-        name = f"{model_dir}, random weights" if random_weights else model_dir
+        run = f"{model_dir}, random weights" if random_weights else model_dir
         embedder = load_embedder(model_dir, random_weights)
         train_x, test_x = token_vectors(embedder, train_sents), token_vectors(embedder, test_sents)
-        results[name] = {}
-        for tags in TAG_SETS:
-            train_y = np.array([t for s in train_sents for t in getattr(s, tags)])
-            test_y = np.array([t for s in test_sents for t in getattr(s, tags)])
+        results[run] = {}
+        for tags in tag_sets:
+            train_y = np.array([t for s in train_sents for t in s.tags[tags]])
+            test_y = np.array([t for s in test_sents for t in s.tags[tags]])
             scores = {f"layer{k}": probe_scores(train_x[:, k], train_y, test_x[:, k], test_y)
                       for k in range(train_x.shape[1])}
             scores["majority tag per word"] = majority_scores(train_words, train_y,
                                                               test_words, test_y)
-            results[name][tags] = sentence_bootstrap(scores, lengths, args.resamples,
-                                                     args.seed)
-        print(f"{name}: {time.perf_counter() - start:.0f}s", flush=True)
-    for tags in TAG_SETS:
-        print(f"\n{tags.upper()} on {ud.name}: token accuracy [95% sentence-bootstrap interval]")
+            results[run][tags] = sentence_bootstrap(scores, lengths, args.resamples,
+                                                    args.seed)
+        print(f"{run}: {time.perf_counter() - start:.0f}s", flush=True)
+    for tags in tag_sets:
+        print(f"\n{tags.upper()} tags, {name}: token accuracy [95% sentence-bootstrap "
+              "interval]")
         print("| | " + " | ".join(results) + " |")
         print("|---" * (1 + len(results)) + "|")
         for row in next(iter(results.values()))[tags]:
