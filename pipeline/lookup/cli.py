@@ -346,8 +346,9 @@ def run_index_info(args: argparse.Namespace) -> int:
     vectors = "compact: codes, vectors read from the dataset" if m.compact \
         else f"{m.vector_dtype} vectors"
     held = m.held or {}
-    search = (f"in-memory, {held.get('codes')} codes, {held.get('nprobe')} of "
-              f"{held.get('lists')} lists probed") if m.compact else (
+    search = (f"in-memory, {held.get('codes')} codes trained on {held.get('trained_rows')} "
+              f"rows, {held.get('nprobe')} of {held.get('lists')} lists probed") \
+        if m.compact else (
         f"nprobes {m.search.nprobes}, ef {m.search.ef}, refine {m.search.refine_factor}")
     print(f"index {args.uri}\n  dataset {m.dataset}\n  mix {ix.mix.describe()}\n"
           f"  rows {ix.table.count_rows()}, dim {m.dim}, vector index {m.built} ({search})\n"

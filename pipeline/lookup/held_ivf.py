@@ -105,6 +105,10 @@ ROW_ID = "_rowid"  # LanceDB's row id, kept per row by compact indexes
 # of 95k rows at 1024-d took 0.2 s.
 EXACT_FILTER_ROWS = 20_000
 RANK_BLOCK_ROWS = 8_192  # rows widened to float32 at a time: they stay in cache
+# A rebuild after the table changed keeps the coarse centroids and codebooks it was trained
+# with while the rows stay within this factor of those it was trained on (as LanceDB's own
+# vector index is kept, index_build): training was 46 of 51 s for 100k x 1024 PQ codes.
+RETRAIN_GROWTH = 4
 
 
 def current(held: dict[str, Any] | None, table_version: int) -> bool:
@@ -424,14 +428,46 @@ def codes_for(rows: int, dim: int, compact: bool) -> str:
     return "SQ8"
 
 
+def trained_index(fs: Any, root: str, previous: dict[str, Any] | None, rows: int, dim: int,
+                  codes: str) -> Any | None:
+    """The IVF of ``previous`` (the ``IndexMeta.held`` being replaced) emptied of its rows but
+    keeping its training, when it can serve ``rows`` rows of ``dim`` with ``codes``: the
+    same codes, and rows within ``RETRAIN_GROWTH`` times those it was trained on. None
+    otherwise (and for records older than ``trained_rows``), or if it cannot be read."""
+    import faiss
+    import numpy as np
+
+    from pipeline.lookup.dataset import is_local
+
+    if previous is None or previous.get("format") != HELD_FORMAT \
+            or previous.get("codes", "SQ8") != codes or not previous.get("trained_rows"):
+        return None
+    trained = previous["trained_rows"]
+    if not trained / RETRAIN_GROWTH <= rows <= trained * RETRAIN_GROWTH:
+        return None
+    path = f"{root}/{HELD_DIR}/{previous['folder']}/{IVF_FILE}"
+    try:
+        index = faiss.read_index(path) if is_local(fs) \
+            else faiss.deserialize_index(np.frombuffer(fs.cat(path), np.uint8))
+    except (OSError, RuntimeError):
+        return None  # gone or unreadable: train anew
+    if index.d != dim or index.nlist != previous["lists"] or not index.is_trained:
+        return None
+    index.reset()
+    return index
+
+
 def build_held(table: Any, fs: Any, root: str, show_progress: bool = False,
                vectors_of: Callable[[pa.Table], np.ndarray] | None = None,
-               dim: int | None = None) -> dict[str, Any]:
+               dim: int | None = None, previous: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
     """Make the IVF of ``table`` (a LanceDB table with a ``vector`` column) in a new folder
     under ``root/_ivf``; returns what ``IndexMeta.held`` records. The caller commits it by
     writing the metadata, then calls ``drop_other_folders``. A compact index's table has
     no vectors: ``vectors_of`` gives them for its rows (``index_vectors``) and ``dim``
-    their size; the folder then keeps each row's ``ROW_ID`` instead of the vectors."""
+    their size; the folder then keeps each row's ``ROW_ID`` instead of the vectors.
+    ``previous``: the record this one replaces, whose training is kept where it fits
+    (``trained_index``); every row is encoded again either way."""
     import faiss
     import numpy as np
     import pyarrow as pa
@@ -481,24 +517,32 @@ def build_held(table: Any, fs: Any, root: str, show_progress: bool = False,
         kept_rows = pa.concat_tables(pieces)
         if compact:
             vectors = vectors_of(kept_rows)
-        lists = list_count(rows)
         codes = codes_for(rows, dim, compact)
-        with phase(f"index: in-memory IVF: {lists} lists of {codes} codes over {rows} rows",
-                   show_progress):
-            index = faiss.index_factory(dim, f"IVF{lists},{codes}", faiss.METRIC_INNER_PRODUCT)
-            # Polysemous codes serve Hamming-filtered PQ search, which is not used here; their
-            # training was 50 of 65 s on the `make run` index.
-            if hasattr(index, "do_polysemous_training"):
-                index.do_polysemous_training = False
-                index.pq.cp.max_points_per_centroid = PQ_TRAIN_POINTS_PER_CENTROID
-                index.pq.cp.niter = PQ_TRAIN_ROUNDS
-            rng = np.random.default_rng(0)
-            # Product quantizers train 256 centroids a sub-vector: at least PQ_MIN_ROWS.
-            wanted = TRAIN_ROWS_PER_LIST * lists if codes == "SQ8" \
-                else max(TRAIN_ROWS_PER_LIST * lists, PQ_MIN_ROWS)
-            sample = np.sort(rng.choice(rows, min(rows, wanted), replace=False))
-            index.cp.min_points_per_centroid = 1  # small tables: no warning on stderr
-            index.train(unit_rows(vectors[sample]))
+        rng = np.random.default_rng(0)
+        index = trained_index(fs, root, previous, rows, dim, codes)
+        if index is not None:
+            assert previous is not None
+            lists, trained_rows = previous["lists"], previous["trained_rows"]
+            doing = f"codes over {rows} rows (training of {trained_rows} rows kept)"
+        else:
+            lists, trained_rows = list_count(rows), rows
+            doing = f"codes over {rows} rows"
+        with phase(f"index: in-memory IVF: {lists} lists of {codes} {doing}", show_progress):
+            if index is None:
+                index = faiss.index_factory(dim, f"IVF{lists},{codes}",
+                                            faiss.METRIC_INNER_PRODUCT)
+                # Polysemous codes serve Hamming-filtered PQ search, which is not used here;
+                # their training was 50 of 65 s on the `make run` index.
+                if hasattr(index, "do_polysemous_training"):
+                    index.do_polysemous_training = False
+                    index.pq.cp.max_points_per_centroid = PQ_TRAIN_POINTS_PER_CENTROID
+                    index.pq.cp.niter = PQ_TRAIN_ROUNDS
+                # Product quantizers train 256 centroids a sub-vector: at least PQ_MIN_ROWS.
+                wanted = TRAIN_ROWS_PER_LIST * lists if codes == "SQ8" \
+                    else max(TRAIN_ROWS_PER_LIST * lists, PQ_MIN_ROWS)
+                sample = np.sort(rng.choice(rows, min(rows, wanted), replace=False))
+                index.cp.min_points_per_centroid = 1  # small tables: no warning on stderr
+                index.train(unit_rows(vectors[sample]))
             mean = np.zeros(dim, np.float32)  # of the unit rows: the sketches' centre
             for start in range(0, rows, READ_BATCH_ROWS):
                 unit = unit_rows(vectors[start:start + READ_BATCH_ROWS])
@@ -521,9 +565,10 @@ def build_held(table: Any, fs: Any, root: str, show_progress: bool = False,
         del held, vectors
         record = {"format": HELD_FORMAT, "folder": name, "table_version": version,
                   "rows": rows, "lists": lists, "nprobe": nprobe,
-                  "recall_at_10": round(recall, 4), "calibration_queries": queries}
+                  "recall_at_10": round(recall, 4), "calibration_queries": queries,
+                  "codes": codes, "trained_rows": trained_rows}
         if compact:
-            record |= {"vectors": "dataset", "codes": codes}
+            record |= {"vectors": "dataset"}
         if not local:
             for file in held_files(record):
                 fs.put_file(f"{work}/{file}", f"{root}/{HELD_DIR}/{name}/{file}")

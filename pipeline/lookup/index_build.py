@@ -280,7 +280,7 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
         vectors_of = vectors_from_dataset(meta, out, storage_options) if meta.compact \
             else None
         meta.held = summary.held = build_held(table, fs, root, show_progress, vectors_of,
-                                              meta.dim)
+                                              meta.dim, previous=meta.held)
     summary.seconds_index = time.perf_counter() - t0
     summary.rows, summary.built = meta.rows, meta.built
     _write_meta(out, meta, storage_options)

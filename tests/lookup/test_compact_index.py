@@ -201,6 +201,24 @@ def test_a_changed_dataset_is_refused_until_built_again(built: Path, tmp_path: P
     assert _keys(got) == [keys[0]]
 
 
+def test_grown_past_scalar_codes_it_trains_product_codes(built: Path, tmp_path: Path) -> None:
+    """A refresh keeps an IVF's training only for the same kind of codes: a compact index
+    that grows past PQ_MIN_ROWS trains product codes."""
+    ds = Path(shutil.copytree(built / "ds", tmp_path / "ds"))
+    record = next(next((ds / "_manifest").iterdir()).glob("shard=1*"))
+    kept = record.read_bytes()
+    record.unlink()
+    ix = tmp_path / "ix"
+    build_index(str(ds), "top", str(ix), compact=True)
+    first = SenseIndex(str(ix)).meta.held
+    assert first["codes"] == "SQ8" and first["rows"] < PQ_MIN_ROWS
+    record.write_bytes(kept)
+    build_index(str(ds), "top", str(ix))
+    again = SenseIndex(str(ix)).meta.held
+    assert again["rows"] == ROWS and again["codes"] == f"PQ{DIM // PQ_DIMS_PER_BYTE}"
+    assert again["trained_rows"] == ROWS
+
+
 def test_a_stale_ivf_is_an_error_naming_the_build(built: Path, tmp_path: Path) -> None:
     import json
 

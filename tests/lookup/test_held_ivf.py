@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -18,6 +19,7 @@ from helpers import bench_lookup, moto_fs
 from pipeline.lookup.held_ivf import (
     CALIBRATION_RECALL,
     HELD_DIR,
+    RETRAIN_GROWTH,
     HeldIvf,
     HeldSearch,
     build_held,
@@ -25,6 +27,7 @@ from pipeline.lookup.held_ivf import (
     drop_other_folders,
     exact_nearest,
     probe_steps,
+    trained_index,
     unit_rows,
 )
 from pipeline.lookup.index import INDEX_META, SenseIndex
@@ -232,3 +235,52 @@ def test_stored_on_s3(built: tuple[Path, dict], s3_endpoint: str,
     assert local is not None and isinstance(remote.vectors, np.ndarray)
     q = _queries(data, 5)
     assert remote.nearest_rows(q, 10, KEYS).equals(local.nearest_rows(q, 10, KEYS))
+
+
+def _without_shard_1(ds: Path) -> tuple[Path, bytes]:
+    """Takes shard 1's commit record out of ``ds``: (its path, its bytes) to put it back."""
+    record = next(next((ds / "_manifest").iterdir()).glob("shard=1*"))
+    kept = record.read_bytes()
+    record.unlink()
+    return record, kept
+
+
+def test_a_grown_table_keeps_the_training_of_its_ivf(built: tuple[Path, dict],
+                                                     tmp_path: Path) -> None:
+    """New rows are encoded with the coarse centroids and codes the IVF was trained with,
+    until the table outgrows them (RETRAIN_GROWTH); searches stay at the recall."""
+    import faiss
+
+    root, data = built
+    ds = Path(shutil.copytree(root / "ds", tmp_path / "ds"))
+    ix = tmp_path / "ix"
+    record, kept = _without_shard_1(ds)
+    build_index(str(ds), "top", str(ix), kind="hnsw")
+    first = SenseIndex(str(ix)).meta.held
+    assert first is not None and first["trained_rows"] == first["rows"] < 6000
+
+    def centroids(held: dict) -> np.ndarray:
+        index = faiss.read_index(str(ix / HELD_DIR / held["folder"] / "ivf.faiss"))
+        return index.quantizer.reconstruct_n(0, index.nlist)
+
+    before = centroids(first)
+    record.write_bytes(kept)  # shard 1 committed again: the table grows
+    assert build_index(str(ds), "top", str(ix)).added_rows == 6000 - first["rows"]
+    index = SenseIndex(str(ix))
+    again = index.meta.held
+    assert again["rows"] == 6000 and again["folder"] != first["folder"]
+    assert again["trained_rows"] == first["rows"] and again["lists"] == first["lists"]
+    np.testing.assert_array_equal(centroids(again), before)
+    assert again["recall_at_10"] >= CALIBRATION_RECALL
+    q = _queries(data, 20)
+    exact = _exact(index, q, 10)
+    found = [set(_keys(index.search(query, k=10, columns=KEYS))) for query in q]
+    assert np.mean([len(f & e) / 10 for f, e in zip(found, exact, strict=True)]) >= 0.95
+    # Past RETRAIN_GROWTH times the rows it was trained on, or with other codes, it is not
+    # kept; within, it comes back empty and trained.
+    fs, folder_root = fsspec.filesystem("file"), str(ix)
+    grown = again["trained_rows"] * RETRAIN_GROWTH + 1
+    assert trained_index(fs, folder_root, again, grown, DIM, "SQ8") is None
+    assert trained_index(fs, folder_root, again, 6000, DIM, "PQ8") is None
+    kept_index = trained_index(fs, folder_root, again, 6000, DIM, "SQ8")
+    assert kept_index is not None and kept_index.is_trained and kept_index.ntotal == 0
