@@ -202,6 +202,33 @@ def summarise(scored: dict[str, np.ndarray], resamples: int, seed: int) -> dict[
     return out
 
 
+def common_options(parser: argparse.ArgumentParser, floor_help: str) -> None:
+    """The options every layer probe script takes besides its data."""
+    parser.add_argument("--random-floor", action="store_true", help=floor_help)
+    parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write the results here too")
+
+
+def model_runs(model_dirs: list[str], random_floor: bool) -> list[tuple[str, str, bool]]:
+    """``(label, model_dir, random_weights)`` of each model scored, the first model's
+    network with random weights last when ``random_floor``."""
+    runs = [(m, m, False) for m in model_dirs]
+    if random_floor:
+        runs.append((f"{model_dirs[0]}, random weights", model_dirs[0], True))
+    return runs
+
+
+def interval_table(results: dict[str, dict[str, list[float]]]) -> str:
+    """A markdown table: one column per run, one row per score, ``mean [low, high]``."""
+    lines = ["| | " + " | ".join(results) + " |", "|---" * (1 + len(results)) + "|"]
+    for row in next(iter(results.values())):
+        lines.append(f"| {row} | " + " | ".join(
+            f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in (results[r][row] for r in results))
+            + " |")
+    return "\n".join(lines)
+
+
 def load_embedder(model_dir: str, random_weights: bool):
     import torch
 
@@ -219,14 +246,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir")
-    parser.add_argument("--random-floor", action="store_true",
-                        help="also score the same network with random weights")
     parser.add_argument("--wordnet-dir", default="/usr/share/wordnet")
     parser.add_argument("--max-pos-items", type=int, default=4000,
                         help="examples drawn at random (fixed seed) for the POS probe")
-    parser.add_argument("--resamples", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", help="write the results here too")
+    common_options(parser, "also score the same network with random weights")
     args = parser.parse_args()
     import torch
 
@@ -257,12 +280,7 @@ def main() -> None:
         print(f"{name}: {time.perf_counter() - start:.0f}s", flush=True)
     for task in ("pos", "senses"):
         print(f"\n{task} ({args.model_dir}): accuracy [95% bootstrap interval]")
-        print("| | " + " | ".join(results) + " |")
-        print("|---" * (1 + len(results)) + "|")
-        for row in results["trained"][task]:
-            cells = [results[r][task][row] for r in results]
-            print(f"| {row} | " + " | ".join(f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
-                                             for m, lo, hi in cells) + " |")
+        print(interval_table({run: rows[task] for run, rows in results.items()}))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -41,7 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from layer_probe import bootstrap_draws, load_embedder
+from layer_probe import (
+    bootstrap_draws,
+    common_options,
+    interval_table,
+    load_embedder,
+    model_runs,
+)
 
 PTB_LEAF = re.compile(r"\(([^\s()]+) ([^\s()]+)\)")  # (TAG word)
 PTB_TRAIN_SHARE = 0.8
@@ -157,11 +163,7 @@ def main() -> None:
     source.add_argument("--ud-dir", help="a UD treebank folder with *-dev.conllu and "
                         "*-test.conllu")
     source.add_argument("--ptb-dir", help="a folder of Penn Treebank .mrg files")
-    parser.add_argument("--random-floor", action="store_true",
-                        help="also score the first model's network with random weights")
-    parser.add_argument("--resamples", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", help="write the results here too")
+    common_options(parser, "also score the first model's network with random weights")
     args = parser.parse_args()
     import torch
 
@@ -175,12 +177,8 @@ def main() -> None:
     print(f"{name}: probe trained on {len(train_words):,} tokens, scored on "
           f"{len(test_words):,} tokens in {len(test_sents):,} sentences", flush=True)
 
-    runs = [(m, False) for m in args.model_dir]
-    if args.random_floor:
-        runs.append((args.model_dir[0], True))
     results: dict[str, dict] = {}
-    for model_dir, random_weights in runs:
-        run = f"{model_dir}, random weights" if random_weights else model_dir
+    for run, model_dir, random_weights in model_runs(args.model_dir, args.random_floor):
         embedder = load_embedder(model_dir, random_weights)
         train_x, test_x = token_vectors(embedder, train_sents), token_vectors(embedder, test_sents)
         results[run] = {}
@@ -197,12 +195,7 @@ def main() -> None:
     for tags in tag_sets:
         print(f"\n{tags.upper()} tags, {name}: token accuracy [95% sentence-bootstrap "
               "interval]")
-        print("| | " + " | ".join(results) + " |")
-        print("|---" * (1 + len(results)) + "|")
-        for row in next(iter(results.values()))[tags]:
-            cells = [results[r][tags][row] for r in results]
-            print(f"| {row} | " + " | ".join(f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
-                                             for m, lo, hi in cells) + " |")
+        print(interval_table({run: rows[tags] for run, rows in results.items()}))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -31,7 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from layer_probe import bootstrap_draws, bootstrap_interval, load_embedder
+from layer_probe import (
+    bootstrap_draws,
+    bootstrap_interval,
+    common_options,
+    interval_table,
+    load_embedder,
+    model_runs,
+)
 
 WORD_FORM = re.compile(r'<wf pos="[^"]*">([^<]*)</wf>')
 ANSWER = re.compile(r'senseid="([^"]+)"')
@@ -117,11 +124,7 @@ def main() -> None:
     parser.add_argument("model_dir", nargs="+", help="one or more model directories")
     parser.add_argument("--senseval-dir", required=True,
                         help="the unzipped folder with hard.pos, interest.pos, line.pos, serve.pos")
-    parser.add_argument("--random-floor", action="store_true",
-                        help="also score the first model's network with random weights")
-    parser.add_argument("--resamples", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", help="write the results here too")
+    common_options(parser, "also score the first model's network with random weights")
     args = parser.parse_args()
     import torch
 
@@ -135,12 +138,8 @@ def main() -> None:
           flush=True)
     draws = bootstrap_draws(len(test), args.resamples, args.seed)
 
-    runs = [(m, False) for m in args.model_dir]
-    if args.random_floor:
-        runs.append((args.model_dir[0], True))
     results: dict[str, dict] = {}
-    for model_dir, random_weights in runs:
-        name = f"{model_dir}, random weights" if random_weights else model_dir
+    for name, model_dir, random_weights in model_runs(args.model_dir, args.random_floor):
         vectors = target_vectors(load_embedder(model_dir, random_weights), contexts)
         scores = sense_scores(vectors, contexts, train, test)
         for method in ("nearest sense mean", "nearest context"):
@@ -149,12 +148,7 @@ def main() -> None:
         results[name] = {row: list(bootstrap_interval(v, draws)) for row, v in scores.items()}
         print(f"{name}: {time.perf_counter() - start:.0f}s", flush=True)
     print("\nsenses (line, hard, serve, interest): accuracy [95% bootstrap interval]")
-    print("| | " + " | ".join(results) + " |")
-    print("|---" * (1 + len(results)) + "|")
-    for row in next(iter(results.values())):
-        cells = [results[r][row] for r in results]
-        print(f"| {row} | " + " | ".join(f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
-                                         for m, lo, hi in cells) + " |")
+    print(interval_table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
