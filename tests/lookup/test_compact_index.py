@@ -27,6 +27,7 @@ from pipeline.lookup.held_ivf import (
     HeldSearch,
     build_held,
     held_files,
+    trained_index,
 )
 from pipeline.lookup.index import INDEX_META, SenseIndex
 from pipeline.lookup.index_build import build_index
@@ -286,6 +287,10 @@ def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyP
     assert local is not None and remote.rows.column(ROW_ID).equals(local.rows.column(ROW_ID))
     q = _queries(truth[2], 5)
     assert remote.nearest_rows(q, 10, KEYS).equals(local.nearest_rows(q, 10, KEYS))
+    # A later build there keeps its training: read back from the bucket, emptied.
+    kept = trained_index(fs, "compact-bucket/ix", held, held["rows"], DIM, held["codes"])
+    assert kept is not None and kept.is_trained and kept.ntotal == 0
+    assert kept.nlist == held["lists"]
 
 
 def test_served_compact_index(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
