@@ -106,8 +106,9 @@ ROW_ID = "_rowid"  # LanceDB's row id, kept per row by compact indexes
 EXACT_FILTER_ROWS = 20_000
 RANK_BLOCK_ROWS = 8_192  # rows widened to float32 at a time: they stay in cache
 # A rebuild after the table changed keeps the coarse centroids and codebooks it was trained
-# with while the rows stay within this factor of those it was trained on (as LanceDB's own
-# vector index is kept, index_build): training was 46 of 51 s for 100k x 1024 PQ codes.
+# with while the rows stay within this factor of those it was trained on; LanceDB's own
+# vector index is kept by the same rule (index_build). Training was 62 of the 140 s that
+# a 1M x 1024 compact index's codes took (BENCHMARKS.md).
 RETRAIN_GROWTH = 4
 
 

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import Dataset, open_dataset, open_fs
 from pipeline.lookup.doc_fields import field_kinds, indexable_fields, read_documents
-from pipeline.lookup.held_ivf import build_held, current, drop_other_folders, present
+from pipeline.lookup.held_ivf import (
+    RETRAIN_GROWTH,
+    build_held,
+    current,
+    drop_other_folders,
+    present,
+)
 from pipeline.lookup.index import (
     HNSW_MIN_ROWS,
     INDEX_KINDS,
@@ -257,7 +263,7 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
             for each in (table, tables.sentences):
                 if each is not None:
                     _optimize(each, drop_old_versions=fresh)
-    grown = meta.trained_rows and meta.rows > 4 * meta.trained_rows
+    grown = meta.trained_rows and meta.rows > RETRAIN_GROWTH * meta.trained_rows
     if want_hnsw and not meta.compact and (not _has_vector_index(table) or grown):
         # First index, or the data outgrew the partitions it was trained with: (re)train.
         if grown:
