@@ -183,3 +183,12 @@ def moto_fs(endpoint: str, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setenv(name, value)
     return s3fs.S3FileSystem(key="testing", secret="testing",
                              client_kwargs={"endpoint_url": endpoint})
+
+
+def uncommit_shard_1(dataset: Path) -> tuple[Path, bytes]:
+    """Takes shard 1's commit record out of ``dataset`` (its files stay): the record's path
+    and bytes, to write back and commit the shard again."""
+    record = next(next((dataset / "_manifest").iterdir()).glob("shard=1*"))
+    kept = record.read_bytes()
+    record.unlink()
+    return record, kept

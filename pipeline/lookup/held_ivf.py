@@ -168,18 +168,13 @@ class HeldIvf:
         (``index_vectors.read_index_vectors``), instead of the folder's vectors file."""
         import io
 
-        import faiss
         import numpy as np
         import pyarrow.parquet as pq
 
         from pipeline.lookup.dataset import is_local
 
         local = is_local(fs)
-        if local:
-            index = faiss.read_index(f"{folder}/{IVF_FILE}")
-        else:
-            index = faiss.deserialize_index(np.frombuffer(fs.cat(f"{folder}/{IVF_FILE}"),
-                                                          np.uint8))
+        index = read_ivf(fs, f"{folder}/{IVF_FILE}")
         with np.load(io.BytesIO(fs.cat(f"{folder}/{SKETCH_FILE}"))) as stored:
             sketch = Sketch(stored["planes"], stored["mean"], stored["codes"])
         with fs.open(f"{folder}/{ROWS_FILE}", "rb") as handle:
@@ -429,27 +424,32 @@ def codes_for(rows: int, dim: int, compact: bool) -> str:
     return "SQ8"
 
 
+def read_ivf(fs: Any, path: str) -> Any:
+    """The faiss index stored at ``path`` on ``fs`` (read in place where it is local)."""
+    import faiss
+    import numpy as np
+
+    from pipeline.lookup.dataset import is_local
+
+    if is_local(fs):
+        return faiss.read_index(path)
+    return faiss.deserialize_index(np.frombuffer(fs.cat(path), np.uint8))
+
+
 def trained_index(fs: Any, root: str, previous: dict[str, Any] | None, rows: int, dim: int,
                   codes: str) -> Any | None:
     """The IVF of ``previous`` (the ``IndexMeta.held`` being replaced) emptied of its rows but
     keeping its training, when it can serve ``rows`` rows of ``dim`` with ``codes``: the
     same codes, and rows within ``RETRAIN_GROWTH`` times those it was trained on. None
     otherwise (and for records older than ``trained_rows``), or if it cannot be read."""
-    import faiss
-    import numpy as np
-
-    from pipeline.lookup.dataset import is_local
-
     if previous is None or previous.get("format") != HELD_FORMAT \
             or previous.get("codes", "SQ8") != codes or not previous.get("trained_rows"):
         return None
     trained = previous["trained_rows"]
     if not trained / RETRAIN_GROWTH <= rows <= trained * RETRAIN_GROWTH:
         return None
-    path = f"{root}/{HELD_DIR}/{previous['folder']}/{IVF_FILE}"
     try:
-        index = faiss.read_index(path) if is_local(fs) \
-            else faiss.deserialize_index(np.frombuffer(fs.cat(path), np.uint8))
+        index = read_ivf(fs, f"{root}/{HELD_DIR}/{previous['folder']}/{IVF_FILE}")
     except (OSError, RuntimeError):
         return None  # gone or unreadable: train anew
     if index.d != dim or index.nlist != previous["lists"] or not index.is_trained:

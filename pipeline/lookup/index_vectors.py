@@ -103,9 +103,9 @@ def read_index_vectors(ds: Dataset, mix: Mix, paths: dict[tuple[str, int], str],
 
 
 def _is_run(positions: np.ndarray) -> bool:
+    """Whether ``positions`` are ``p, p + 1, ...`` (one slice instead of a gather)."""
     import numpy as np
 
-    """Whether ``positions`` are ``p, p + 1, ...`` (one slice instead of a gather)."""
     return bool((np.diff(positions) == 1).all())
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import bench_lookup, moto_fs
+from helpers import bench_lookup, moto_fs, uncommit_shard_1
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.dataset import open_dataset
@@ -206,9 +206,7 @@ def test_grown_past_scalar_codes_it_trains_product_codes(built: Path, tmp_path: 
     """A refresh keeps an IVF's training only for the same kind of codes: a compact index
     that grows past PQ_MIN_ROWS trains product codes."""
     ds = Path(shutil.copytree(built / "ds", tmp_path / "ds"))
-    record = next(next((ds / "_manifest").iterdir()).glob("shard=1*"))
-    kept = record.read_bytes()
-    record.unlink()
+    record, kept = uncommit_shard_1(ds)
     ix = tmp_path / "ix"
     build_index(str(ds), "top", str(ix), compact=True)
     first = SenseIndex(str(ix)).meta.held

@@ -14,7 +14,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import bench_lookup, moto_fs
+from helpers import bench_lookup, moto_fs, uncommit_shard_1
 
 from pipeline.lookup.held_ivf import (
     CALIBRATION_RECALL,
@@ -237,14 +237,6 @@ def test_stored_on_s3(built: tuple[Path, dict], s3_endpoint: str,
     assert remote.nearest_rows(q, 10, KEYS).equals(local.nearest_rows(q, 10, KEYS))
 
 
-def _without_shard_1(ds: Path) -> tuple[Path, bytes]:
-    """Takes shard 1's commit record out of ``ds``: (its path, its bytes) to put it back."""
-    record = next(next((ds / "_manifest").iterdir()).glob("shard=1*"))
-    kept = record.read_bytes()
-    record.unlink()
-    return record, kept
-
-
 def test_a_grown_table_keeps_the_training_of_its_ivf(built: tuple[Path, dict],
                                                      tmp_path: Path) -> None:
     """New rows are encoded with the coarse centroids and codes the IVF was trained with,
@@ -254,7 +246,7 @@ def test_a_grown_table_keeps_the_training_of_its_ivf(built: tuple[Path, dict],
     root, data = built
     ds = Path(shutil.copytree(root / "ds", tmp_path / "ds"))
     ix = tmp_path / "ix"
-    record, kept = _without_shard_1(ds)
+    record, kept = uncommit_shard_1(ds)
     build_index(str(ds), "top", str(ix), kind="hnsw")
     first = SenseIndex(str(ix)).meta.held
     assert first is not None and first["trained_rows"] == first["rows"] < 6000
