@@ -17,7 +17,7 @@ timezone = "UTC"
 delete_missing = false                 # remove rows of source files that disappeared
 mixes = ["top", "average"]             # LanceDB indexes refreshed after each run
 # index_out = "s3://datasets/news-index"   # default: <output>/_index
-# index_compact = true                 # indexes without vectors (elmo index build --compact)
+# index_compact = false                # keep vectors in the indexes (elmo index build --full)
 
 [read]
 format = "jsonl"

@@ -53,7 +53,9 @@ class JobSpec:
     delete_missing: bool = False
     mixes: tuple[str, ...] = ()
     index_out: str | None = None
-    index_compact: bool = False  # new indexes keep no vectors (`elmo index build --compact`)
+    # The indexes' kind (`elmo index build --compact` / `--full`); None: as each index was
+    # made, compact for a new one (pipeline.lookup.index.NEW_INDEX_COMPACT).
+    index_compact: bool | None = None
     hash_max_bytes: int = 64 << 20  # content-hash files up to this size ("when cheap")
     runtime_env: dict[str, Any] = field(default_factory=dict)  # for `elmo jobs submit`
 
@@ -149,7 +151,8 @@ class _Checker:
             return default
         return value
 
-    def boolean(self, data: dict, key: str, default: bool, prefix: str = "") -> bool:
+    def boolean(self, data: dict, key: str, default: bool | None, prefix: str = ""
+                ) -> bool | None:
         name, value = self._take(data, key, prefix)
         if value is None:
             return default
@@ -319,7 +322,7 @@ def parse_spec(data: Any, path: Path) -> JobSpec:
     delete_missing = c.boolean(data, "delete_missing", False)
     mixes = _take_mixes(c, data)
     index_out = c.string(data, "index_out")
-    index_compact = c.boolean(data, "index_compact", False)
+    index_compact = c.boolean(data, "index_compact", None)
     hash_max_bytes = c.integer(data, "hash_max_bytes", 64 << 20, 0)
     tables = {table: c.table(data, table) for table in ("read", "ray")}
     runtime_env = c.table(tables["ray"], "runtime_env")

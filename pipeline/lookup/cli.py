@@ -47,26 +47,30 @@ examples:
 """
 
 INDEX_BUILD_EPILOG = """\
-One row per stored token with its mixed vector (float16), its word (as written, lowercase
-and stemmed: searches by word form use the stem) and its sentence's key; each sentence's
-text is stored once. Building again adds only the shard files committed since, and drops
-those no longer committed. --words, --min-count and --max-count index only some words
-(any case; counts over the dataset when the index is created): later builds and job
-refreshes keep that choice, --rebuild makes it again.
+One row per stored token with its word (as written, lowercase and stemmed: searches by word
+form use the stem) and its sentence's key; each sentence's text is stored once. Building
+again adds only the shard files committed since, and drops those no longer committed.
+--words, --min-count and --max-count index only some words (any case; counts over the
+dataset when the index is created): later builds and job refreshes keep that choice,
+--rebuild makes it again.
 
---compact stores no vectors in the index: quantized codes (one byte per 2 dimensions) and
-each token's row in the dataset, whose vectors are read again when the index is opened to
-rank the candidates exactly. About a tenth of the bytes for the same recall; the dataset
-must stay readable, and a search process holds the vectors in memory (2 bytes a value).
+A new index is compact: no vectors in it, only quantized codes (one byte per 2 dimensions)
+and each token's row in the dataset, whose vectors are read again when the index is opened
+to rank the candidates exactly (0.3-0.4x the dataset's bytes). The dataset must stay
+readable, opening takes longer (about 1 s for the `make run` data, 10 s at 1M x 1024
+tokens) and a search process holds the vectors in memory (2 bytes a value). --full keeps
+the vectors in the index instead, with LanceDB's IVF_HNSW_SQ (tuned by --index, --nprobes,
+--ef, --refine-factor): it opens in about a second whatever the size and needs only itself,
+at about 3.5x the dataset's bytes for the same recall. An index keeps its kind on later
+builds and --rebuild; --full or --compact with --rebuild changes it.
 
 examples:
   elmo index build data/ds --mix top --out data/ds-top.lance
   elmo index build data/ds --mix top --out data/ds-top.lance   # later: adds new shards only
-  elmo index build data/ds --mix pos --out data/ds-pos.lance --index hnsw --rebuild
-  elmo index build data/ds --out data/ds-top.lance --nprobes 30 --ef 200
+  elmo index build data/ds --mix pos --out data/ds-pos.lance --full --index hnsw --rebuild
+  elmo index build data/ds --out data/ds-full.lance --full --nprobes 30 --ef 200
   elmo index build data/ds --out data/ds-play.lance --words play,bank,state
   elmo index build data/ds --out data/ds-mid.lance --min-count 5 --max-count 20000
-  elmo index build data/ds --mix top --out data/ds-small.lance --compact
 """
 
 INDEX_INFO_EPILOG = """\
@@ -148,22 +152,26 @@ def register(subparsers: Any) -> None:
     b.add_argument("--mix", default="top", help="mix to index (default top; see "
                    "`elmo mix list DATASET`)")
     b.add_argument("--out", required=True, metavar="URI", help="LanceDB directory / URI")
-    b.add_argument("--index", choices=("auto", "hnsw", "flat"), default=None,
-                   help="vector index: hnsw (LanceDB's IVF_HNSW_SQ, plus an IVF that "
-                        "`elmo serve` holds in memory for searches without a word), flat "
-                        "(exact) or auto (hnsw from 50k rows)")
+    kind = b.add_mutually_exclusive_group()
+    kind.add_argument("--compact", dest="compact", action="store_const", const=True,
+                      default=None, help="keep no vectors in the index: quantized codes, "
+                      "ranked with the dataset's vectors (what a new index is; see below)")
+    kind.add_argument("--full", dest="compact", action="store_const", const=False,
+                      help="keep the vectors in the index, with LanceDB's HNSW (3.5x the "
+                           "bytes; opens fast, needs no dataset)")
     b.add_argument("--rebuild", action="store_true", help="drop what --out holds and rebuild")
-    b.add_argument("--compact", action="store_true", default=None,
-                   help="keep no vectors in the index: quantized codes, re-ranked with the "
-                        "dataset's vectors (see below)")
+    b.add_argument("--index", choices=("auto", "hnsw", "flat"), default=None,
+                   help="--full's vector index: hnsw (LanceDB's IVF_HNSW_SQ, plus an IVF "
+                        "that `elmo serve` holds in memory for searches without a word), "
+                        "flat (exact) or auto (hnsw from 50k rows)")
     b.add_argument("--nprobes", type=int, default=None,
-                   help="LanceDB search: IVF partitions probed (default: 20, or 10 from "
+                   help="--full, LanceDB search: IVF partitions probed (default: 20, or 10 from "
                         "300k rows; giving any search option pins all three; the in-memory "
                         "IVF measures its own at build time)")
     b.add_argument("--ef", type=int, default=None,
-                   help="search: HNSW candidate list size (default 150)")
+                   help="--full, search: HNSW candidate list size (default 150)")
     b.add_argument("--refine-factor", type=int, default=None,
-                   help="search: re-rank k*F candidates with full vectors (default 5)")
+                   help="--full, search: re-rank k*F candidates with full vectors (default 5)")
     b.add_argument("--words", metavar="FILE|W1,W2", default=None,
                    help="index only these words, in any case: a file of words (one a line) "
                         "or a comma-separated list")
@@ -302,9 +310,6 @@ def run_index_build(args: argparse.Namespace) -> int:
             if value is not None and value < 1:
                 raise ElmoUserError(f"--{name.replace('_', '-')} must be at least 1")
         search = SearchParams(**{k: v for k, v in given.items() if v is not None})
-    if args.compact and (args.index is not None or search is not None):
-        raise ElmoUserError("--compact makes its own IVF and measures its probes: --index, "
-                            "--nprobes, --ef and --refine-factor are for full indexes")
     words = WordSelection(parse_words(args.words), args.min_count, args.max_count)
     summary = build_index(args.dataset, args.mix, args.out, kind=args.index or "auto",
                           rebuild=args.rebuild, search=search, words=words,
@@ -332,7 +337,7 @@ def compact_hint(dataset: str, out: str) -> str | None:
         return None
     return (f"  the index is {index_bytes / data_bytes:.1f}x the dataset's bytes; --compact "
             "--rebuild makes one of about 0.3-0.4x at the same recall (it ranks with the "
-            "dataset's vectors)")
+            "dataset's vectors, read when it opens)")
 
 
 def run_index_info(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from pipeline.lookup.index import (
     INDEX_KINDS,
     INDEX_META,
     LAYOUT,
+    NEW_INDEX_COMPACT,
     SCALAR_COLUMNS,
     STEMMER,
     TABLE,
@@ -142,8 +143,9 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                 ) -> BuildSummary:
     """Create or extend the index at ``out`` with the dataset's committed shard files.
     ``words``: which words a new index holds (an existing one keeps its own selection);
-    ``show_progress``: bars and phase lines on stderr; ``compact``: a new index keeps no
-    vectors (``index_vectors``; None: as the existing index, else not compact)."""
+    ``show_progress``: bars and phase lines on stderr; ``compact``: the index keeps no
+    vectors (``index_vectors``) or keeps them (False: LanceDB's HNSW, tunable with ``kind``
+    and ``search``); None: as the index at ``out`` was made, or compact for a new one."""
     # LanceDB logs k-means "empty cluster" warnings to stderr unless told otherwise.
     os.environ.setdefault("LANCEDB_LOG", "error")
     import lancedb
@@ -156,6 +158,14 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     if ds.descriptor.n_output_layers < 1:
         raise ElmoUserError(f"{dataset} stores no layers to index")
     the_mix = ds.mix(mix)
+    if compact is None:
+        # --rebuild keeps the kind too: only --full / --compact change it.
+        made = read_meta(out, storage_options)
+        compact = made.compact if made is not None else NEW_INDEX_COMPACT
+    if compact and (kind != "auto" or search is not None):
+        raise ElmoUserError("--index, --nprobes, --ef and --refine-factor tune a full index "
+                            "(LanceDB's HNSW); add --full, or leave them out: a compact "
+                            "index measures its own probes")
     db = lancedb.connect(out, storage_options=lance_options(storage_options))
     exists = TABLE in db.list_tables().tables
     meta = None if rebuild or not exists else reusable_meta(ds, the_mix, out, storage_options,
@@ -176,7 +186,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                 db.drop_table(name)
         words = words or WordSelection()
         meta = new_meta(ds, dataset, the_mix, kind, words, vector_dtype, documents,
-                        bool(compact))
+                        compact)
         selected_words = resolve(words, ds)
         if selected_words is not None:
             write_selected(fs, root, selected_words)

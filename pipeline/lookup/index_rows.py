@@ -20,6 +20,7 @@ from pipeline.lookup.index_sentences import SENTENCES_TABLE, join_in_row_order, 
 from pipeline.lookup.index_words import keep_mask
 from pipeline.lookup.mix_specs import Mix
 from pipeline.lookup.mixes import iter_mixed
+from pipeline.lookup.token_layers import check_layers
 from schemas.layers import cast_floats
 
 if TYPE_CHECKING:
@@ -103,7 +104,8 @@ def rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences: pa.Tabl
     cols = ("doc_id", "sent_idx", "tok_idx", "token", "char_start", "char_end")
     chunk_rows = max(4096, ADD_BYTES // (4 * dim))
     # A compact index reads no vectors here (they are read again when its IVF is made).
-    batches = ((batch, None) for batch in _token_batches(ds, path, cols, chunk_rows)) \
+    batches = ((batch, None) for batch in _token_batches(ds, path, cols, chunk_rows,
+                                                         mix.used_layers)) \
         if compact else iter_mixed(ds, mix, columns=cols, files=[path], batch_rows=chunk_rows)
     first_row = 0
     for batch, vec in batches:
@@ -149,14 +151,16 @@ def rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences: pa.Tabl
         })
 
 
-def _token_batches(ds: Dataset, path: str, columns: Sequence[str], batch_rows: int
-                   ) -> Iterator[pa.RecordBatch]:
-    """``columns`` of one tokens file, in file order (page checksums checked)."""
+def _token_batches(ds: Dataset, path: str, columns: Sequence[str], batch_rows: int,
+                   layers: Sequence[int]) -> Iterator[pa.RecordBatch]:
+    """``columns`` of one tokens file, in file order (page checksums checked), once the
+    file is known to hold ``layers``, which a compact index will read from it."""
     import pyarrow.parquet as pq
 
     with ds.fs.open(path, "rb") as handle:
-        yield from pq.ParquetFile(handle, page_checksum_verification=True).iter_batches(
-            batch_size=batch_rows, columns=list(columns))
+        source = pq.ParquetFile(handle, page_checksum_verification=True)
+        check_layers(source.schema_arrow, [f"layer_{k}" for k in layers], path)
+        yield from source.iter_batches(batch_size=batch_rows, columns=list(columns))
 
 
 class IndexTables:

@@ -42,7 +42,7 @@ def served_data(factory: pytest.TempPathFactory) -> Served:
         embed_corpus(EmbedConfig(sources=[str(CORPUS / "*.txt")], out=str(data.dataset),
                                  model=ModelSpec.resolve(str(MODEL)), progress=False,
                                  executor="local"))
-        build_index(str(data.dataset), "top", str(data.index), kind="flat")
+        build_index(str(data.dataset), "top", str(data.index), kind="flat", compact=False)
     return data
 
 

@@ -29,7 +29,7 @@ from pipeline.lookup.held_ivf import (
     held_files,
     trained_index,
 )
-from pipeline.lookup.index import INDEX_META, SenseIndex
+from pipeline.lookup.index import INDEX_META, SenseIndex, read_meta
 from pipeline.lookup.index_build import build_index
 from pipeline.lookup.index_vectors import KEY_COLUMNS, vectors_from_dataset
 from pipeline.lookup.mixes import iter_mixed
@@ -234,8 +234,14 @@ def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
     from pipeline import cli
 
     out = tmp_path / "ix"
+    # A new index is compact unless --full says otherwise; --index and the search options
+    # tune only a full one.
     assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--index", "hnsw",
-                     "--no-progress"]) == 0
+                     "--no-progress"]) == 2
+    assert "tune a full index (LanceDB's HNSW); add --full" in capsys.readouterr().err
+    assert not out.exists()
+    assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--full",
+                     "--index", "hnsw", "--no-progress"]) == 0
     # A full index larger than its dataset (float16 vectors, LanceDB's graph, the in-memory
     # IVF's vectors again) says what --compact would do.
     assert _dir_bytes(out) > _dir_bytes(built / "ds")
@@ -249,10 +255,36 @@ def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
     assert "--compact" not in capsys.readouterr().err.strip().splitlines()[-1]
     assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--compact",
                      "--ef", "200"]) == 2
-    assert "--ef and --refine-factor are for full indexes" in capsys.readouterr().err
+    assert "--ef and --refine-factor tune a full index" in capsys.readouterr().err
     assert cli.main(["index", "info", str(out)]) == 0
     text = capsys.readouterr().out
     assert "vector index ivf" in text and "compact: codes, vectors read from the dataset" in text
+    # --rebuild alone keeps the kind; --full with it makes the other.
+    assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--rebuild",
+                     "--no-progress"]) == 0
+    assert read_meta(str(out)).compact
+    assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--rebuild",
+                     "--full", "--no-progress"]) == 0
+    assert not read_meta(str(out)).compact
+    with pytest.raises(SystemExit):
+        cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--full", "--compact"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_new_index_is_compact(built: Path, truth: tuple, tmp_path: Path) -> None:
+    """Without --full or --compact a new index keeps no vectors, answers as a compact one,
+    and its later builds (and a job's refresh without ``index_compact``) keep it so."""
+    from jobs.index_refresh import refresh_index
+
+    out = tmp_path / "ix"
+    summary = build_index(str(built / "ds"), "top", str(out))
+    assert summary.built == "ivf" and read_meta(str(out)).compact
+    assert "vector" not in SenseIndex(str(out)).table.schema.names
+    assert refresh_index(str(built / "ds"), mix="top", index_uri=str(out)).added_rows == 0
+    assert read_meta(str(out)).compact
+    _, _, vectors = truth
+    hits = SenseIndex(str(out)).search(vectors[7], k=1).to_pylist()
+    assert hits[0]["_distance"] < 1e-3
 
 
 def test_vectors_of_rows_in_any_order(built: Path, truth: tuple) -> None:

@@ -42,7 +42,7 @@ DIM = 32
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("held_ivf")
     data = bench_lookup().write_synthetic(root / "ds", 6000, DIM, n_shards=2, vocab=200)
-    build_index(str(root / "ds"), "top", str(root / "ix"), kind="hnsw")
+    build_index(str(root / "ds"), "top", str(root / "ix"), kind="hnsw", compact=False)
     return root, data
 
 
@@ -144,7 +144,7 @@ def test_stale_ivf_is_not_used_and_a_new_build_replaces_it(built: tuple[Path, di
     assert index.held_ivf() is None
     assert isinstance(index.vector_query(_queries(data, 1), k=10, columns=KEYS), VectorSearch)
     # The next build makes it again, in a new folder, and removes the old one.
-    build_index(str(root / "ds"), "top", str(ix), kind="hnsw")
+    build_index(str(root / "ds"), "top", str(ix), kind="hnsw", compact=False)
     again = SenseIndex(str(ix))
     assert again.meta.held["table_version"] == again.table.version
     assert again.meta.held["folder"] != old_folder
@@ -165,7 +165,7 @@ def test_a_missing_file_falls_back_to_lancedb_and_the_next_build_makes_it_again(
     assert index.search(q[0], k=10, columns=KEYS).num_rows == 10
     [line] = capsys.readouterr().err.strip().splitlines()
     assert "in-memory IVF unreadable" in line and "elmo index build" in line
-    build_index(str(root / "ds"), "top", str(ix), kind="hnsw")
+    build_index(str(root / "ds"), "top", str(ix), kind="hnsw", compact=False)
     again = SenseIndex(str(ix))
     assert isinstance(again.vector_query(q, k=10, columns=KEYS), HeldSearch)
     assert (ix / HELD_DIR / again.meta.held["folder"] / "ivf.faiss").exists()
@@ -247,7 +247,7 @@ def test_a_grown_table_keeps_the_training_of_its_ivf(built: tuple[Path, dict],
     ds = Path(shutil.copytree(root / "ds", tmp_path / "ds"))
     ix = tmp_path / "ix"
     record, kept = uncommit_shard_1(ds)
-    build_index(str(ds), "top", str(ix), kind="hnsw")
+    build_index(str(ds), "top", str(ix), kind="hnsw", compact=False)
     first = SenseIndex(str(ix)).meta.held
     assert first is not None and first["trained_rows"] == first["rows"] < 6000
 

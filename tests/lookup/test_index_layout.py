@@ -65,7 +65,7 @@ def _dataset_sentences(dataset: Path) -> dict[tuple[str, int], str]:
 
 def test_sentences_are_stored_once_and_hits_show_them(dataset: Path, tmp_path: Path) -> None:
     out = str(tmp_path / "ix")
-    build_index(str(dataset), "top", out, kind="flat")
+    build_index(str(dataset), "top", out, kind="flat", compact=False)
     ix = SenseIndex(out)
     assert ix.meta.layout == 2 and ix.meta.vector_dtype == "float16"
     assert "sentence" not in ix.table.schema.names
@@ -118,7 +118,7 @@ def _as_layout_1(index: str, old: str) -> None:
 def test_an_index_of_the_layout_before_answers_and_is_rebuilt_by_a_build(
         dataset: Path, tmp_path: Path) -> None:
     new, old = str(tmp_path / "new"), str(tmp_path / "old")
-    build_index(str(dataset), "top", new, kind="flat")
+    build_index(str(dataset), "top", new, kind="flat", compact=False)
     _as_layout_1(new, old)
     ix_old, ix_new = SenseIndex(old), SenseIndex(new)
     assert ix_old.meta.layout == 1 and ix_old.sentences is None
@@ -131,7 +131,7 @@ def test_an_index_of_the_layout_before_answers_and_is_rebuilt_by_a_build(
     assert np.allclose([h.similarity for h in got_old], [h.similarity for h in got_new],
                        atol=2e-3)
     said: list[str] = []
-    build_index(str(dataset), "top", old, kind="flat", progress=said.append)
+    build_index(str(dataset), "top", old, kind="flat", compact=False, progress=said.append)
     assert any("sentence text in every row: rebuilding" in line for line in said)
     assert SenseIndex(old).meta.layout == 2
 
@@ -143,7 +143,8 @@ def test_word_selection_is_recorded_refused_kept_and_rebuilt(
 
     ds = _copy(dataset, tmp_path)
     out = str(tmp_path / "ix")
-    build_index(str(ds), "top", out, kind="flat", words=WordSelection(["Bank", "river"]))
+    build_index(str(ds), "top", out, kind="flat", compact=False,
+                words=WordSelection(["Bank", "river"]))
     ix = SenseIndex(out)
     assert ix.meta.words == {"words": ["bank", "river"], "min_count": None, "max_count": None}
     assert set(ix.table.to_arrow()["token_lower"].to_pylist()) == {"bank", "river"}
@@ -171,7 +172,7 @@ def test_word_selection_is_recorded_refused_kept_and_rebuilt(
                                                                                "river"}
     # A count range is resolved against the dataset's counts now, then kept as a list.
     counts = WordSelection(min_count=3, max_count=8)
-    build_index(str(ds), "top", out, kind="flat", words=counts, rebuild=True)
+    build_index(str(ds), "top", out, kind="flat", compact=False, words=counts, rebuild=True)
     kept = set(SenseIndex(out).table.to_arrow()["token_lower"].to_pylist())
     con = connect(str(ds))
     want = {w for w, n in con.sql("SELECT lower(token), count(*) FROM tokens GROUP BY 1"
@@ -188,7 +189,7 @@ def test_cli_words_file_progress_and_no_progress(dataset: Path, tmp_path: Path,
     words.write_text("bank\nriver\n")
     ix = str(tmp_path / "ix")
     assert run_cli(monkeypatch, ["index", "build", str(dataset), "--out", ix, "--words",
-                                 str(words), "--index", "hnsw"]) == 0
+                                 str(words), "--full", "--index", "hnsw"]) == 0
     err = capsys.readouterr().err
     assert "keeping the words bank, river" in err
     assert "index: IVF_HNSW_SQ over 10 rows" in err and "done in" in err  # 6 bank, 4 river
@@ -211,7 +212,7 @@ def test_write_corpus_helper_indexes_whole(tiny_model_dir: Path, tmp_path: Path)
     embed_corpus(EmbedConfig(sources=[str(write_corpus(tmp_path / "c") / "*")],
                              out=str(ds), model=ModelSpec.resolve(str(tiny_model_dir)),
                              n_shards=2, progress=False, executor="local"))
-    summary = build_index(str(ds), "top", str(tmp_path / "ix"), kind="flat")
+    summary = build_index(str(ds), "top", str(tmp_path / "ix"), kind="flat", compact=False)
     n_tokens = connect(str(ds)).sql("SELECT count(*) FROM tokens").fetchall()[0][0]
     assert summary.rows == n_tokens
     assert (tmp_path / "ix" / f"{SENTENCES_TABLE}.lance").is_dir()
@@ -226,8 +227,7 @@ def test_served_index_of_some_words(tmp_path_factory: pytest.TempPathFactory,
 
     data = served_data(tmp_path_factory)
     selected = tmp_path / "play.lance"
-    build_index(str(data.dataset), "top", str(selected), kind="flat",
-                words=WordSelection(["play", "plays"]))
+    build_index(str(data.dataset), "top", str(selected), words=WordSelection(["play", "plays"]))
     texts = _dataset_sentences(data.dataset)
     with running_server(Served(data.dataset, selected), log=tmp_path / "serve.log") as url:
         found = httpx.post(f"{url}/senses/search", json={

@@ -34,7 +34,7 @@ def _write_synthetic(out: Path, n_tokens: int) -> None:
 def index(tmp_path_factory: pytest.TempPathFactory) -> SenseIndex:
     root = tmp_path_factory.mktemp("index_search")
     _write_synthetic(root / "ds", 6000)
-    build_index(str(root / "ds"), "top", str(root / "ix"), kind="hnsw")
+    build_index(str(root / "ds"), "top", str(root / "ix"), kind="hnsw", compact=False)
     return SenseIndex(str(root / "ix"))
 
 

@@ -225,7 +225,7 @@ def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
     out = tmp_path / "ix"
-    summary = build_index(str(ds_copy), "top", str(out), kind="flat")
+    summary = build_index(str(ds_copy), "top", str(out), kind="flat", compact=False)
     assert summary.added_files == 2 and summary.built == "flat"
     ix = SenseIndex(str(out))
     table, _ = stored_layers(ds_copy)
@@ -257,7 +257,7 @@ def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
     # A later part adds shards: only those are read, the rest stays.
     (tmp_path / "more.txt").write_text("\n".join(MORE) + "\n")
     _embed(fixture_model, tmp_path / "more.txt", ds_copy, part="more")
-    again = build_index(str(ds_copy), "top", str(out), kind="flat")
+    again = build_index(str(ds_copy), "top", str(out), kind="flat", compact=False)
     assert again.skipped_files == 2 and again.added_files >= 1
     assert SenseIndex(str(out)).table.count_rows() == len(vectors) + again.added_rows
     with pytest.raises(ElmoUserError, match="holds mix 'top'"):
@@ -287,7 +287,7 @@ def test_refresh_index_adds_only_the_files_it_is_given(
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
     out = str(tmp_path / "ix")
-    build_index(str(ds_copy), "top", out, kind="flat")
+    build_index(str(ds_copy), "top", out, kind="flat", compact=False)
     n_main = SenseIndex(out).table.count_rows()
     for part, text in (("more", MORE[0]), ("extra", "The bank of the river is steep.")):
         (tmp_path / f"{part}.txt").write_text(text + "\n")
@@ -332,7 +332,7 @@ def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
-    build_index(str(ds_copy), "average", str(tmp_path / "ix"), kind="hnsw")
+    build_index(str(ds_copy), "average", str(tmp_path / "ix"), kind="hnsw", compact=False)
     ix = SenseIndex(str(tmp_path / "ix"))
     assert ix.meta.built == "hnsw" and ix.meta.search.refine_factor == 5
     assert ix.meta.search_auto and ix.meta.search == SearchParams.for_rows(ix.meta.rows)
@@ -342,7 +342,7 @@ def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
     # New shards go in through add + optimize (no retraining): they are found too.
     (tmp_path / "more.txt").write_text("\n".join(MORE) + "\n")
     _embed(fixture_model, tmp_path / "more.txt", ds_copy, part="more")
-    summary = build_index(str(ds_copy), "average", str(tmp_path / "ix"), kind="hnsw")
+    summary = build_index(str(ds_copy), "average", str(tmp_path / "ix"), kind="hnsw", compact=False)
     assert summary.added_rows > 0 and summary.skipped_files == 2
     ix = SenseIndex(str(tmp_path / "ix"))
     assert ix.table.count_rows() == len(vectors) + summary.added_rows
@@ -353,7 +353,8 @@ def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
     hit = ix.search(query, k=1).to_pylist()[0]
     assert hit["doc_id"] == "more.txt:1" and hit["_distance"] < 1e-5
     # Search parameters given once stay pinned across later incremental builds.
-    build_index(str(ds_copy), "average", str(tmp_path / "ix"), search=SearchParams(7, 60, None))
+    build_index(str(ds_copy), "average", str(tmp_path / "ix"), search=SearchParams(7, 60, None),
+                compact=False)
     build_index(str(ds_copy), "average", str(tmp_path / "ix"))
     meta = SenseIndex(str(tmp_path / "ix")).meta
     assert not meta.search_auto and meta.search == SearchParams(7, 60, None)
@@ -426,7 +427,7 @@ def test_sense_ranking_with_a_trained_model(tmp_path: Path) -> None:
     corpus = tmp_path / "senses.txt"
     corpus.write_text("\n".join(KIND_SORT + KIND_KINDLY) + "\n")
     _embed(model, corpus, tmp_path / "ds")
-    build_index(str(tmp_path / "ds"), "top", str(tmp_path / "ix"), kind="flat")
+    build_index(str(tmp_path / "ds"), "top", str(tmp_path / "ix"), kind="flat", compact=False)
     queries = {"sort": "I do not like that kind of music at all .",
                "kindly": "She has always been very kind to her mother ."}
     for sense, sentence in queries.items():

@@ -80,7 +80,7 @@ def index(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     from pipeline.lookup.index_build import build_index
 
     out = str(tmp_path_factory.mktemp("senses_ix") / "ix")
-    build_index(str(dataset), "top", out, kind="flat")
+    build_index(str(dataset), "top", out, kind="flat", compact=False)
     return out
 
 
@@ -148,7 +148,7 @@ def test_query_is_tokenized_with_the_datasets_tokenizer(dataset: Path, index: st
     data = json.loads((copy / "_dataset.json").read_text())
     data["tokenizer"]["name"] = "no-such-tokenizer"
     (copy / "_dataset.json").write_text(json.dumps(data))
-    build_index(str(copy), "top", str(tmp_path / "ix"), kind="flat")
+    build_index(str(copy), "top", str(tmp_path / "ix"), kind="flat", compact=False)
     with pytest.raises(ElmoUserError, match="tokenized with 'no-such-tokenizer'"):
         search_senses(str(tmp_path / "ix"), MUSIC[0], "plays")
 
@@ -187,7 +187,8 @@ def test_index_built_before_stems_asks_for_a_rebuild_then_builds_again(
     assert {h.token for h in search_senses(str(old), MUSIC[0], "plays", match="word")} \
         == {"plays"}
     lines: list[str] = []
-    summary = build_index(str(dataset), "top", str(old), kind="flat", progress=lines.append)
+    summary = build_index(str(dataset), "top", str(old), kind="flat", compact=False,
+                          progress=lines.append)
     assert "rebuilding" in lines[0] and summary.added_files == 2
     rebuilt = SenseIndex(str(old))
     assert rebuilt.meta.stemmer == STEMMER and "token_stem" in rebuilt.table.schema.names

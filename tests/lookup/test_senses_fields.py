@@ -75,7 +75,7 @@ def index(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     from pipeline.lookup.index_build import build_index
 
     out = str(tmp_path_factory.mktemp("senses_fields_ix") / "ix")
-    build_index(str(dataset), "top", out, kind="flat")
+    build_index(str(dataset), "top", out, kind="flat", compact=False)
     return out
 
 
@@ -308,7 +308,7 @@ def test_index_built_before_document_fields_joins_them_then_rebuilds(
     assert {h.doc_id for h in hits} == _ids(year=2009)
     assert all(h.fields["president"] == "Barack Obama" for h in hits)
     lines: list[str] = []
-    build_index(str(dataset), "top", str(old), kind="flat", progress=lines.append)
+    build_index(str(dataset), "top", str(old), kind="flat", compact=False, progress=lines.append)
     assert f"{old} was built without document fields: rebuilding it" in lines
     assert SenseIndex(str(old)).meta.doc_fields == {"president": "string", "sense": "string",
                                                    "year": "int"}

@@ -119,7 +119,7 @@ def test_an_index_with_an_in_memory_ivf_answers_from_it(data: Served, tmp_path: 
     from pipeline.lookup.senses import search_senses
 
     graph = Served(data.dataset, tmp_path / "graph")
-    build_index(str(data.dataset), "top", str(graph.index), kind="hnsw")
+    build_index(str(data.dataset), "top", str(graph.index), kind="hnsw", compact=False)
     ix = SenseIndex(str(graph.index))
     assert ix.meta.held is not None
     assert isinstance(ix.vector_query(np.ones((1, ix.meta.dim), np.float32), k=5), HeldSearch)
