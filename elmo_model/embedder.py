@@ -207,8 +207,14 @@ class ElmoEmbedder:
             assert self._carried is not None
             for (h, c), (fh, fc) in zip(self._carried, final_state, strict=True):
                 h[:, : fh.shape[1]], c[:, : fc.shape[1]] = fh, fc
-        layers = torch.cat([tokens.repeat(1, 2).unsqueeze(0), lstm_layers.float()])
-        array = layers.cpu().numpy()  # [L + 1, N, 2P]
+        # [L + 1, N, 2P]: layer 0 is [x; x], written in place (no repeated temporary)
+        width = tokens.shape[1]
+        layers = torch.empty((lstm_layers.shape[0] + 1, *lstm_layers.shape[1:]),
+                             dtype=torch.float32, device=tokens.device)
+        layers[0, :, :width] = tokens
+        layers[0, :, width:] = tokens
+        layers[1:] = lstm_layers
+        array = layers.cpu().numpy()
         out, start = [], 0
         for sentence in sentences:
             n = len(sentence)

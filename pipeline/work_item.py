@@ -248,8 +248,8 @@ def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
         "char_end": pa.array(pick(cols.char_ends), pa.int32()),
     }
     for k in range(n_out):
-        values = pa.array(np.ascontiguousarray(stacked[k]).astype(np_dtype).reshape(-1),
-                          value_type)
+        # stacked[k] is a contiguous view: float32 goes to Arrow with no copy
+        values = pa.array(stacked[k].astype(np_dtype, copy=False).reshape(-1), value_type)
         columns[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(values, dim)
     return pa.table(columns)
 

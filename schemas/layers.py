@@ -20,9 +20,14 @@ INT8_LIMIT = 127  # symmetric: -128 is never written, so negation is exact
 def quantize_int8(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``[n, dim]`` floats -> (``[n, dim]`` int8 values, ``[n]`` float32 scales)."""
     x = np.asarray(vectors, np.float32)
-    scale = (np.abs(x).max(axis=-1) / np.float32(INT8_LIMIT)).astype(np.float32)
+    # max |x_i| from two reductions, with no [n, dim] temporary: a writer quantizes 16k x
+    # 1024 floats a unit, and each fresh 64 MB array is new zeroed pages (BENCHMARKS.md,
+    # "fixed mmap threshold"). Adding +0.0 keeps an all-zero vector's scale +0.0.
+    absmax = np.maximum(x.max(axis=-1), -x.min(axis=-1))
+    scale = (absmax / np.float32(INT8_LIMIT) + np.float32(0)).astype(np.float32)
     safe = np.where(scale > 0, scale, np.float32(1))
-    q = np.rint(x / safe[..., None])
+    q = x / safe[..., None]
+    np.rint(q, out=q)
     np.clip(q, -INT8_LIMIT, INT8_LIMIT, out=q)
     return q.astype(np.int8), scale
 

@@ -4,6 +4,7 @@ replica processes."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,8 +33,13 @@ def test_ray_serve_replicas_answer_as_the_plain_server(ray_server: str, data: Se
     from pipeline.lookup.senses import search_senses
 
     with httpx.Client(base_url=ray_server, timeout=60) as client:
-        processes = {client.get("/info").json()["process"] for _ in range(40)}
-        assert len(processes) == 2  # both replicas take requests
+        # Both replicas take requests. The server answers once one replica is up; on a
+        # loaded machine the second may start seconds later, so ask until both have answered.
+        processes: set[int] = set()
+        deadline = time.monotonic() + 90
+        while len(processes) < 2 and time.monotonic() < deadline:
+            processes.add(client.get("/info").json()["process"])
+        assert len(processes) == 2
         hits = client.post("/senses/search", json=SEARCH).json()["hits"]
         want = search_senses(SenseIndex(str(data.index)), SEARCH["sentence"], "play", k=5)
         assert [(h["sentence"], h["tok_idx"]) for h in hits] == \
