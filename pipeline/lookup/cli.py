@@ -57,7 +57,7 @@ dataset when the index is created): later builds and job refreshes keep that cho
 A new index is compact: no vectors in it, only quantized codes (one byte per 2 dimensions)
 and each token's row in the dataset, whose vectors are read again when the index is opened
 to rank the candidates exactly (0.3-0.4x the dataset's bytes). The dataset must stay
-readable, opening takes longer (about 1 s for the `make run` data, 10 s at 1M x 1024
+readable, opening takes longer (about 1 s for the `make run` data, 5-7 s at 1M x 1024
 tokens) and a search process holds the vectors in memory (2 bytes a value). --full keeps
 the vectors in the index instead, with LanceDB's IVF_HNSW_SQ (tuned by --index, --nprobes,
 --ef, --refine-factor): it opens in about a second whatever the size and needs only itself,
