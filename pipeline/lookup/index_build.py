@@ -158,13 +158,15 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     if ds.descriptor.n_output_layers < 1:
         raise ElmoUserError(f"{dataset} stores no layers to index")
     the_mix = ds.mix(mix)
+    made = read_meta(out, storage_options)
     if compact is None:
         # --rebuild keeps the kind too: only --full / --compact change it.
-        made = read_meta(out, storage_options)
         compact = made.compact if made is not None else NEW_INDEX_COMPACT
     if compact and (kind != "auto" or search is not None):
-        raise ElmoUserError("--index, --nprobes, --ef and --refine-factor tune a full index "
-                            "(LanceDB's HNSW); add --full, or leave them out: a compact "
+        fix = "--full --rebuild" if made is not None and made.compact and not rebuild \
+            else "--full"
+        raise ElmoUserError(f"--index, --nprobes, --ef and --refine-factor tune a full index "
+                            f"(LanceDB's HNSW); add {fix}, or leave them out: a compact "
                             "index measures its own probes")
     db = lancedb.connect(out, storage_options=lance_options(storage_options))
     exists = TABLE in db.list_tables().tables

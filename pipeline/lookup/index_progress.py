@@ -27,11 +27,19 @@ def rows_bar(total: int, enabled: bool) -> Any:
 
 @contextmanager
 def phase(description: str, enabled: bool) -> Iterator[None]:
-    """``description`` with a spinner and its elapsed time, redrawn until the block ends."""
+    """``description`` with a spinner and its elapsed time, redrawn until the block ends;
+    where stderr is not a terminal (a log), one line when it starts and one when it ends."""
     from tqdm import tqdm
 
     if not enabled:
         yield
+        return
+    if not sys.stderr.isatty():
+        print(f"{description} ...", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        yield
+        print(f"{description}: done in {time.perf_counter() - started:.1f} s", file=sys.stderr,
+              flush=True)
         return
     bar = tqdm(total=None, desc=description, bar_format="{desc}: {elapsed} {postfix}",
                file=sys.stderr, dynamic_ncols=True)

@@ -256,6 +256,9 @@ def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
     assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--compact",
                      "--ef", "200"]) == 2
     assert "--ef and --refine-factor tune a full index" in capsys.readouterr().err
+    assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--nprobes",
+                     "5"]) == 2
+    assert "add --full --rebuild, or leave them out" in capsys.readouterr().err
     assert cli.main(["index", "info", str(out)]) == 0
     text = capsys.readouterr().out
     assert "vector index ivf" in text and "compact: codes, vectors read from the dataset" in text
