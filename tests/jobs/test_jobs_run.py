@@ -422,11 +422,13 @@ def test_cli_run_status_and_busy(tiny_model_dir: Path, tmp_path: Path,
     assert "in use by another run of this job" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("compact", [None, False, True])
 def test_index_refresh_with_the_lookup_layers_build_index(tiny_model_dir: Path,
-                                                           tmp_path: Path, compact: bool) -> None:
+                                                           tmp_path: Path,
+                                                           compact: bool | None) -> None:
     """The real LanceDB index follows the live view: a changed file's rows replaced; a
-    compact index (``index_compact``) ranks with the changed dataset's vectors."""
+    compact index (``index_compact``, or a new index without it) ranks with the changed
+    dataset's vectors."""
     import lancedb
 
     from pipeline.lookup.dataset import open_dataset
@@ -434,11 +436,11 @@ def test_index_refresh_with_the_lookup_layers_build_index(tiny_model_dir: Path,
     from pipeline.lookup.mixes import iter_mixed
 
     write_corpus(tmp_path, INITIAL)
-    spec = load_spec(write_spec(tmp_path, tiny_model_dir, mixes='["top"]',
-                                index_compact=str(compact).lower()))
+    given = {} if compact is None else {"index_compact": str(compact).lower()}
+    spec = load_spec(write_spec(tmp_path, tiny_model_dir, mixes='["top"]', **given))
     assert spec.index_compact is compact
     assert run_job(spec).record.index["top"].startswith("refreshed")  # type: ignore[union-attr]
-    assert SenseIndex(spec.index_uri("top")).meta.compact is compact
+    assert SenseIndex(spec.index_uri("top")).meta.compact is (compact is not False)
 
     def index_rows() -> list[tuple]:
         table = lancedb.connect(spec.index_uri("top")).open_table("tokens").to_arrow()
