@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.dataset import open_dataset, open_fs
+from pipeline.lookup.dataset import open_dataset, open_fs, read_dataset_descriptor
 from pipeline.lookup.doc_fields import (
     INDEX_FIELDS,
     DocumentTable,
@@ -86,6 +86,8 @@ from pipeline.lookup.vector_search import VectorSearch
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
+
+    from schemas import DatasetDescriptor
 
 INDEX_META = "_elmo_index.json"
 # token_lower -> rows, so that routing a filtered query (exact or graph) costs no query.
@@ -210,6 +212,12 @@ def lance_options(storage_options: dict | None) -> dict[str, str] | None:
 
 
 
+def moved_dataset_fix(mix_name: str, uri: str) -> str:
+    """What to do when the dataset of the index at ``uri`` is not where the index says."""
+    return (f"put the dataset back there, or build the index again from where it is now "
+            f"(`elmo index build DATASET --mix {mix_name} --out {uri} --rebuild`)")
+
+
 class SenseIndex:
     """An opened index: its metadata and LanceDB table."""
 
@@ -331,6 +339,17 @@ class SenseIndex:
     @property
     def has_stems(self) -> bool:
         return self.meta.stemmer == STEMMER
+
+    def dataset_descriptor(self) -> DatasetDescriptor:
+        """The descriptor of the dataset the index was built from (a query is embedded with
+        its model and tokenizer), or an error naming the index and the fix."""
+        try:
+            return read_dataset_descriptor(self.meta.dataset, self.storage_options)
+        except (ElmoUserError, OSError) as error:
+            raise ElmoUserError(f"{self.uri} was built from {self.meta.dataset}, which is not "
+                                f"readable now ({error}); "
+                                f"{moved_dataset_fix(self.meta.mix_name, self.uri)}"
+                                ) from error
 
     def require_stems(self) -> None:
         if not self.has_stems:

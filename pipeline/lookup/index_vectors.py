@@ -115,6 +115,7 @@ def vectors_from_dataset(meta: IndexMeta, uri: str, storage_options: dict | None
     its dataset opened and checked now (same model, every file it holds still committed),
     read when called."""
     from pipeline.lookup.dataset import open_dataset
+    from pipeline.lookup.index import moved_dataset_fix
 
     fix = (f"bring the index up to date with `elmo index build {meta.dataset} --mix "
            f"{meta.mix_name} --out {uri}`")
@@ -122,7 +123,8 @@ def vectors_from_dataset(meta: IndexMeta, uri: str, storage_options: dict | None
         ds = open_dataset(meta.dataset, storage_options)
     except (ElmoUserError, OSError) as error:
         raise ElmoUserError(f"{uri} is a compact index: its vectors are read from its "
-                            f"dataset, which is not readable ({error})") from error
+                            f"dataset {meta.dataset}, which is not readable ({error}); "
+                            f"{moved_dataset_fix(meta.mix_name, uri)}") from error
     if ds.descriptor.model_fingerprint != meta.model_fingerprint:
         raise ElmoUserError(f"{meta.dataset} now holds another model's vectors than the "
                             f"compact index {uri} was built from; rebuild it with "

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.dataset import read_dataset_descriptor
 from pipeline.lookup.doc_fields import Filters, as_filters
 from pipeline.lookup.index import SenseIndex, stem_words
 from pipeline.lookup.mixes import mix_arrays
@@ -151,7 +150,7 @@ def embed_query(index: SenseIndex, query: QueryToken, model_dir: str | None = No
     """The query token's mixed vector, computed as the stored vectors were."""
     import elmo_model
     if descriptor is None:
-        descriptor = read_dataset_descriptor(index.meta.dataset)
+        descriptor = index.dataset_descriptor()
     if embedder is None:
         options, weights = model_files_for(descriptor, model_dir)
         embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
@@ -208,7 +207,7 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
     conditions = as_filters(filters)
     # Before the model loads too: an unknown field is a typo to fix.
     where = ix.fields_where(conditions) if conditions else None
-    descriptor = read_dataset_descriptor(ix.meta.dataset)
+    descriptor = ix.dataset_descriptor()
     query = locate_word(sentence, word, occurrence,
                         tokenizer=dataset_tokenizer(descriptor))
     vector = embed_query(ix, query, model_dir, embedder, descriptor)

@@ -347,3 +347,17 @@ def test_served_compact_index(tmp_path_factory: pytest.TempPathFactory, tmp_path
                                  timeout=60)
             assert anyword.status_code == 200 and len(anyword.json()["hits"]) == 5
     assert answers[0] == answers[1] and len(answers[0]) == 5
+
+
+def test_a_moved_dataset_is_one_error_naming_the_fix(built: Path, tmp_path: Path) -> None:
+    """A compact index whose dataset moved says where it looked and how to fix it, for a
+    search (its vectors) and for what embeds a query (the dataset's model)."""
+    ds, out = tmp_path / "ds", tmp_path / "ix"
+    shutil.copytree(built / "ds", ds)
+    build_index(str(ds), "top", str(out))
+    ds.rename(tmp_path / "moved")
+    fix = r"put the dataset back there, or build the index again .*--rebuild"
+    with pytest.raises(ElmoUserError, match=rf"its dataset {ds}, which is not readable.*{fix}"):
+        SenseIndex(str(out)).search(np.ones(DIM, np.float32), k=1)
+    with pytest.raises(ElmoUserError, match=rf"built from {ds}, which is not readable.*{fix}"):
+        SenseIndex(str(out)).dataset_descriptor()
