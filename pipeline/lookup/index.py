@@ -211,7 +211,6 @@ def lance_options(storage_options: dict | None) -> dict[str, str] | None:
     return {k: str(v) for k, v in storage_options.items()} if storage_options else None
 
 
-
 def moved_dataset_fix(mix_name: str, uri: str) -> str:
     """What to do when the dataset of the index at ``uri`` is not where the index says."""
     return (f"put the dataset back there, or build the index again from where it is now "
