@@ -84,15 +84,14 @@ def _create_vector_index(table: Any, meta: IndexMeta) -> None:
     meta.trained_rows = rows
 
 
-def reusable_meta(ds: Dataset, the_mix: Mix, out: str, storage_options: dict | None,
+def reusable_meta(ds: Dataset, the_mix: Mix, out: str, meta: IndexMeta | None,
                   progress: Callable[[str], None] | None, compact: bool | None = None
                   ) -> IndexMeta | None:
-    """The metadata of the index at ``out`` if new rows can be added to it; None when it
-    must be built again (its rows lack word stems or document fields, or are of the
-    layout before LAYOUT). An index of another model or mix is refused: the user chooses
-    ``--rebuild`` or another ``--out``, and so is ``compact`` (True or False) where the
-    index is the other kind."""
-    meta = read_meta(out, storage_options)
+    """``meta`` (the metadata of the index at ``out``, as read) if new rows can be added to
+    it; None when it must be built again (its rows lack word stems or document fields, or
+    are of the layout before LAYOUT). An index of another model or mix is refused: the user
+    chooses ``--rebuild`` or another ``--out``, and so is ``compact`` (True or False) where
+    the index is the other kind."""
     if meta is None:
         return None
     if meta.model_fingerprint != ds.descriptor.model_fingerprint:
@@ -170,8 +169,8 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                             "index measures its own probes")
     db = lancedb.connect(out, storage_options=lance_options(storage_options))
     exists = TABLE in db.list_tables().tables
-    meta = None if rebuild or not exists else reusable_meta(ds, the_mix, out, storage_options,
-                                                            progress, compact)
+    meta = None if rebuild or not exists else reusable_meta(ds, the_mix, out, made, progress,
+                                                            compact)
     if meta is not None and words is not None and not words.everything \
             and words.to_json() != meta.words:
         raise ElmoUserError(f"{out} holds {meta.selection().describe()}; to index "
