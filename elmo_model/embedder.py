@@ -199,21 +199,22 @@ class ElmoEmbedder:
     def _run_batch(self, sentences: list[list[str]]) -> list[np.ndarray]:
         flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
         plan = PackPlan.build(np.array([len(s) + 2 for s in sentences]), self.device)
+        n_layers = self.model.config.n_layers
         with self._autocast():
             tokens = self._token_vectors(flat)  # [N, P]
-            lstm_layers, final_state = self.model.contextualize(
-                tokens, plan, self._initial_state(len(sentences)), step=self.step)
+            # [L + 1, N, 2P]: layer 0 is [x; x]; the LSTM layers are written into the rest
+            layers = torch.empty((n_layers + 1, plan.n_tokens, 2 * tokens.shape[1]),
+                                 dtype=torch.float32, device=tokens.device)
+            _, final_state = self.model.contextualize(
+                tokens, plan, self._initial_state(len(sentences)), step=self.step,
+                out=layers[1:])
         if self.mode == "stateful":
             assert self._carried is not None
             for (h, c), (fh, fc) in zip(self._carried, final_state, strict=True):
                 h[:, : fh.shape[1]], c[:, : fc.shape[1]] = fh, fc
-        # [L + 1, N, 2P]: layer 0 is [x; x], written in place (no repeated temporary)
         width = tokens.shape[1]
-        layers = torch.empty((lstm_layers.shape[0] + 1, *lstm_layers.shape[1:]),
-                             dtype=torch.float32, device=tokens.device)
         layers[0, :, :width] = tokens
         layers[0, :, width:] = tokens
-        layers[1:] = lstm_layers
         array = layers.cpu().numpy()
         out, start = [], 0
         for sentence in sentences:

@@ -368,6 +368,7 @@ class BiLM(VersionedWeights):
         dropout: float = 0.0,
         backward_tokens: torch.Tensor | None = None,
         step: LstmStep | None = None,
+        out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, LstmState]:
         """Run both LSTM stacks over token vectors in canonical order.
 
@@ -378,29 +379,41 @@ class BiLM(VersionedWeights):
         backward_tokens: ``[N, P]`` for training only: the backward stack reads these instead
         of ``tokens`` (bilm-tf trains each direction on its own text stream, so truncated
         back-propagation can carry both states across consecutive windows).
+        out: a float32 ``[L, N, 2P]`` to write the layers into (and return) instead of a
+        new tensor, e.g. a slice of the caller's own ``[L + 1, N, 2P]``.
         """
         n_sentences = len(plan.lengths)
         if initial_state is None:
             initial_state = self.zero_state(n_sentences, tokens.device)
         order = torch.from_numpy(plan.order).to(tokens.device)
         p = self.config.projection_dim
-        backward_source = tokens if backward_tokens is None else backward_tokens
-        x = torch.stack([tokens[plan.forward_index], backward_source[plan.backward_index]])
-        outputs, final_state = [], []
+        # Inference runs this once per batch of a corpus: each [N, P]-sized temporary is
+        # a fresh mapping under the workers' fixed mmap threshold, so the packed input is
+        # gathered in one go and each layer lands straight in the output.
+        if backward_tokens is None:
+            x = tokens[torch.stack([plan.forward_index, plan.backward_index])]  # [2, N, P]
+        else:
+            x = torch.stack([tokens[plan.forward_index], backward_tokens[plan.backward_index]])
+        shape = (self.config.n_layers, plan.n_tokens, 2 * p)
+        if out is None:
+            layers = x.new_empty(shape, dtype=torch.float32)  # [L, N, 2P]
+        elif out.shape != shape or out.dtype != torch.float32:
+            raise ValueError(f"out must be float32 {list(shape)}, got {out.dtype} "
+                             f"{list(out.shape)}")
+        else:
+            layers = out
+        final_state = []
         for index, (layer, (h0, c0)) in enumerate(zip(self.layers, initial_state, strict=True)):
             layer_in = F.dropout(x, dropout, self.training) if dropout else x
-            y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order], step)
+            y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order], step)  # y [2, N, P]
             if self.config.use_skip_connections and index > 0:
-                y = y + x  # residual between LSTM layers, not into the first one
-            outputs.append(y)
+                y += x  # residual between LSTM layers, not into the first one
+            layers[index, plan.forward_index, :p] = y[0]
+            layers[index, plan.backward_index, p:] = y[1]
             unsort_h, unsort_c = torch.empty_like(h), torch.empty_like(c)
             unsort_h[:, order], unsort_c[:, order] = h, c
             final_state.append((unsort_h, unsort_c))
             x = y
-        packed = torch.stack(outputs)  # [L, 2, N, P]
-        layers = packed.new_empty(len(outputs), plan.n_tokens, 2 * p)
-        layers[:, plan.forward_index, :p] = packed[:, 0]
-        layers[:, plan.backward_index, p:] = packed[:, 1]
         return layers, final_state
 
     def forward(self, char_ids: torch.Tensor, initial_state: LstmState | None = None,

@@ -156,3 +156,46 @@ def test_an_embedder_chooses_once_and_keeps_its_step(tiny_model_dir) -> None:
     for a, b in zip(fast.embed(sentences), first, strict=True):
         assert np.array_equal(a, b)
     assert not hasattr(model, "lstm_impl")
+
+
+def test_contextualize_writes_into_a_given_output() -> None:
+    """The embedder hands ``contextualize`` the LSTM rows of its own ``[L + 1, N, 2P]``
+    (no second copy of every layer); the layers are the ones it would have returned."""
+    torch.manual_seed(0)
+    model = BiLM(CONFIG).eval()
+    plan = PackPlan.build(LENGTHS)
+    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
+    with torch.inference_mode():
+        want, want_state = model.contextualize(tokens, plan, step=OnednnStep())
+        mine = torch.full((CONFIG.n_layers + 1, plan.n_tokens, 2 * CONFIG.projection_dim),
+                          float("nan"))
+        got, state = model.contextualize(tokens, plan, step=OnednnStep(), out=mine[1:])
+        assert got.data_ptr() == mine[1].data_ptr()
+        assert torch.equal(mine[1:], want)
+        assert mine[0].isnan().all()  # the row before is the caller's, untouched
+        for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
+            assert torch.equal(h, want_h) and torch.equal(c, want_c)
+        with pytest.raises(ValueError, match=r"out must be float32 \[2, "):
+            model.contextualize(tokens, plan, out=mine[1:].double())
+        with pytest.raises(ValueError, match="out must be float32"):
+            model.contextualize(tokens, plan, out=mine[:1])
+
+
+def test_one_stream_and_two_equal_streams_give_the_same_layers_and_gradients() -> None:
+    """Inference gathers both directions' inputs in one go, training stacks two streams;
+    with the same text in both they agree, and so do the gradients through the in-place
+    residual."""
+    torch.manual_seed(0)
+    model = BiLM(CONFIG)
+    plan = PackPlan.build(LENGTHS)
+    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
+    grads = []
+    for backward_tokens in (None, "same"):
+        model.zero_grad()
+        source = tokens.clone().requires_grad_()
+        layers, _ = model.contextualize(source, plan, backward_tokens=(
+            source if backward_tokens else None))
+        (layers * torch.linspace(-1, 1, layers.shape[-1])).sum().backward()
+        grads.append((layers.detach(), source.grad, model.layers[1].input_weight.grad.clone()))
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
