@@ -47,8 +47,12 @@ PROGRESS_POLL_S = 0.5  # how often the driver asks workers how far their items a
 # freed. Left alone it raises the threshold (up to 32 MiB) each time such a block is
 # freed, after which an item's multi-MB buffers (Arrow columns, numpy and torch arrays)
 # come from the heap and fragment it: a worker's peak then climbed with every new kind
-# of text it met (BENCHMARKS.md, pipeline section). Fixed at glibc's own starting value.
-MMAP_THRESHOLD_BYTES = 128 << 10
+# of text it met (BENCHMARKS.md, pipeline section). Fixed at 1 MiB rather than glibc's
+# starting 128 KiB: the model's per-chunk and per-step temporaries (char CNN conv outputs,
+# a time step's gates) are mostly below it and are reused from the heap instead of being
+# fresh zeroed pages on every call; half the page faults, the same flat peak from 3M to
+# 42M tokens (BENCHMARKS.md, "The mmap threshold at 1 MiB").
+MMAP_THRESHOLD_BYTES = 1 << 20
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 # Item index -> stored tokens done so far, for the items a worker is running.
