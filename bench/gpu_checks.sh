@@ -108,6 +108,7 @@ checks)
     step train-probe 180 train_probe
     step standard-model 60 standard_model /tmp/standard
     head -n "${WIKI_LINES:-4000}" /tmp/corpus-out/train/wikipedia.jsonl >/tmp/wiki.jsonl
+    rm -rf /tmp/ds-std  # a rerun on the same warm machine writes a fresh dataset
     step pipeline-standard-bf16 120 elmo embed /tmp/wiki.jsonl --out /tmp/ds-std \
         --model /tmp/standard --tokenizer elmo-store-sentences --executor local \
         --device "$DEV" --compute-dtype bfloat16 --dtype int8
