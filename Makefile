@@ -10,9 +10,10 @@ STAMP := $(VENV)/.installed
 # System packages some tests drive, installed with apt-get only when missing (CI is a fresh
 # Debian machine, as root): Debian's chromium and its driver for the explorer page's
 # browser test, curl for the README's serve commands, a Java runtime for pyspark
-# (tests/lookup/test_engines.py).
-SYSTEM_PACKAGES := chromium chromium-driver curl default-jre-headless
-SYSTEM_COMMANDS := chromium chromedriver curl java
+# (tests/lookup/test_engines.py), pdftotext for the corpus recipe's PDF reader
+# (tests/model/test_corpus_pdf.py).
+SYSTEM_PACKAGES := chromium chromium-driver curl default-jre-headless poppler-utils
+SYSTEM_COMMANDS := chromium chromedriver curl java pdftotext
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +29,7 @@ run: $(STAMP)
 system-packages:
 	@missing=""; for c in $(SYSTEM_COMMANDS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing $(SYSTEM_PACKAGES) (missing:$$missing) for the browser, README and engine tests"; \
+	  echo "installing $(SYSTEM_PACKAGES) (missing:$$missing) for the browser, README, engine and PDF tests"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(SYSTEM_PACKAGES); \

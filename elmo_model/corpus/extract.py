@@ -54,7 +54,8 @@ def clean_paragraphs(raw: list[str]) -> tuple[str, ...]:
 
 
 # Elements whose whole content is skipped, and classes/roles/ids that mark containers of
-# navigation, code or boilerplate in Sphinx (kernel, Python) and DocBook (PostgreSQL) pages.
+# navigation, code or boilerplate in Sphinx (kernel, Python) and DocBook (PostgreSQL, the
+# Debian handbook) pages.
 _SKIP_TAGS = {"script", "style", "pre", "table", "nav", "header", "footer", "form", "dt",
               "noscript", "svg", "button", "select", "textarea", "h1", "h2", "h3", "h4",
               "h5", "h6", "title", "head"}
@@ -63,9 +64,11 @@ _SKIP_CLASSES = {"highlight", "sphinxsidebar", "related", "footer", "navheader",
                  "kerneltoc", "programlisting", "screen", "synopsis", "literallayout",
                  "toc", "mobile-nav", "menu-wrapper", "language-selection", "rubric",
                  "version_switcher_placeholder", "language_switcher_placeholder",
-                 "footnotes", "copyright", "breadcrumbs", "contents"}
+                 "footnotes", "copyright", "breadcrumbs", "contents", "docnav", "titlepage"}
 _SKIP_ROLES = {"navigation", "search", "note", "banner", "contentinfo"}
 _BLOCK_TAGS = {"p", "li", "dd"}
+# Publican's DocBook pages (the Debian handbook) put each paragraph in a div of this class.
+_BLOCK_DIV_CLASS = "para"
 # Void elements never get an end tag, so they must not enter the open-element stack.
 _VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
               "source", "track", "wbr"}
@@ -103,7 +106,8 @@ class _ProseParser(HTMLParser):
             return
         skips = _skips(tag, attrs)
         # A block inside a block (a p inside an li) continues it: flush the outer text first.
-        block = tag in _BLOCK_TAGS
+        block = tag in _BLOCK_TAGS or (
+            tag == "div" and _BLOCK_DIV_CLASS in (dict(attrs).get("class") or "").split())
         if block:
             self._flush()
         self._stack.append((tag, skips, block))
@@ -149,11 +153,13 @@ def html_prose(html: str) -> tuple[str, tuple[str, ...]]:
     return clean_paragraph(parser.title), clean_paragraphs(parser.paragraphs)
 
 
-def html_documents(source: str, root: Path, package: str) -> Iterator[Document]:
-    """One document per HTML page under ``root`` (sorted paths, so reruns agree)."""
+def html_documents(source: str, root: Path, package: str,
+                   prefix: str = "") -> Iterator[Document]:
+    """One document per HTML page under ``root`` (sorted paths, so reruns agree); its
+    path is ``prefix`` + its path under ``root``."""
     for path in sorted(root.rglob("*.html")):
         title, paragraphs = html_prose(path.read_text(encoding="utf-8", errors="replace"))
-        relative = path.relative_to(root).as_posix()
+        relative = prefix + path.relative_to(root).as_posix()
         if paragraphs:
             yield Document(source, f"{source}/{relative}", paragraphs,
                            {"package": package, "path": relative, "title": title})
@@ -197,3 +203,67 @@ def line_documents(source: str, directory: Path) -> Iterator[Document]:
                 if paragraph:
                     yield Document(source, f"{source}/{path.name}:{number}", (paragraph,),
                                    {"work": path.stem, "line": number})
+
+
+# POD (Perl's documentation format): E<> escapes by name, the rest by number.
+_POD_ESCAPES = {"lt": "<", "gt": ">", "sol": "/", "verbar": "|", "quot": '"', "amp": "&",
+                "apos": "'", "nbsp": " "}
+# Innermost single-angle format codes (no angle brackets inside), and double-angle ones,
+# which may hold "->" or "=>" (C<< $a->b >>).
+_POD_SINGLE_RE = re.compile(r"([A-Z])<([^<>]*)>")
+_POD_MULTI_RE = re.compile(r"([A-Z])(<{2,})\s(.*?)\s(>{2,})", re.DOTALL)
+
+
+def _pod_code(letter: str, inner: str) -> str:
+    if letter in "XZ":  # index entries and zero-width markers print nothing
+        return ""
+    if letter == "E":
+        if inner.isdigit():
+            return chr(int(inner))
+        return _POD_ESCAPES.get(inner, "")
+    if letter == "L":  # L<text|target> prints its text; L<page/"section"> its names
+        text = inner.split("|", 1)[0] if "|" in inner else inner
+        return text.replace('/"', " ").replace('"', "").replace("/", " ").strip()
+    return inner
+
+
+def pod_text(paragraph: str) -> str:
+    """An ordinary POD paragraph as plain text: format codes replaced by what they print."""
+    paragraph = _POD_MULTI_RE.sub(lambda m: _pod_code(m.group(1), m.group(3)), paragraph)
+    while True:
+        replaced = _POD_SINGLE_RE.sub(lambda m: _pod_code(m.group(1), m.group(2)), paragraph)
+        if replaced == paragraph:
+            return replaced
+        paragraph = replaced
+
+
+def pod_paragraphs(text: str) -> tuple[str, ...]:
+    """The prose of a POD file: its ordinary paragraphs. Commands (``=head2``, ``=item``),
+    verbatim paragraphs (indented: code), ``=begin``/``=end`` and ``=for`` blocks and code
+    after ``=cut`` are left out."""
+    prose = []
+    in_pod, in_block = True, 0
+    for block in _PARAGRAPH_BREAK_RE.split(text.replace("\r\n", "\n")):
+        if not block.strip():
+            continue
+        if block.startswith("="):
+            command = block.split(None, 1)[0]
+            if command == "=cut":
+                in_pod = False
+            else:
+                in_pod = True
+                in_block += (command == "=begin") - (command == "=end" and in_block > 0)
+            continue
+        if in_pod and not in_block and not block[0].isspace():
+            prose.append(pod_text(block))
+    return clean_paragraphs(prose)
+
+
+def pod_documents(source: str, root: Path, package: str) -> Iterator[Document]:
+    """One document per ``.pod`` file under ``root`` (sorted paths)."""
+    for path in sorted(root.rglob("*.pod")):
+        paragraphs = pod_paragraphs(path.read_text(encoding="utf-8", errors="replace"))
+        relative = path.relative_to(root).as_posix()
+        if paragraphs:
+            yield Document(source, f"{source}/{relative}", paragraphs,
+                           {"package": package, "path": relative, "title": path.stem})

@@ -9,6 +9,7 @@ goes into the manifest, so a rerun can tell whether it read the same bytes.
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 import tarfile
@@ -21,9 +22,11 @@ from elmo_model.corpus.extract import (
     Document,
     html_documents,
     line_documents,
+    pod_documents,
     sotu_documents,
     wikipedia_documents,
 )
+from elmo_model.corpus.pdf import pdf_documents
 from elmo_model.errors import ElmoUserError
 
 
@@ -67,17 +70,26 @@ def artifact(path: Path) -> Artifact:
     return Artifact(path.name, sha256_file(path), path.stat().st_size)
 
 
-def _debian_html(package: str, exclude: tuple[str, ...] = ()) -> Callable[[str, Path],
-                                                                         Iterator[Document]]:
+def _debian_html(package: str, html_dirs: str = "usr/share/doc/*/html",
+                 exclude: str = "") -> Callable[[str, Path], Iterator[Document]]:
+    """Pages under the directories ``html_dirs`` (a glob under the unpacked package) whose
+    path (relative to its directory) does not match the regex ``exclude``. With several
+    directories, a page's path starts with its directory's name, so ids stay unique."""
+    skip = re.compile(exclude) if exclude else None
+
     def read(source: str, root: Path) -> Iterator[Document]:
-        for html_root in sorted((root / "usr/share/doc").glob("*/html")):
-            # python3.11-doc/html links to python3.11/html: read the real directory once.
-            if html_root.is_symlink():
-                continue
-            for document in html_documents(source, html_root, package):
-                if not document.meta["path"].startswith(exclude):
+        # python3.11-doc/html links to python3.11/html: read the real directory once.
+        html_roots = [path for path in sorted(root.glob(html_dirs)) if not path.is_symlink()]
+        for html_root in html_roots:
+            prefix = f"{html_root.name}/" if len(html_roots) > 1 else ""
+            for document in html_documents(source, html_root, package, prefix):
+                if skip is None or not skip.search(document.meta["path"]):
                     yield document
     return read
+
+
+def _debian_pod(package: str, pod_dir: str) -> Callable[[str, Path], Iterator[Document]]:
+    return lambda source, root: pod_documents(source, root / pod_dir, package)
 
 
 SOURCES: tuple[Source, ...] = (
@@ -95,7 +107,36 @@ SOURCES: tuple[Source, ...] = (
            "PostgreSQL", _debian_html("postgresql-doc-15")),
     # translations/ holds the kernel docs' Chinese, Japanese, Korean, Italian and Spanish pages.
     Source("linux-docs", "debian", "linux-doc-6.12", "6.12.117-1~deb12u1", "GPL-2.0",
-           "GPL-2.0", _debian_html("linux-doc-6.12", exclude=("translations/",))),
+           "GPL-2.0", _debian_html("linux-doc-6.12", exclude="^translations/")),
+    # Added after version 5 of the bundled model was trained on the six sources above; each
+    # is English only (the packages also hold translations), with these pages left out:
+    # the GIMP manual's licence text; LilyPond's music glossary (a dictionary: kept for
+    # evaluation), its generated internals reference and its one-page copies of each manual.
+    Source("debian-handbook", "debian", "debian-handbook", "11.20220922",
+           "GPL-2.0-or-later OR CC-BY-SA-3.0", "GPL-2.0-or-later OR CC-BY-SA-3.0",
+           _debian_html("debian-handbook", "usr/share/doc/debian-handbook/html/en-US")),
+    Source("gnucash-docs", "debian", "gnucash-docs", "4.13-1", "GFDL-1.1-or-later",
+           "GFDL-1.1-or-later",
+           _debian_html("gnucash-docs", "usr/share/doc/gnucash-docs/gnucash-*-en")),
+    Source("gimp-docs", "debian", "gimp-help-en", "2.10.34-2", "GFDL-1.2", "GFDL-1.2",
+           _debian_html("gimp-help-en", "usr/share/gimp/2.0/help/en",
+                        exclude=r"^(gfdl[-.]|legal\.html)")),
+    Source("libreoffice-docs", "debian", "libreoffice-help-en-us", "4:7.4.7-1+deb12u14",
+           "MPL-2.0", "MPL-2.0",
+           _debian_html("libreoffice-help-en-us", "usr/share/libreoffice/help/en-US")),
+    Source("lilypond-docs", "debian", "lilypond-doc-html", "2.24.1-2", "GFDL-1.3-or-later",
+           "GFDL-1.3-or-later",
+           _debian_html("lilypond-doc-html", "usr/share/doc/lilypond/html/Documentation",
+                        exclude=r"^(music-glossary|internals)/|-big-page\.html$")),
+    Source("perl-docs", "debian", "perl-doc", "5.36.0-7+deb12u4",
+           "GPL-1.0-or-later OR Artistic-1.0-Perl", "GPL-1.0-or-later OR Artistic-1.0-Perl",
+           _debian_pod("perl-doc", "usr/share/perl/5.36.0/pod")),
+    # LaTeX package manuals: PDFs, read with pdftotext (poppler-utils); TeX Live has no one
+    # licence, most of these manuals are under the LPPL (the package's copyright file).
+    Source("latex-docs", "debian", "texlive-latex-extra-doc", "2022.20230122-4",
+           "LPPL-1.3c and others, per manual", "LPPL-1.3c and others, per manual",
+           lambda name, root: pdf_documents(name, root / "usr/share/doc/texlive-doc",
+                                            "texlive-latex-extra-doc")),
 )
 SOURCE_NAMES = tuple(source.name for source in SOURCES)
 

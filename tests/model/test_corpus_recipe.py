@@ -213,3 +213,86 @@ def test_unpack_reads_npm_tarballs_and_wheels(tmp_path: Path) -> None:
 def test_a_missing_directory_source_names_the_fix(tmp_path: Path) -> None:
     with pytest.raises(ElmoUserError, match="pass --classics DIR"):
         fetch(source_named("classics"), tmp_path, tmp_path / "absent")
+
+
+POD = """=head1 NAME
+
+perlfake - a page of POD
+
+=head1 DESCRIPTION
+
+Perl's B<open> takes a I<filehandle> and C<< $path->name >>, as L<perlfunc/open> and
+L<the manual|perlopentut> say; E<lt>STDINE<gt> reads a line.X<open>
+
+    my $fh = open_it($path);   # verbatim: code
+
+=over 4
+
+=item * a bullet's own line is a command
+
+=back
+
+=begin html
+
+<p>Only for the HTML renderer, this paragraph is.</p>
+
+=end html
+
+The last ordinary paragraph of the page has enough words.
+
+=cut
+
+sub code_after_cut { return "not prose at all, even with words" }
+"""
+
+
+def test_pod_keeps_ordinary_paragraphs_and_prints_format_codes() -> None:
+    from elmo_model.corpus.extract import pod_paragraphs
+
+    assert pod_paragraphs(POD) == (
+        "perlfake - a page of POD",
+        "Perl's open takes a filehandle and $path->name, as perlfunc open and the manual "
+        "say; <STDIN> reads a line.",
+        "The last ordinary paragraph of the page has enough words.",
+    )
+
+
+def test_publican_paragraph_divs_are_prose_and_a_para_class_elsewhere_is_not() -> None:
+    page = ("<html><body><div class=\"para\">The handbook keeps each paragraph in a div "
+            "element.</div><p>A footnote mark<sup class=\"para\">1</sup> inside a real "
+            "paragraph stays in it.</p></body></html>")
+    assert html_prose(page)[1] == (
+        "The handbook keeps each paragraph in a div element.",
+        "A footnote mark1 inside a real paragraph stays in it.")
+
+
+def _page(text: str) -> str:
+    return f"<html><head><title>T</title></head><body><p>{text}</p></body></html>"
+
+
+def test_manuals_read_english_pages_only_and_leave_out_dictionaries(tmp_path: Path) -> None:
+    gnucash = tmp_path / "gnucash" / "usr/share/doc/gnucash-docs"
+    for name in ("gnucash-guide-en", "gnucash-help-en", "gnucash-guide-de"):
+        (gnucash / name).mkdir(parents=True)
+        (gnucash / name / "index.html").write_text(_page(f"An index page of {name} here."))
+    source = source_named("gnucash-docs")
+    ids = [d.doc_id for d in source.documents(source.name, tmp_path / "gnucash")]
+    assert ids == ["gnucash-docs/gnucash-guide-en/index.html",
+                   "gnucash-docs/gnucash-help-en/index.html"]  # unique, German left out
+
+    lily = tmp_path / "lily" / "usr/share/doc/lilypond/html/Documentation"
+    for page in ("learning/tutorial.html", "music-glossary/forte.html",
+                 "internals/engravers.html", "learning-big-page.html"):
+        (lily / page).parent.mkdir(parents=True, exist_ok=True)
+        (lily / page).write_text(_page(f"The page {page} says something here."))
+    source = source_named("lilypond-docs")
+    assert [d.meta["path"] for d in source.documents(source.name, tmp_path / "lily")] == [
+        "learning/tutorial.html"]
+
+    pods = tmp_path / "perl" / "usr/share/perl/5.36.0/pod"
+    pods.mkdir(parents=True)
+    (pods / "perlfake.pod").write_text(POD, encoding="utf-8")
+    source = source_named("perl-docs")
+    [document] = source.documents(source.name, tmp_path / "perl")
+    assert document.doc_id == "perl-docs/perlfake.pod"
+    assert document.meta == {"package": "perl-doc", "path": "perlfake.pod", "title": "perlfake"}
