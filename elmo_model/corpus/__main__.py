@@ -20,6 +20,10 @@ examples:
   python -m elmo_model.corpus build --out /tmp/corpus
   python -m elmo_model.corpus build --out /tmp/sotu --sources sotu,wikipedia
   python -m elmo_model.corpus build --out /tmp/corpus --classics /data/corpora --work /tmp/dl
+  python -m elmo_model.corpus build --out /tmp/v5 --sources {",".join(SOURCE_NAMES[:6])}
+
+The last example builds the six sources the bundled model (version 5) trained on.
+latex-docs reads PDFs with pdftotext (`apt-get install poppler-utils`).
 
 sources, read in this order (the first copy of a paragraph is kept): {', '.join(SOURCE_NAMES)}
 """
