@@ -153,13 +153,16 @@ def html_prose(html: str) -> tuple[str, tuple[str, ...]]:
     return clean_paragraph(parser.title), clean_paragraphs(parser.paragraphs)
 
 
-def html_documents(source: str, root: Path, package: str,
-                   prefix: str = "") -> Iterator[Document]:
+def html_documents(source: str, root: Path, package: str, prefix: str = "",
+                   exclude: re.Pattern[str] | None = None) -> Iterator[Document]:
     """One document per HTML page under ``root`` (sorted paths, so reruns agree); its
-    path is ``prefix`` + its path under ``root``."""
+    path is ``prefix`` + its path under ``root``, and a page whose path ``exclude``
+    matches is not read."""
     for path in sorted(root.rglob("*.html")):
-        title, paragraphs = html_prose(path.read_text(encoding="utf-8", errors="replace"))
         relative = prefix + path.relative_to(root).as_posix()
+        if exclude is not None and exclude.search(relative):
+            continue
+        title, paragraphs = html_prose(path.read_text(encoding="utf-8", errors="replace"))
         if paragraphs:
             yield Document(source, f"{source}/{relative}", paragraphs,
                            {"package": package, "path": relative, "title": title})
@@ -222,7 +225,7 @@ def _pod_code(letter: str, inner: str) -> str:
             return chr(int(inner))
         return _POD_ESCAPES.get(inner, "")
     if letter == "L":  # L<text|target> prints its text; L<page/"section"> its names
-        text = inner.split("|", 1)[0] if "|" in inner else inner
+        text = inner.split("|", 1)[0]
         return text.replace('/"', " ").replace('"', "").replace("/", " ").strip()
     return inner
 

@@ -82,9 +82,7 @@ def _debian_html(package: str, html_dirs: str = "usr/share/doc/*/html",
         html_roots = [path for path in sorted(root.glob(html_dirs)) if not path.is_symlink()]
         for html_root in html_roots:
             prefix = f"{html_root.name}/" if len(html_roots) > 1 else ""
-            for document in html_documents(source, html_root, package, prefix):
-                if skip is None or not skip.search(document.meta["path"]):
-                    yield document
+            yield from html_documents(source, html_root, package, prefix, skip)
     return read
 
 
