@@ -85,7 +85,7 @@ def main() -> None:
     import torch
 
     from pipeline.cli import main as elmo
-    from pipeline.lookup.senses import search_senses
+    from pipeline.lookup.senses.search import search_senses
 
     torch.set_num_threads(1)
     model_dir = str(Path(args.model_dir).resolve())

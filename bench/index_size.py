@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.lookup.dataset import open_dataset
-from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex
-from pipeline.lookup.mixes import iter_mixed
-from pipeline.lookup.senses import nearest_distinct
+from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex
+from pipeline.lookup.layers.mixes import iter_mixed
+from pipeline.lookup.senses.search import nearest_distinct
+from schemas.dataset import open_dataset
 
 
 def dir_bytes(path: str) -> int:

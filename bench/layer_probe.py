@@ -68,7 +68,7 @@ def bootstrap_draws(n: int, count: int, seed: int) -> np.ndarray:
 def read_wordnet(wordnet_dir: Path) -> tuple[list[Item], dict[tuple[str, str], str]]:
     """Example items of every synset, and each (lemma, pos)'s first sense (synset)."""
     from elmo_model.tokenizers import get_tokenizer
-    from pipeline.lookup.index_words import stem_words  # the index's stems: Snowball English
+    from pipeline.lookup.index.words import stem_words  # the index's stems: Snowball English
 
     def stem(word: str) -> str:
         return stem_words([word])[0]

@@ -47,13 +47,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.item_files import TokenWriter
-from pipeline.lookup.dataset import open_dataset
-from pipeline.lookup.index import SearchParams, SenseIndex
-from pipeline.lookup.index_build import build_index
-from pipeline.lookup.mixes import iter_mixed
-from pipeline.lookup.senses import nearest_distinct
+from pipeline.lookup.index.build import build_index
+from pipeline.lookup.index.sense_index import SearchParams, SenseIndex
+from pipeline.lookup.layers.mixes import iter_mixed
+from pipeline.lookup.senses.search import nearest_distinct
+from pipeline.write.item_files import TokenWriter
 from schemas import STORAGE_DTYPES, DatasetDescriptor
+from schemas.dataset import open_dataset
 
 
 class _ShardFiles:
@@ -154,9 +154,9 @@ def best_rate(fn, n: int, repeat: int) -> tuple[float, float]:
 
 def _force_pyarrow_reader() -> contextlib.AbstractContextManager:
     """Mix on read with pyarrow decoding every layer column (the reader before
-    ``pipeline.lookup.parquet_layers`` and ``pipeline.lookup.int8_layers``): the direct
+    ``pipeline.lookup.layers.parquet`` and ``pipeline.lookup.layers.int8``): the direct
     readers decline every column."""
-    import pipeline.lookup.mixes as mixes
+    import pipeline.lookup.layers.mixes as mixes
 
     @contextlib.contextmanager
     def patched() -> Iterator[None]:
@@ -300,7 +300,7 @@ def _search_settings(ix: SenseIndex, nprobes: int, ef: int, refine: int | None
 
 def _forced_graph(ix: SenseIndex, q: np.ndarray, word: str, cols: list[str]) -> pa.Table:
     """A word-prefiltered product search that takes the graph however few rows pass."""
-    import pipeline.lookup.index as index_module
+    import pipeline.lookup.index.sense_index as index_module
 
     kept = index_module.EXACT_FILTER_VALUES
     index_module.EXACT_FILTER_VALUES = 0

@@ -84,7 +84,7 @@ def one_run(args: argparse.Namespace) -> None:
     """A single embed in this process; prints its measurements as JSON (last line)."""
     import torch
 
-    from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
+    from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
     torch.set_num_threads(1 if args.executor == "ray" else args.threads)
     out = Path(args.out)
@@ -169,9 +169,9 @@ def model_vs_pipeline(args: argparse.Namespace, work: Path) -> dict:
     import torch
 
     import elmo_model
-    from pipeline.read import read_documents
-    from pipeline.sources import ReadOptions, list_sources
     from pipeline.tokenize import get_tokenizer, model_tokenizer, windows
+    from pipeline.write.inputs import ReadOptions, list_sources
+    from pipeline.write.read import read_documents
 
     model = Path(args.model) if args.model else elmo_model.default_model_dir()
     corpus = take_corpus(work / "corpus", args.tokens)

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from pipeline.lookup.dataset import open_dataset
-from pipeline.lookup.mixes import mix_arrays
-from pipeline.lookup.token_layers import read_tokens
+from pipeline.lookup.layers.mixes import mix_arrays
+from pipeline.lookup.layers.tokens import read_tokens
+from schemas.dataset import open_dataset
 
 
 def bytes_per_token(path: str) -> dict[str, float]:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from pipeline_throughput import CORPORA, near_free_model
 
-from pipeline.config import EmbedConfig, ModelSpec
-from pipeline.embed import embed_corpus
-from pipeline.lookup.dataset import open_dataset
-from pipeline.verify import expected_files, verify_dataset
+from pipeline.write.config import EmbedConfig, ModelSpec
+from pipeline.write.embed import embed_corpus
+from schemas.dataset import open_dataset
+from schemas.verify import expected_files, verify_dataset
 
 
 def build(work: Path, book: Path, copies: int) -> str:

@@ -11,7 +11,7 @@ one variance per layer (the paper's remark that layer normalisation can help; Al
 
 ``ScalarMix`` is the trainable torch module; ``layer_mix`` computes the same equation in
 plain numpy and is the reference the fast readers of stored layers
-(``pipeline.lookup.mixes``) are tested against.
+(``pipeline.lookup.layers.mixes``) are tested against.
 """
 
 from __future__ import annotations

@@ -24,7 +24,21 @@ from typing import Any
 from elmo_model.errors import ElmoUserError
 from jobs.spec import JobSpec
 from jobs.state import jobs_root
-from pipeline.lookup.dataset import (
+from pipeline.lookup.index.build import build_index, finish_index
+from pipeline.lookup.index.rows import BuildSummary, IndexTables, documents_of, shard_filter
+
+# The index's own building blocks: how a token file becomes index rows, which rows a
+# shard owns, and how LanceDB is opened.
+from pipeline.lookup.index.sense_index import (
+    LAYOUT,
+    STEMMER,
+    TABLE,
+    lance_options,
+    quote,
+    read_meta,
+)
+from pipeline.lookup.index.words import read_selected
+from schemas.dataset import (
     Dataset,
     ShardFile,
     list_files,
@@ -33,13 +47,6 @@ from pipeline.lookup.dataset import (
     read_json,
     write_bytes_atomic,
 )
-
-# The index's own building blocks: how a token file becomes index rows, which rows a
-# shard owns, and how LanceDB is opened.
-from pipeline.lookup.index import LAYOUT, STEMMER, TABLE, lance_options, quote, read_meta
-from pipeline.lookup.index_build import build_index, finish_index
-from pipeline.lookup.index_rows import BuildSummary, IndexTables, documents_of, shard_filter
-from pipeline.lookup.index_words import read_selected
 
 INDEX_STATE_DIR = "index"
 DELETE_BATCH_IDS = 500  # doc ids per delete: bounds the filter text

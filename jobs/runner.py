@@ -11,7 +11,7 @@ A run, holding the job lock:
    so the next run finds the committed items and finishes the rest);
 3. switches ``state.json`` to the new set of parts in one atomic write (the job's commit
    point), then publishes the same parts as the dataset's ``_live.json`` (the readers'
-   commit point, ``pipeline.store.publish_live``): before it every reader sees the
+   commit point, ``pipeline.write.output.publish_live``): before it every reader sees the
    previous run's data, after it the new data. A run killed between the two writes is
    caught up by the next run, which republishes ``_live.json`` from ``state.json`` first;
 4. deletes parts outside the live view, refreshes the mixes' indexes, and records the run.
@@ -45,11 +45,10 @@ from jobs.state import (
     write_run,
     write_state,
 )
-from pipeline.config import EmbedConfig
-from pipeline.embed import EmbedSummary, embed_corpus, reuse_models
-from pipeline.ray_setup import ray_session
-from pipeline.sources import list_sources
-from pipeline.store import (
+from pipeline.write.config import EmbedConfig
+from pipeline.write.embed import EmbedSummary, embed_corpus, reuse_models
+from pipeline.write.inputs import list_sources
+from pipeline.write.output import (
     MANIFEST_DIR,
     DatasetLock,
     PlanMismatchError,
@@ -60,6 +59,7 @@ from pipeline.store import (
     read_live,
     sum_counts,
 )
+from pipeline.write.ray_setup import ray_session
 from schemas import PARTITION_COLUMN, TABLES
 
 Clock = Callable[[], float]
@@ -67,7 +67,7 @@ Clock = Callable[[], float]
 
 @dataclass
 class RunPlan:
-    new: list[Any] = field(default_factory=list)  # pipeline.sources.SourceFile
+    new: list[Any] = field(default_factory=list)  # pipeline.write.inputs.SourceFile
     changed: list[Any] = field(default_factory=list)
     touched: list[Any] = field(default_factory=list)  # mtime/etag moved, same content
     deleted: list[str] = field(default_factory=list)  # URIs

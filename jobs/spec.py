@@ -19,9 +19,9 @@ from typing import Any
 
 from elmo_model.errors import ElmoUserError
 from jobs.example_spec import EXAMPLE_SPEC
-from pipeline.config import EmbedConfig, ModelSpec
-from pipeline.setting import SettingField, settings_fields, value_problem
-from pipeline.sources import ReadOptions
+from pipeline.write.config import EmbedConfig, ModelSpec
+from pipeline.write.inputs import ReadOptions
+from pipeline.write.setting import SettingField, settings_fields, value_problem
 
 SPEC_SUFFIXES = (".toml", ".yaml", ".yml")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -36,7 +36,7 @@ class SpecError(ElmoUserError):
 @dataclass(frozen=True)
 class JobSpec:
     """A job: what is job-only (name, schedule, indexes, ...) plus its embed settings,
-    which are ``EmbedConfig``'s (parsed and checked by its schema, pipeline/config.py)."""
+    which are ``EmbedConfig``'s (parsed and checked by its schema, pipeline/write/config.py)."""
 
     path: str  # the spec file
     name: str
@@ -54,7 +54,7 @@ class JobSpec:
     mixes: tuple[str, ...] = ()
     index_out: str | None = None
     # The indexes' kind (`elmo index build --compact` / `--full`); None: as each index was
-    # made, compact for a new one (pipeline.lookup.index.NEW_INDEX_COMPACT).
+    # made, compact for a new one (pipeline.lookup.index.sense_index.NEW_INDEX_COMPACT).
     index_compact: bool | None = None
     hash_max_bytes: int = 64 << 20  # content-hash files up to this size ("when cheap")
     runtime_env: dict[str, Any] = field(default_factory=dict)  # for `elmo jobs submit`

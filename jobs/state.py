@@ -1,6 +1,6 @@
 """Job state kept with the output dataset, under ``<output>/_jobs/``.
 
-    _jobs/_lock              one run of a job at a time (pipeline.store.DatasetLock format)
+    _jobs/_lock              one run of a job at a time (pipeline.write.output.DatasetLock format)
     _jobs/state.json         per source file: fingerprint and the dataset *part* holding
                              its rows; the set of those parts is the dataset's live view
     _jobs/history/<id>.json  one record per run (start, end, files, counts, status)
@@ -11,7 +11,7 @@ the rows of any other file. A changed file is embedded into a *new* part (the na
 digest of its content), and ``state.json`` is switched from the old part to the new one by
 one atomic write: a reader of the live view sees the old rows or the new rows, never both.
 Readers do not read this file: every run publishes the same set of parts as the
-dataset's ``_live.json`` (``pipeline.store.publish_live``), which every reader of the
+dataset's ``_live.json`` (``pipeline.write.output.publish_live``), which every reader of the
 dataset follows. Parts outside the live view (old versions, or a crashed run's
 unfinished work) are deleted later; a plain directory scan of ``tokens/`` can see them
 until then (see docs/dataset_format.md, "Live view").
@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.dataset import (
+from pipeline.write.output import DatasetLock
+from schemas import PARTITION_COLUMN, TABLE_SCHEMAS
+from schemas.dataset import (
     list_files,
     open_fs,
     read_dataset_descriptor,
@@ -39,8 +41,6 @@ from pipeline.lookup.dataset import (
     read_live,
     write_bytes_atomic,
 )
-from pipeline.store import DatasetLock
-from schemas import PARTITION_COLUMN, TABLE_SCHEMAS
 
 JOBS_DIR = "_jobs"
 STATE_FILE = "state.json"
@@ -156,7 +156,7 @@ def live_parts(uri: str, storage_options: dict | None = None) -> set[str] | None
 
 def live_files(uri: str, table: str = "tokens", storage_options: dict | None = None
                ) -> list[str]:
-    """URIs of the live files of one table (``pipeline.lookup.dataset.list_files``): the
+    """URIs of the live files of one table (``schemas.dataset.list_files``): the
     jobs API's view of what readers read."""
     fs, root = open_fs(uri, storage_options)
     return [fs.unstrip_protocol(f.path) for f in list_files(fs, root, table)]

@@ -18,7 +18,7 @@ REGISTRARS = (
     "pipeline.embed_cli",
     "pipeline.verify_cli",
     "pipeline.lookup.cli",
-    "pipeline.lookup.serve_cli",
+    "pipeline.lookup.serve.cli",
     "jobs.cli",
     "pipeline.demo",
 )

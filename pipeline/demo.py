@@ -108,9 +108,9 @@ def made_with_another_model(out: Path, model: str | None) -> bool:
     says why)."""
     from elmo_model.errors import ElmoUserError
     from elmo_model.weights import model_fingerprint
-    from pipeline.config import ModelSpec
-    from pipeline.lookup.dataset import read_dataset_descriptor
+    from pipeline.write.config import ModelSpec
     from schemas import DESCRIPTOR_FILE
+    from schemas.dataset import read_dataset_descriptor
 
     if not (out / "dataset" / DESCRIPTOR_FILE).is_file():
         return False

@@ -1,7 +1,7 @@
 """``elmo embed``: corpus glob -> partitioned Parquet of every biLM layer.
 
 The flags, their defaults, choices and help come from ``EmbedConfig``'s fields
-(pipeline/config.py). Imports nothing heavy at module level; the handler imports the
+(pipeline/write/config.py). Imports nothing heavy at module level; the handler imports the
 pipeline.
 """
 
@@ -12,9 +12,9 @@ import sys
 import textwrap
 from typing import Any
 
-from pipeline.config import EmbedConfig, ModelSpec
-from pipeline.setting import SettingField, settings_fields
-from pipeline.sources import ReadOptions
+from pipeline.write.config import EmbedConfig, ModelSpec
+from pipeline.write.inputs import ReadOptions
+from pipeline.write.setting import SettingField, settings_fields
 
 EPILOG = """\
 examples:
@@ -114,7 +114,7 @@ def config_from_args(args: argparse.Namespace) -> EmbedConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.embed import embed_corpus  # imports the pipeline (pyarrow, fsspec, ...)
+    from pipeline.write.embed import embed_corpus  # imports the pipeline (pyarrow, fsspec, ...)
 
     summary = embed_corpus(config_from_args(args))
     for line in summary.lines():

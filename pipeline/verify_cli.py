@@ -65,8 +65,8 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from pipeline.lookup.dataset import open_dataset
-    from pipeline.verify import expected_files, verify_dataset
+    from schemas.dataset import open_dataset
+    from schemas.verify import expected_files, verify_dataset
 
     options = key_values(args.storage_option, "--storage-option", "anon=true")
     ds = open_dataset(args.dataset, options or None)

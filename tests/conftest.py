@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, REPO
 
-from pipeline.user_cache import CACHE_ENV
+from schemas.user_cache import CACHE_ENV
 
 # What `elmo sql` and `elmo serve` remember of verified files goes to a scratch folder
 # (servers started by tests inherit it), not to the user's ~/.cache.

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from elmo_model.model import BiLMConfig, BiLstmLayer, LstmStep, PackPlan
-from pipeline.embed import EmbedConfig, ModelSpec
+from pipeline.write.embed import EmbedConfig, ModelSpec
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -51,7 +51,7 @@ def read_table(out: Path | str, table: str) -> pa.Table:
     """One table of a dataset; tokens with every layer, as readers see them (v3 keeps
     layer 0 in the types table)."""
     if table == "tokens":
-        from pipeline.lookup.token_layers import read_tokens
+        from pipeline.lookup.layers.tokens import read_tokens
 
         return read_tokens(str(out))
     return pq.read_table(f"{out}/{table}")

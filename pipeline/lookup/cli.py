@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from pipeline.lookup.senses_cli import register_senses
+from pipeline.lookup.senses.cli import register_senses
 
 SQL_EPILOG = """\
 views: tokens (doc_id, sent_idx, tok_idx, token, char_start, char_end, layer_0..layer_L,
@@ -261,7 +261,7 @@ def run_sql(args: argparse.Namespace) -> int:
     if args.format == "parquet" and not args.out:
         raise ElmoUserError("--format parquet needs --out FILE")
     if not args.no_verify:
-        from pipeline.verify import require_intact
+        from schemas.verify import require_intact
 
         require_intact(args.dataset, remember=not args.verify)
     table = run_query(args.dataset, args.query, _params(args.param), mixes=args.mix)
@@ -299,9 +299,9 @@ def run_sql(args: argparse.Namespace) -> int:
 
 def run_index_build(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
-    from pipeline.lookup.index import SearchParams
-    from pipeline.lookup.index_build import build_index
-    from pipeline.lookup.index_words import WordSelection, parse_words
+    from pipeline.lookup.index.build import build_index
+    from pipeline.lookup.index.sense_index import SearchParams
+    from pipeline.lookup.index.words import WordSelection, parse_words
 
     search = None
     given = {"nprobes": args.nprobes, "ef": args.ef, "refine_factor": args.refine_factor}
@@ -324,8 +324,8 @@ def run_index_build(args: argparse.Namespace) -> int:
 
 def compact_hint(dataset: str, out: str) -> str | None:
     """A line suggesting --compact when a full index at ``out`` outweighs its dataset."""
-    from pipeline.lookup.dataset import open_fs
-    from pipeline.lookup.index import read_meta
+    from pipeline.lookup.index.sense_index import read_meta
+    from schemas.dataset import open_fs
 
     meta = read_meta(out)
     if meta is None or meta.compact:
@@ -341,7 +341,7 @@ def compact_hint(dataset: str, out: str) -> str | None:
 
 
 def run_index_info(args: argparse.Namespace) -> int:
-    from pipeline.lookup.index import SenseIndex
+    from pipeline.lookup.index.sense_index import SenseIndex
 
     ix = SenseIndex(args.uri)
     m = ix.meta
@@ -370,8 +370,8 @@ def run_index_info(args: argparse.Namespace) -> int:
 
 
 def run_mix_list(args: argparse.Namespace) -> int:
-    from pipeline.lookup.dataset import open_dataset
-    from pipeline.lookup.mix_specs import builtin_mix
+    from schemas.dataset import open_dataset
+    from schemas.mix_specs import builtin_mix
 
     ds = open_dataset(args.dataset)
     n = ds.descriptor.n_output_layers
@@ -386,7 +386,7 @@ def run_mix_list(args: argparse.Namespace) -> int:
 
 
 def run_mix_fit(args: argparse.Namespace) -> int:
-    from pipeline.lookup.probe import fit_mix
+    from pipeline.lookup.layers.probe import fit_mix
 
     result = fit_mix(args.dataset, args.labels, args.name, lam=args.lam, epochs=args.epochs)
     print(f"fitted mix {args.name!r} on {result.n_train} tokens ({len(result.classes)} "

@@ -28,7 +28,7 @@ from elmo_model.errors import ElmoUserError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from pipeline.lookup.dataset import Dataset
+    from schemas.dataset import Dataset
 
 # Always in an index row (fields of the row itself, not of the metadata).
 INDEX_FIELDS = ("doc_id", "source")

@@ -36,10 +36,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.dataset import Dataset, open_dataset
-from pipeline.lookup.mix_specs import Mix
-from pipeline.lookup.mixes import iter_mixed, mix_arrays
-from pipeline.lookup.token_layers import types_path
+from pipeline.lookup.layers.mixes import iter_mixed, mix_arrays
+from pipeline.lookup.layers.tokens import types_path
 from schemas import (
     HALF_LAYER_0,
     PARTITION_COLUMN,
@@ -47,6 +45,8 @@ from schemas import (
     TABLE_SCHEMAS,
     TYPES_SINCE_VERSION,
 )
+from schemas.dataset import Dataset, open_dataset
+from schemas.mix_specs import Mix
 
 if TYPE_CHECKING:
     import duckdb

@@ -168,7 +168,7 @@ def test_jobs_and_elmo_embed_pick_ray_by_one_rule_and_a_job_starts_it_once(
     import jobs.runner
     from jobs.spec import load_spec
     from jobs.state import read_live_table
-    from pipeline.ray_setup import choose_executor
+    from pipeline.write.ray_setup import choose_executor
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():

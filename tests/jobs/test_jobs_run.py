@@ -153,20 +153,20 @@ def test_add_modify_touch_delete(tiny_model_dir: Path, tmp_path: Path,
 
 
 def _fs(spec: JobSpec) -> tuple[Any, str]:
-    from pipeline.store import open_fs
+    from pipeline.write.output import open_fs
 
     return open_fs(spec.output)
 
 
 CRASHER = textwrap.dedent("""
     import os, signal, sys
-    import pipeline.embed, jobs.runner
+    import pipeline.write.embed, jobs.runner
     from jobs.spec import load_spec
     from jobs.runner import run_job
 
     mode = sys.argv[2]
     calls = {"embed": 0, "commit": 0}
-    real_embed, real_commit = jobs.runner.embed_corpus, pipeline.embed.commit_item
+    real_embed, real_commit = jobs.runner.embed_corpus, pipeline.write.embed.commit_item
     real_refresh = jobs.runner._refresh
 
     def die():
@@ -199,7 +199,7 @@ CRASHER = textwrap.dedent("""
 
     jobs.runner.embed_corpus = embed
     jobs.runner.write_state = write_state
-    pipeline.embed.commit_item = commit
+    pipeline.write.embed.commit_item = commit
     jobs.runner._refresh = refresh
     run_job(load_spec(sys.argv[1]))
     print("finished without being killed")
@@ -219,8 +219,8 @@ def clean_final(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 def reader_views(spec: JobSpec) -> dict[str, Any]:
     """What the other readers see: DuckDB's views and Dataset.shard_files (the index's)."""
-    from pipeline.lookup.dataset import open_dataset
     from pipeline.lookup.sql import connect
+    from schemas.dataset import open_dataset
 
     con = connect(spec.output)
     try:
@@ -300,7 +300,7 @@ def test_index_refresh_gets_deltas_and_is_retried_after_a_failure(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     """The real LanceDB index follows the live view by deltas; a refresh that fails (the
     index location unusable) is completed by the next run."""
-    from pipeline.lookup.index import SenseIndex
+    from pipeline.lookup.index.sense_index import SenseIndex
 
     def index_matches_live(index_uri: str) -> bool:
         keys = ["doc_id", "sent_idx", "tok_idx", "token"]
@@ -344,15 +344,15 @@ def test_index_refresh_gets_deltas_and_is_retried_after_a_failure(
 
 SLOW_SCHEDULER = textwrap.dedent("""
     import sys, time
-    import pipeline.embed
+    import pipeline.write.embed
     from jobs.spec import load_spec
     from jobs.schedule import schedule_loop
 
-    real = pipeline.embed.embed_corpus
+    real = pipeline.write.embed.embed_corpus
     def slow(cfg):
         time.sleep(float(sys.argv[2]))
         return real(cfg)
-    pipeline.embed.embed_corpus = slow
+    pipeline.write.embed.embed_corpus = slow
     outcome = schedule_loop([load_spec(sys.argv[1])], once=True, echo=False)
     print("OUTCOME", list(outcome.values())[0])
 """)
@@ -392,7 +392,7 @@ def test_cli_run_status_and_busy(tiny_model_dir: Path, tmp_path: Path,
     import json
 
     from pipeline import cli
-    from pipeline.store import DatasetLock
+    from pipeline.write.output import DatasetLock
 
     monkeypatch.setattr(cli, "REGISTRARS", ("jobs.cli",))  # only our verbs
     write_corpus(tmp_path, INITIAL)
@@ -414,7 +414,7 @@ def test_cli_run_status_and_busy(tiny_model_dir: Path, tmp_path: Path,
     assert status["job"] == "job" and [r["status"] for r in status["runs"]] == ["ok",
                                                                                 "no-changes"]
 
-    from pipeline.store import open_fs
+    from pipeline.write.output import open_fs
 
     fs, root = open_fs(str(tmp_path / "ds"))
     with DatasetLock(fs, f"{root}/_jobs"):  # as if another run were going
@@ -431,9 +431,9 @@ def test_index_refresh_with_the_lookup_layers_build_index(tiny_model_dir: Path,
     dataset's vectors."""
     import lancedb
 
-    from pipeline.lookup.dataset import open_dataset
-    from pipeline.lookup.index import SenseIndex
-    from pipeline.lookup.mixes import iter_mixed
+    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.layers.mixes import iter_mixed
+    from schemas.dataset import open_dataset
 
     write_corpus(tmp_path, INITIAL)
     given = {} if compact is None else {"index_compact": str(compact).lower()}

@@ -32,8 +32,8 @@ class Served:
 def served_data(factory: pytest.TempPathFactory) -> Served:
     """examples/corpus embedded with the bundled model and indexed (top mix, flat): built
     by the first test module that asks, reused by the others of the session."""
-    from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
-    from pipeline.lookup.index_build import build_index
+    from pipeline.lookup.index.build import build_index
+    from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
     root = factory.getbasetemp() / "serve_data"
     root.mkdir(exist_ok=True)

@@ -1,6 +1,6 @@
 """Compact sense indexes (``elmo index build --compact``): no vectors in the index, product-
 quantized codes in the in-memory IVF, the exact re-rank with the dataset's own vectors
-(``pipeline/lookup/index_vectors.py``). Checked against exact cosine over the dataset's mixed
+(``pipeline/lookup/index/vectors.py``). Checked against exact cosine over the dataset's mixed
 vectors, filtered and not; kept up to date as the dataset changes, refused while stale;
 on S3 (moto); over HTTP from a real server.
 """
@@ -16,8 +16,8 @@ import pytest
 from helpers import bench_lookup, moto_fs, uncommit_shard_1
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.dataset import open_dataset
-from pipeline.lookup.held_ivf import (
+from pipeline.lookup.index.build import build_index
+from pipeline.lookup.index.held_ivf import (
     HELD_DIR,
     PQ_DIMS_PER_BYTE,
     PQ_MIN_ROWS,
@@ -29,10 +29,10 @@ from pipeline.lookup.held_ivf import (
     held_files,
     trained_index,
 )
-from pipeline.lookup.index import INDEX_META, SenseIndex, read_meta
-from pipeline.lookup.index_build import build_index
-from pipeline.lookup.index_vectors import KEY_COLUMNS, vectors_from_dataset
-from pipeline.lookup.mixes import iter_mixed
+from pipeline.lookup.index.sense_index import INDEX_META, SenseIndex, read_meta
+from pipeline.lookup.index.vectors import KEY_COLUMNS, vectors_from_dataset
+from pipeline.lookup.layers.mixes import iter_mixed
+from schemas.dataset import open_dataset
 
 KEYS = ("doc_id", "sent_idx", "tok_idx")
 DIM = 32
@@ -149,7 +149,7 @@ def test_a_filter_leaving_many_rows_searches_the_lists(built: Path, truth: tuple
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Above EXACT_FILTER_ROWS the filtered rows are searched through the lists and the
     sketches, restricted to them: only those rows come back, nearly the exact ones."""
-    from pipeline.lookup import held_ivf
+    from pipeline.lookup.index import held_ivf
 
     keys, words, vectors = truth
     index = SenseIndex(str(built / "ix"))

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import config, write_corpus
 
-from pipeline.embed import embed_corpus
-from pipeline.lookup.token_layers import read_tokens
+from pipeline.lookup.layers.tokens import read_tokens
+from pipeline.write.embed import embed_corpus
 
 DTYPES = ("float16", "float32", "int8")
 KEYS = ["doc_id", "sent_idx", "tok_idx"]

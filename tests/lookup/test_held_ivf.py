@@ -1,4 +1,4 @@
-"""The in-memory IVF beside a sense index (``pipeline/lookup/held_ivf.py``): built by
+"""The in-memory IVF beside a sense index (``pipeline/lookup/index/held_ivf.py``): built by
 ``build_index`` from the LanceDB table, calibrated on its own rows, used for searches without
 a prefilter, checked against exact search, rebuilt when the table changes, ignored when it is
 stale, and stored on S3 (moto) as on local disk.
@@ -16,7 +16,8 @@ import pyarrow as pa
 import pytest
 from helpers import bench_lookup, moto_fs, uncommit_shard_1
 
-from pipeline.lookup.held_ivf import (
+from pipeline.lookup.index.build import build_index
+from pipeline.lookup.index.held_ivf import (
     CALIBRATION_RECALL,
     HELD_DIR,
     RETRAIN_GROWTH,
@@ -30,9 +31,8 @@ from pipeline.lookup.held_ivf import (
     trained_index,
     unit_rows,
 )
-from pipeline.lookup.index import INDEX_META, SenseIndex
-from pipeline.lookup.index_build import build_index
-from pipeline.lookup.vector_search import VectorSearch
+from pipeline.lookup.index.sense_index import INDEX_META, SenseIndex
+from pipeline.lookup.index.vector_search import VectorSearch
 
 KEYS = ("doc_id", "sent_idx", "tok_idx")
 DIM = 32

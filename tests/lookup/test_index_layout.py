@@ -14,13 +14,13 @@ import pytest
 from helpers import write_corpus
 
 from elmo_model.errors import ElmoUserError
-from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
-from pipeline.lookup.index import INDEX_META, TABLE, SenseIndex
-from pipeline.lookup.index_build import build_index
-from pipeline.lookup.index_sentences import SENTENCES_TABLE, with_sentences
-from pipeline.lookup.index_words import SELECTED_WORDS, WordSelection
-from pipeline.lookup.senses import cluster_senses, nearest_distinct
+from pipeline.lookup.index.build import build_index
+from pipeline.lookup.index.sense_index import INDEX_META, TABLE, SenseIndex
+from pipeline.lookup.index.sentences import SENTENCES_TABLE, with_sentences
+from pipeline.lookup.index.words import SELECTED_WORDS, WordSelection
+from pipeline.lookup.senses.search import cluster_senses, nearest_distinct
 from pipeline.lookup.sql import connect
+from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
 LINES = [
     "She deposited her salary at the bank on Monday morning.",
@@ -139,7 +139,7 @@ def test_an_index_of_the_layout_before_answers_and_is_rebuilt_by_a_build(
 def test_word_selection_is_recorded_refused_kept_and_rebuilt(
         dataset: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     from jobs.index_refresh import refresh_index
-    from pipeline.lookup.dataset import open_dataset
+    from schemas.dataset import open_dataset
 
     ds = _copy(dataset, tmp_path)
     out = str(tmp_path / "ix")

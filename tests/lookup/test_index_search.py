@@ -18,9 +18,9 @@ import pyarrow as pa
 import pytest
 from helpers import bench_lookup
 
-from pipeline.lookup.index import SearchParams, SenseIndex, token_filter
-from pipeline.lookup.index_build import build_index
-from pipeline.lookup.vector_search import VectorSearch
+from pipeline.lookup.index.build import build_index
+from pipeline.lookup.index.sense_index import SearchParams, SenseIndex, token_filter
+from pipeline.lookup.index.vector_search import VectorSearch
 
 KEYS = ("doc_id", "sent_idx", "tok_idx")
 DIM = 32

@@ -15,13 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.lookup.mixes as mixes
-from pipeline.lookup.dataset import open_dataset
-from pipeline.lookup.int8_layers import int8_columns, read_int8_values
-from pipeline.lookup.mix_specs import Mix
-from pipeline.lookup.mixes import iter_mixed, mix_arrays
-from pipeline.lookup.parquet_layers import CorruptPageError, UnsupportedLayoutError
-from pipeline.lookup.token_layers import read_tokens
+import pipeline.lookup.layers.mixes as mixes
+from pipeline.lookup.layers.int8 import int8_columns, read_int8_values
+from pipeline.lookup.layers.mixes import iter_mixed, mix_arrays
+from pipeline.lookup.layers.parquet import CorruptPageError, UnsupportedLayoutError
+from pipeline.lookup.layers.tokens import read_tokens
+from schemas.dataset import open_dataset
+from schemas.mix_specs import Mix
 
 ROWS, DIM = 2000, 40
 
@@ -92,7 +92,7 @@ def test_int8_decoder_declines_plain_pages_and_rejects_corrupt_ones(tmp_path: Pa
 def int8_dataset(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from helpers import config, write_corpus
 
-    from pipeline.embed import embed_corpus
+    from pipeline.write.embed import embed_corpus
 
     root = tmp_path_factory.mktemp("int8")
     corpus = write_corpus(root / "corpus")

@@ -18,11 +18,11 @@ import pytest
 
 from elmo_model import layer_mix
 from elmo_model.errors import ElmoUserError
-from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
-from pipeline.lookup.dataset import load_mixes, open_dataset, save_mix
-from pipeline.lookup.mix_specs import Mix, resolve_mix
-from pipeline.lookup.mixes import iter_mixed
-from pipeline.lookup.token_layers import read_tokens
+from pipeline.lookup.layers.mixes import iter_mixed
+from pipeline.lookup.layers.tokens import read_tokens
+from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
+from schemas.dataset import load_mixes, open_dataset, save_mix
+from schemas.mix_specs import Mix, resolve_mix
 
 MONEY = [
     "She deposited her salary at the bank on Monday morning.",
@@ -80,7 +80,8 @@ def dataset(fixture_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def stored_layers(dataset: Path) -> tuple[pa.Table, list[np.ndarray]]:
-    """Every token row and its layers, read independently of pipeline.lookup.mixes (sorted)."""
+    """Every token row and its layers, read independently of pipeline.lookup.layers.mixes
+    (sorted)."""
     table = read_tokens(str(dataset)).sort_by([("doc_id", "ascending"),
                                                        ("sent_idx", "ascending"),
                                                        ("tok_idx", "ascending")])
@@ -147,7 +148,7 @@ def test_stored_mix_round_trip_and_unknown_mix(dataset: Path, tmp_path: Path) ->
 
 def test_mix_files_written_before_token_norm_still_load(dataset: Path, tmp_path: Path) -> None:
     """Mix files and index metadata used to call the per-token normalisation layer_norm."""
-    from pipeline.lookup.index import IndexMeta
+    from pipeline.lookup.index.sense_index import IndexMeta
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -219,8 +220,8 @@ def _brute_force(vectors: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
 
 def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
-    from pipeline.lookup.index import SenseIndex, token_filter
-    from pipeline.lookup.index_build import build_index
+    from pipeline.lookup.index.build import build_index
+    from pipeline.lookup.index.sense_index import SenseIndex, token_filter
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -281,8 +282,8 @@ def test_flat_index_returns_exact_neighbours_and_grows_incrementally(
 def test_refresh_index_adds_only_the_files_it_is_given(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
     from jobs.index_refresh import refresh_index
-    from pipeline.lookup.index import SenseIndex, token_filter
-    from pipeline.lookup.index_build import build_index
+    from pipeline.lookup.index.build import build_index
+    from pipeline.lookup.index.sense_index import SenseIndex, token_filter
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -327,8 +328,8 @@ def test_refresh_index_adds_only_the_files_it_is_given(
 
 def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
-    from pipeline.lookup.index import SearchParams, SenseIndex
-    from pipeline.lookup.index_build import build_index
+    from pipeline.lookup.index.build import build_index
+    from pipeline.lookup.index.sense_index import SearchParams, SenseIndex
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -361,7 +362,7 @@ def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
 
 
 def test_search_params_follow_index_size() -> None:
-    from pipeline.lookup.index import LARGE_INDEX_ROWS, SearchParams
+    from pipeline.lookup.index.sense_index import LARGE_INDEX_ROWS, SearchParams
 
     small, large = SearchParams.for_rows(100_000), SearchParams.for_rows(LARGE_INDEX_ROWS)
     assert (small.nprobes, small.ef, small.refine_factor) == (20, 150, 5)
@@ -372,8 +373,8 @@ def test_search_params_follow_index_size() -> None:
 
 
 def test_sense_search_finds_its_own_sentence_and_clusters(dataset: Path, tmp_path: Path) -> None:
-    from pipeline.lookup.index_build import build_index
-    from pipeline.lookup.senses import cluster_senses, search_senses
+    from pipeline.lookup.index.build import build_index
+    from pipeline.lookup.senses.search import cluster_senses, search_senses
 
     build_index(str(dataset), "top", str(tmp_path / "ix"))
     # A corpus sentence embedded at query time must find its own stored token first:
@@ -420,8 +421,8 @@ def test_sense_ranking_with_a_trained_model(tmp_path: Path) -> None:
     hardly occurs there.
     """
     import elmo_model
-    from pipeline.lookup.index_build import build_index
-    from pipeline.lookup.senses import search_senses
+    from pipeline.lookup.index.build import build_index
+    from pipeline.lookup.senses.search import search_senses
 
     model = elmo_model.default_model_dir()
     corpus = tmp_path / "senses.txt"
@@ -552,7 +553,7 @@ def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
     ds = str(dataset)
     ix = tmp_path / "ix"
     if case == "word-not-in-sentence":
-        from pipeline.lookup.index_build import build_index
+        from pipeline.lookup.index.build import build_index
 
         build_index(ds, "top", str(ix))
     bare = str(_dataset_without_layers(dataset, tmp_path)) if case.startswith("no-layers") \
@@ -593,8 +594,8 @@ def test_bad_input_is_one_clear_line(case: str, dataset: Path, tmp_path: Path,
 # --------------------------------------------------------------------------- layout
 
 
-LOOKUP_MODULES = ("dataset", "mix_specs", "mixes", "parquet_layers", "sql", "index", "senses",
-                  "sense_maps", "probe", "cli")
+LOOKUP_MODULES = ("layers.mixes", "layers.parquet", "layers.probe", "sql", "doc_fields",
+                  "index.sense_index", "senses.search", "senses.maps", "serve.app", "cli")
 
 
 def test_read_path_lives_in_pipeline_lookup() -> None:
@@ -610,9 +611,10 @@ def test_read_path_lives_in_pipeline_lookup() -> None:
     assert package_dir.name == "lookup" and package_dir.parent.name == "pipeline"
     for name in LOOKUP_MODULES:
         module = importlib.import_module(f"pipeline.lookup.{name}")
-        assert Path(module.__file__).parent == package_dir
-        assert f"``{name}``" in pipeline.lookup.__doc__  # the package says what each holds
-        assert importlib.util.find_spec(f"pipeline.{name}") is None or name == "cli"
+        part = name.split(".")[0]
+        assert Path(module.__file__).parent == package_dir.joinpath(*name.split(".")[:-1])
+        assert f"``{part}``" in pipeline.lookup.__doc__  # the package says what each holds
+        assert importlib.util.find_spec(f"pipeline.{part}") is None or part == "cli"
     assert importlib.util.find_spec("pipeline.lookup_cli") is None
     assert "pipeline.lookup.cli" in cli.REGISTRARS
     # `elmo --help` stays fast: registering the lookup verbs imports nothing heavy.

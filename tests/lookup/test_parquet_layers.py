@@ -16,13 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.lookup.mixes as mixes
+import pipeline.lookup.layers.mixes as mixes
 from elmo_model import layer_mix
-from pipeline.lookup.dataset import open_dataset
-from pipeline.lookup.mix_specs import Mix
-from pipeline.lookup.mixes import iter_mixed, mix_arrays
-from pipeline.lookup.parquet_layers import read_vector_column, vector_columns
-from pipeline.lookup.token_layers import read_types
+from pipeline.lookup.layers.mixes import iter_mixed, mix_arrays
+from pipeline.lookup.layers.parquet import read_vector_column, vector_columns
+from pipeline.lookup.layers.tokens import read_types
+from schemas.dataset import open_dataset
+from schemas.mix_specs import Mix
 
 ROWS, DIM = 3000, 48
 
@@ -152,7 +152,7 @@ def _all_mixed(ds_path: Path, mix: str | Mix, **kwargs) -> tuple[pa.Table, np.nd
 def _embed_test_corpus(model_dir: Path, root: Path, **options: object) -> Path:
     from helpers import config, write_corpus
 
-    from pipeline.embed import embed_corpus
+    from pipeline.write.embed import embed_corpus
 
     corpus = write_corpus(root / "corpus")
     out = root / "ds"

@@ -21,8 +21,8 @@ import pytest
 
 from elmo_model.errors import ElmoUserError
 from pipeline.demo import DEMO_MARK
-from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
-from pipeline.lookup.senses import ClusterResult
+from pipeline.lookup.senses.search import ClusterResult
+from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
 MUSIC = [
     "She plays the piano every evening after supper.",
@@ -77,7 +77,7 @@ def dataset(fixture_model: Path, corpus_file: Path,
 
 @pytest.fixture(scope="module")
 def index(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from pipeline.lookup.index_build import build_index
+    from pipeline.lookup.index.build import build_index
 
     out = str(tmp_path_factory.mktemp("senses_ix") / "ix")
     build_index(str(dataset), "top", out, kind="flat", compact=False)
@@ -94,8 +94,8 @@ def _stem(word: str) -> str:
 
 
 def test_search_matches_the_words_forms_by_default(index: str) -> None:
-    from pipeline.lookup.index import SenseIndex, token_filter
-    from pipeline.lookup.senses import search_senses
+    from pipeline.lookup.index.sense_index import SenseIndex, token_filter
+    from pipeline.lookup.senses.search import search_senses
 
     ix = SenseIndex(index)
     forms_in_index = ix.table.count_rows(token_filter(sorted(PLAY_FORMS)))
@@ -115,8 +115,8 @@ def test_search_matches_the_words_forms_by_default(index: str) -> None:
 
 
 def test_identical_contexts_are_listed_once(index: str) -> None:
-    from pipeline.lookup.index import SenseIndex
-    from pipeline.lookup.senses import search_senses
+    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.senses.search import search_senses
 
     ix = SenseIndex(index)
     # The repeated line is stored twice (two documents) ...
@@ -132,10 +132,10 @@ def test_identical_contexts_are_listed_once(index: str) -> None:
 
 def test_query_is_tokenized_with_the_datasets_tokenizer(dataset: Path, index: str,
                                                          tmp_path: Path) -> None:
-    from pipeline.lookup.dataset import read_dataset_descriptor
-    from pipeline.lookup.index_build import build_index
-    from pipeline.lookup.senses import dataset_tokenizer, locate_word, search_senses
+    from pipeline.lookup.index.build import build_index
+    from pipeline.lookup.senses.search import dataset_tokenizer, locate_word, search_senses
     from pipeline.tokenize import get_tokenizer
+    from schemas.dataset import read_dataset_descriptor
 
     descriptor = read_dataset_descriptor(str(dataset))
     assert dataset_tokenizer(descriptor).name == descriptor.tokenizer["name"]
@@ -154,7 +154,7 @@ def test_query_is_tokenized_with_the_datasets_tokenizer(dataset: Path, index: st
 
 
 def test_index_stores_stems_and_counts_them(index: str) -> None:
-    from pipeline.lookup.index import STEMMER, SenseIndex, token_filter
+    from pipeline.lookup.index.sense_index import STEMMER, SenseIndex, token_filter
 
     ix = SenseIndex(index)
     assert ix.meta.stemmer == STEMMER
@@ -171,9 +171,9 @@ def test_index_stores_stems_and_counts_them(index: str) -> None:
 
 def test_index_built_before_stems_asks_for_a_rebuild_then_builds_again(
         dataset: Path, index: str, tmp_path: Path) -> None:
-    from pipeline.lookup.index import INDEX_META, STEMMER, SenseIndex
-    from pipeline.lookup.index_build import build_index
-    from pipeline.lookup.senses import search_senses
+    from pipeline.lookup.index.build import build_index
+    from pipeline.lookup.index.sense_index import INDEX_META, STEMMER, SenseIndex
+    from pipeline.lookup.senses.search import search_senses
 
     old = tmp_path / "old"
     shutil.copytree(index, old)
@@ -200,7 +200,7 @@ def test_index_built_before_stems_asks_for_a_rebuild_then_builds_again(
 
 @pytest.fixture(scope="module")
 def clusters(index: str) -> ClusterResult:
-    from pipeline.lookup.senses import cluster_senses
+    from pipeline.lookup.senses.search import cluster_senses
 
     return cluster_senses(index, ["play", "plays", "played", "playing"], k=2)
 
@@ -224,8 +224,8 @@ def test_clusters_hold_each_context_once_and_are_named(clusters: ClusterResult) 
 
 
 def test_clustering_samples_many_contexts_and_says_so(index: str) -> None:
-    from pipeline.lookup.sense_maps import map_subtitle
-    from pipeline.lookup.senses import cluster_senses
+    from pipeline.lookup.senses.maps import map_subtitle
+    from pipeline.lookup.senses.search import cluster_senses
 
     result = cluster_senses(index, sorted(PLAY_FORMS), k="auto", max_contexts=6)
     assert len(result.occurrences) == 6 and result.n_distinct == 10 and result.auto
@@ -238,7 +238,7 @@ def test_clustering_samples_many_contexts_and_says_so(index: str) -> None:
 
 
 def test_context_features_name_neighbours_and_content_words() -> None:
-    from pipeline.lookup.senses import Hit, context_features
+    from pipeline.lookup.senses.search import Hit, context_features
 
     def features(sentence: str, start: int) -> tuple[set[str], set[str]]:
         end = start + 4
@@ -255,7 +255,7 @@ def test_context_features_name_neighbours_and_content_words() -> None:
 
 
 def test_typical_features_favour_the_cluster() -> None:
-    from pipeline.lookup.senses import typical
+    from pipeline.lookup.senses.search import typical
 
     features = [{"the play", "a"}, {"the play"}, {"to play"}, {"to play", "a"}]
     labels = np.array([0, 0, 1, 1])
@@ -272,7 +272,7 @@ def test_png_map_has_title_axes_and_a_legend_naming_each_sense(clusters: Cluster
                                                                 tmp_path: Path) -> None:
     from matplotlib.image import imread
 
-    from pipeline.lookup.sense_maps import sense_map_figure, write_sense_map_png
+    from pipeline.lookup.senses.maps import sense_map_figure, write_sense_map_png
 
     figure = sense_map_figure(clusters)
     axes = figure.axes[0]
@@ -299,12 +299,12 @@ def test_png_map_has_title_axes_and_a_legend_naming_each_sense(clusters: Cluster
 
 def test_maps_draw_any_text(tmp_path: Path) -> None:
     """Corpus text is text: dollars (matplotlib math), markup (HTML), one lone cluster."""
-    from pipeline.lookup.sense_maps import (
+    from pipeline.lookup.senses.maps import (
         sense_map_figure,
         write_sense_map_html,
         write_sense_map_png,
     )
-    from pipeline.lookup.senses import Hit, SenseCluster
+    from pipeline.lookup.senses.search import Hit, SenseCluster
 
     sentence = "It cost $5 and $6 <b>to</b> play & win."
     hits = [Hit(1, 1.0, "play", f"a.txt:{i}", 0, 7, sentence, 28, 32) for i in range(3)]
@@ -335,7 +335,7 @@ def _escaped(text: str) -> str:
 
 def test_html_map_shows_each_sentence_on_hover(clusters: ClusterResult,
                                                 tmp_path: Path) -> None:
-    from pipeline.lookup.sense_maps import write_sense_map_html
+    from pipeline.lookup.senses.maps import write_sense_map_html
 
     path = write_sense_map_html(clusters, tmp_path / "play.html")
     page = path.read_text(encoding="utf-8")
@@ -353,7 +353,7 @@ def test_html_map_shows_each_sentence_on_hover(clusters: ClusterResult,
 
 
 def test_contexts_are_the_same_only_when_the_text_says_so() -> None:
-    from pipeline.lookup.senses import Hit, distinct_contexts
+    from pipeline.lookup.senses.search import Hit, distinct_contexts
 
     def hit(doc: str, sentence: str, tok_idx: int = 1) -> Hit:
         return Hit(1, 1.0, "play", doc, 0, tok_idx, sentence, 0, 0)
@@ -365,8 +365,8 @@ def test_contexts_are_the_same_only_when_the_text_says_so() -> None:
 
 
 def test_hover_text_escapes_markup() -> None:
-    from pipeline.lookup.sense_maps import hover_text
-    from pipeline.lookup.senses import Hit
+    from pipeline.lookup.senses.maps import hover_text
+    from pipeline.lookup.senses.search import Hit
 
     sentence = 'Tom & <Jerry> play "tricks".'
     hit = Hit(1, 1.0, "play", "a.txt:1", 0, 3, sentence, 14, 18)

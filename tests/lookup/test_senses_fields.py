@@ -19,8 +19,8 @@ import pytest
 from helpers import REPO
 
 from elmo_model.errors import ElmoUserError
-from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
 from pipeline.lookup.doc_fields import FieldFilter, as_filters, parse_where
+from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
 MONEY = [
     "She paid her savings into the {} on Monday morning.",
@@ -72,7 +72,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def index(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from pipeline.lookup.index_build import build_index
+    from pipeline.lookup.index.build import build_index
 
     out = str(tmp_path_factory.mktemp("senses_fields_ix") / "ix")
     build_index(str(dataset), "top", out, kind="flat", compact=False)
@@ -87,7 +87,7 @@ def _ids(**want: object) -> set[str]:
 
 
 def test_index_holds_plain_metadata_fields_as_columns(index: str) -> None:
-    from pipeline.lookup.index import SenseIndex
+    from pipeline.lookup.index.sense_index import SenseIndex
 
     ix = SenseIndex(index)
     # "speech-type" is no plain name: it stays out of the index, filtered on a join.
@@ -105,8 +105,8 @@ def test_index_holds_plain_metadata_fields_as_columns(index: str) -> None:
 
 def test_search_hits_carry_fields_and_filters_keep_only_passing_documents(
         index: str, dataset: Path) -> None:
-    from pipeline.lookup.index import SenseIndex
-    from pipeline.lookup.senses import search_senses
+    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.senses.search import search_senses
 
     ix = SenseIndex(index)
     query = "He borrowed money from the bank to buy a house."
@@ -137,8 +137,8 @@ def test_search_hits_carry_fields_and_filters_keep_only_passing_documents(
 
 
 def test_filter_mistakes_name_the_fix(index: str) -> None:
-    from pipeline.lookup.index import SenseIndex
-    from pipeline.lookup.senses import cluster_senses
+    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.senses.search import cluster_senses
 
     ix = SenseIndex(index)
     with pytest.raises(ElmoUserError, match="no document has a field 'yaer'; the fields are "
@@ -181,7 +181,7 @@ def _ari(a: list, b: list) -> float:
 
 
 def test_clusters_are_not_the_case_split(index: str) -> None:
-    from pipeline.lookup.senses import cluster_senses
+    from pipeline.lookup.senses.search import cluster_senses
 
     results = {centre: cluster_senses(index, ["bank"], k=2, centre=centre)
                for centre in ("none", "case", "forms")}
@@ -206,8 +206,8 @@ def test_clusters_are_not_the_case_split(index: str) -> None:
 
 
 def test_breakdown_counts_each_sense_per_bin_of_a_field(index: str) -> None:
-    from pipeline.lookup.sense_tables import breakdown_of, sense_breakdown
-    from pipeline.lookup.senses import cluster_senses
+    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.tables import breakdown_of, sense_breakdown
 
     table = sense_breakdown(index, "bank", by="year", bin=10, k=2)
     assert [r.value for r in table.rows] == ["1900-1909", "1910-1919", "2000-2009",
@@ -270,8 +270,8 @@ def test_cli_cluster_filters_breaks_down_and_exports(index: str, tmp_path: Path,
 
 
 def test_assignments_cover_repeated_and_unsampled_occurrences(index: str) -> None:
-    from pipeline.lookup.sense_tables import assignments_table
-    from pipeline.lookup.senses import cluster_senses
+    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.tables import assignments_table
 
     # 10 of 24 distinct contexts clustered: the other 14 go to their nearest centre.
     result = cluster_senses(index, ["bank"], k=2, max_contexts=10)
@@ -290,9 +290,9 @@ def test_index_built_before_document_fields_joins_them_then_rebuilds(
         dataset: Path, index: str, tmp_path: Path) -> None:
     import shutil
 
-    from pipeline.lookup.index import INDEX_META, SenseIndex
-    from pipeline.lookup.index_build import build_index
-    from pipeline.lookup.senses import search_senses
+    from pipeline.lookup.index.build import build_index
+    from pipeline.lookup.index.sense_index import INDEX_META, SenseIndex
+    from pipeline.lookup.senses.search import search_senses
 
     old = tmp_path / "old"
     shutil.copytree(index, old)
@@ -315,7 +315,7 @@ def test_index_built_before_document_fields_joins_them_then_rebuilds(
 
 
 def test_case_centring_keeps_what_tells_lowercase_words_apart() -> None:
-    from pipeline.lookup.sense_clusters import centred, form_offsets
+    from pipeline.lookup.senses.clusters import centred, form_offsets
 
     rng = np.random.default_rng(0)
     capital, plural = np.eye(8)[0] * 3, np.eye(8)[1] * 3
@@ -344,8 +344,8 @@ def test_without_its_dataset_an_index_still_clusters_and_filters_its_own_fields(
         index: str, tmp_path: Path) -> None:
     import shutil
 
-    from pipeline.lookup.index import INDEX_META, SenseIndex
-    from pipeline.lookup.senses import cluster_senses
+    from pipeline.lookup.index.sense_index import INDEX_META, SenseIndex
+    from pipeline.lookup.senses.search import cluster_senses
 
     moved = tmp_path / "moved"
     shutil.copytree(index, moved)

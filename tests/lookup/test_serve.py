@@ -85,8 +85,8 @@ def test_info_describes_the_dataset_and_index(client: httpx.Client, data: Served
 
 
 def test_search_answers_as_the_cli_function_does(client: httpx.Client, data: Served) -> None:
-    from pipeline.lookup.index import SenseIndex
-    from pipeline.lookup.senses import search_senses
+    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.senses.search import search_senses
 
     ix = SenseIndex(str(data.index))
     for sentence, word in QUERIES[:3]:
@@ -113,10 +113,10 @@ def test_an_index_with_an_in_memory_ivf_answers_from_it(data: Served, tmp_path: 
     """An hnsw index also has the in-memory IVF: the server loads it at start, answers
     searches without a word from it as the CLI function does, and batched answers equal
     one-at-a-time ones."""
-    from pipeline.lookup.held_ivf import HeldSearch
-    from pipeline.lookup.index import SenseIndex
-    from pipeline.lookup.index_build import build_index
-    from pipeline.lookup.senses import search_senses
+    from pipeline.lookup.index.build import build_index
+    from pipeline.lookup.index.held_ivf import HeldSearch
+    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.senses.search import search_senses
 
     graph = Served(data.dataset, tmp_path / "graph")
     build_index(str(data.dataset), "top", str(graph.index), kind="hnsw", compact=False)

@@ -29,8 +29,8 @@ def ray_server(data: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def test_ray_serve_replicas_answer_as_the_plain_server(ray_server: str, data: Served,
                                                        tmp_path: Path) -> None:
-    from pipeline.lookup.index import SenseIndex
-    from pipeline.lookup.senses import search_senses
+    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.senses.search import search_senses
 
     with httpx.Client(base_url=ray_server, timeout=60) as client:
         # Both replicas take requests. The server answers once one replica is up; on a

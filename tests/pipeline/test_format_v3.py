@@ -11,17 +11,17 @@ import pytest
 from helpers import config, write_corpus
 
 from elmo_model.errors import ElmoUserError
-from pipeline.embed import embed_corpus
-from pipeline.lookup.dataset import open_dataset
-from pipeline.lookup.mixes import iter_mixed, mix_arrays
-from pipeline.lookup.sql import connect
-from pipeline.lookup.token_layers import (
+from pipeline.lookup.layers.mixes import iter_mixed, mix_arrays
+from pipeline.lookup.layers.tokens import (
     has_own_layer_0,
     layer_vectors,
     read_types,
     stored_columns,
 )
+from pipeline.lookup.sql import connect
+from pipeline.write.embed import embed_corpus
 from schemas import HALF_LAYER_0, SCHEMA_VERSION
+from schemas.dataset import open_dataset
 from schemas.layers import cast_floats, dequantize_int8, quantize_int8
 
 
@@ -148,7 +148,7 @@ def write_as_version_2(v3: Path, out: Path) -> None:
 
     import pyarrow as pa
 
-    from pipeline.item_files import token_file_compression
+    from pipeline.write.item_files import token_file_compression
     from schemas import token_schema
 
     shutil.copytree(v3, out)

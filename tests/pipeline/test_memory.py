@@ -14,8 +14,8 @@ from typing import ClassVar
 import pytest
 from helpers import REPO, config, write_toy_corpus
 
-from pipeline import embed, executors
-from pipeline.embed import TokenProgress, embed_corpus
+from pipeline.write import embed, executors
+from pipeline.write.embed import TokenProgress, embed_corpus
 
 
 class KeptProgress(TokenProgress):
@@ -69,7 +69,7 @@ def test_no_per_item_progress_is_kept_after_commit(tmp_path: Path, tiny_model_di
 # when the heap's free top can hold it, whatever the threshold.
 ONE_BLOCK = """
 import ctypes, sys
-from pipeline import executors
+from pipeline.write import executors
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (

@@ -18,9 +18,9 @@ import pytest
 from helpers import REPO, TEXT_A, TEXT_B, config, dataset_files, read_table, run_cli, write_corpus
 
 from elmo_model.errors import ElmoUserError
-from pipeline.embed import embed_corpus
-from pipeline.sources import ReadOptions
 from pipeline.tokenize import get_tokenizer, model_tokenizer
+from pipeline.write.embed import embed_corpus
+from pipeline.write.inputs import ReadOptions
 
 
 def test_round_trip_every_token_once_and_vectors_match_the_model(tiny_model_dir: Path,

@@ -16,9 +16,9 @@ import pytest
 from helpers import REPO, config, run_cli, write_corpus
 
 from elmo_model.errors import ElmoUserError
-from pipeline.embed import embed_corpus
-from pipeline.ray_setup import choose_executor, gpus_per_actor
 from pipeline.tokenize import get_tokenizer, model_tokenizer, tokenizer_names
+from pipeline.write.embed import embed_corpus
+from pipeline.write.ray_setup import choose_executor, gpus_per_actor
 
 PROGRAM = ("import sys; from pipeline import cli; cli.REGISTRARS = ('pipeline.embed_cli',); "
            "sys.exit(cli.main(sys.argv[1:]))")
@@ -82,7 +82,7 @@ def test_a_killed_run_before_its_first_commit_does_not_block_a_corrected_rerun(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     """What kill -9 leaves before the first commit (descriptor, plan, lock, staging) of a
     run with the wrong model and inputs: a rerun with the right ones is accepted."""
-    from pipeline.store import check_plan, ensure_descriptor, open_fs
+    from pipeline.write.output import check_plan, ensure_descriptor, open_fs
     from schemas import DatasetDescriptor
 
     corpus = write_corpus(tmp_path / "corpus")
@@ -148,7 +148,7 @@ def test_a_version_1_dataset_reads_but_refuses_appends(tiny_model_dir: Path,
     message that says what to do."""
     import pyarrow.parquet as pq
 
-    from pipeline.lookup.dataset import open_dataset
+    from schemas.dataset import open_dataset
 
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"

@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from elmo_model.errors import ElmoUserError
-from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
-from pipeline.lookup.dataset import list_files, open_dataset
-from pipeline.sources import list_sources
-from pipeline.store import PlanMismatchError, live_parts, open_fs, publish_live
+from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
+from pipeline.write.inputs import list_sources
+from pipeline.write.output import PlanMismatchError, live_parts, open_fs, publish_live
+from schemas.dataset import list_files, open_dataset
 
 
 def config(model_dir: Path, sources: list[str], out: Path | str, **kw: object) -> EmbedConfig:
@@ -169,7 +169,7 @@ def test_device_and_compute_dtype_flags(tiny_model_dir: Path, tmp_path: Path,
 def test_reuse_models_loads_a_model_once(tiny_model_dir: Path, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import elmo_model
-    from pipeline.embed import reuse_models
+    from pipeline.write.embed import reuse_models
 
     loads = []
     real = elmo_model.load

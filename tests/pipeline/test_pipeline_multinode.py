@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import assert_same_dataset, config
 
-from pipeline.embed import embed_corpus
+from pipeline.write.embed import embed_corpus
 
 pytestmark = [pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import assert_same_dataset, config, write_corpus
 
-from pipeline.embed import embed_corpus
+from pipeline.write.embed import embed_corpus
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,7 +27,7 @@ def kill_one_item_call(armed: Path, fired: Path) -> Callable[[], None]:
     value and runs it in every worker it starts, restarted actors included."""
 
     def install() -> None:
-        from pipeline.work_item import ItemWorker
+        from pipeline.write.work_item import ItemWorker
 
         real = ItemWorker.process
 
@@ -126,7 +126,7 @@ def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: Path,
 
 
 def test_actors_that_fit_counts_per_node() -> None:
-    from pipeline.ray_setup import actors_that_fit
+    from pipeline.write.ray_setup import actors_that_fit
 
     nodes = [{"Alive": True, "Resources": {"CPU": 3.0, "GPU": 1.0}},
              {"Alive": True, "Resources": {"CPU": 1.0}},

@@ -10,8 +10,9 @@ import pytest
 import s3fs
 from helpers import config, write_corpus
 
-from pipeline.embed import embed_corpus
-from pipeline.lookup.mixes import iter_mixed, open_dataset
+from pipeline.lookup.layers.mixes import iter_mixed
+from pipeline.write.embed import embed_corpus
+from schemas.dataset import open_dataset
 
 
 def test_s3_round_trip(s3_endpoint: str, tiny_model_dir: Path, tmp_path: Path,

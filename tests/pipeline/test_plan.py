@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.plan import WorkItem, item_bytes, plan_items
-from pipeline.read import LineCounter, read_documents, read_range
-from pipeline.sources import DocError, Document, ReadOptions, list_sources
+from pipeline.write.inputs import DocError, Document, ReadOptions, list_sources
+from pipeline.write.plan import WorkItem, item_bytes, plan_items
+from pipeline.write.read import LineCounter, read_documents, read_range
 
 
 def as_tuples(items: list[Document | DocError]) -> list[tuple]:

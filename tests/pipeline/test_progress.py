@@ -9,8 +9,8 @@ from typing import ClassVar
 import pytest
 from helpers import config, write_toy_corpus
 
-from pipeline import embed, executors
-from pipeline.embed import TokenProgress, embed_corpus
+from pipeline.write import embed, executors
+from pipeline.write.embed import TokenProgress, embed_corpus
 
 
 class RecordedProgress(TokenProgress):

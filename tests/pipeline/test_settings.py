@@ -14,11 +14,11 @@ from helpers import run_cli
 
 from elmo_model.errors import ElmoUserError
 from jobs.spec import SpecError, job_key, parse_spec
-from pipeline.config import STORAGE_DTYPES, EmbedConfig, ModelSpec
 from pipeline.embed_cli import config_from_args
 from pipeline.embed_cli import register as register_embed
-from pipeline.setting import SettingField, settings_fields
-from pipeline.sources import ReadOptions
+from pipeline.write.config import STORAGE_DTYPES, EmbedConfig, ModelSpec
+from pipeline.write.inputs import ReadOptions
+from pipeline.write.setting import SettingField, settings_fields
 
 # (field path, field): ``read.x`` for a read option, which a config holds in ``read``.
 FIELDS = [(f.name, f) for f in settings_fields(EmbedConfig) if f.name != "read"] + [

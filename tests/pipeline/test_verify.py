@@ -19,12 +19,12 @@ from helpers import config, write_corpus
 
 from elmo_model.errors import ElmoUserError
 from pipeline import cli
-from pipeline.embed import embed_corpus
-from pipeline.lookup.dataset import RECORDS_CACHE, committed_shards, open_dataset, open_fs
-from pipeline.lookup.mixes import iter_mixed
-from pipeline.lookup.parquet_layers import CorruptPageError
-from pipeline.user_cache import CACHE_ENV
-from pipeline.verify import (
+from pipeline.lookup.layers.mixes import iter_mixed
+from pipeline.lookup.layers.parquet import CorruptPageError
+from pipeline.write.embed import embed_corpus
+from schemas.dataset import RECORDS_CACHE, committed_shards, open_dataset, open_fs
+from schemas.user_cache import CACHE_ENV
+from schemas.verify import (
     CORRUPT,
     MISSING,
     OK,

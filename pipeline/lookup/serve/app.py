@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.doc_fields import as_filters, parse_where
-from pipeline.lookup.senses import Hit, cluster_senses, locate_word
+from pipeline.lookup.senses.search import Hit, cluster_senses, locate_word
 from pipeline.lookup.serve.batching import Batcher
 from pipeline.lookup.serve.limits import (
     MAX_BODY_BYTES,
@@ -43,7 +43,7 @@ from pipeline.lookup.serve.limits import (
     MAX_SQL_CHARS,
     MAX_WORD_CHARS,
 )
-from pipeline.lookup.serve.store import ServedStore
+from pipeline.lookup.serve.resources import ServedStore
 
 STATIC = Path(__file__).parent / "static"
 Scalar = str | int | float | bool

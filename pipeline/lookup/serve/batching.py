@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.lookup.index import SenseIndex
-from pipeline.lookup.senses import (
+from pipeline.lookup.index.sense_index import SenseIndex
+from pipeline.lookup.senses.search import (
     FETCH_FACTOR,
     MAX_FETCH,
     Hit,

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.lookup.held_ivf import unit_rows
-from pipeline.lookup.index import RESULT_COLUMNS, SenseIndex
-from pipeline.lookup.senses import Hit
+from pipeline.lookup.index.held_ivf import unit_rows
+from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex
+from pipeline.lookup.layers.tokens import matrix
+from pipeline.lookup.senses.search import Hit
 from pipeline.lookup.serve.limits import EXACT_CACHE_VALUES, EXACT_CANDIDATE_VALUES
-from pipeline.lookup.token_layers import matrix
 
 
 @dataclass

@@ -37,7 +37,7 @@ def _replica_class() -> Any:
     @serve.ingress()
     class ElmoReplica:
         def __init__(self, settings: ReplicaSettings) -> None:
-            from pipeline.lookup.serve.store import ServedStore
+            from pipeline.lookup.serve.resources import ServedStore
 
             self.settings = settings
             self.store = ServedStore.open(settings.dataset, settings.indexes,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.mixes import Dataset
+from pipeline.lookup.layers.mixes import Dataset
 from pipeline.lookup.serve.limits import (
     MAX_SQL_CHARS,
     SQL_MAX_RESULT_BYTES,

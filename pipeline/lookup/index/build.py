@@ -1,0 +1,335 @@
+"""Building a sense index (``elmo index build``, the jobs' refresh): the dataset's committed
+token files mixed on read, joined to their sentences and documents, added to LanceDB
+(``index_rows``), then the vector and scalar indexes and ``_elmo_index.json`` written
+(``pipeline/lookup/index/sense_index.py`` describes the index and answers queries on it). Progress:
+``index_progress``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from elmo_model.errors import ElmoUserError
+from pipeline.lookup.doc_fields import field_kinds, indexable_fields, read_documents
+from pipeline.lookup.index.held_ivf import (
+    RETRAIN_GROWTH,
+    build_held,
+    current,
+    drop_other_folders,
+    present,
+)
+from pipeline.lookup.index.progress import phase, rows_bar
+from pipeline.lookup.index.rows import (
+    BuildSummary,
+    IndexTables,
+    documents_of,
+    file_rows,
+    shard_filter,
+)
+from pipeline.lookup.index.sense_index import (
+    HNSW_MIN_ROWS,
+    INDEX_KINDS,
+    INDEX_META,
+    LAYOUT,
+    NEW_INDEX_COMPACT,
+    SCALAR_COLUMNS,
+    STEMMER,
+    TABLE,
+    VECTOR_DTYPE,
+    VECTOR_DTYPES,
+    WORD_COUNTS,
+    IndexMeta,
+    SearchParams,
+    lance_options,
+    read_meta,
+    stem_words,
+)
+from pipeline.lookup.index.sentences import SENTENCE_KEY, SENTENCES_TABLE
+from pipeline.lookup.index.vectors import vectors_from_dataset
+from pipeline.lookup.index.words import WordSelection, read_selected, resolve, write_selected
+from schemas.dataset import Dataset, open_dataset, open_fs
+from schemas.mix_specs import Mix
+
+if TYPE_CHECKING:
+    pass
+
+
+def _write_meta(out: str, meta: IndexMeta, storage_options: dict | None = None) -> None:
+    from schemas.dataset import write_bytes_atomic
+
+    fs, root = open_fs(out, storage_options)
+    write_bytes_atomic(fs, f"{root}/{INDEX_META}", meta.to_json().encode())
+
+
+def _has_vector_index(table: Any) -> bool:
+    return any(getattr(ix, "columns", None) == ["vector"] for ix in table.list_indices())
+
+
+def _create_vector_index(table: Any, meta: IndexMeta) -> None:
+    from lancedb.index import IvfHnswSq
+
+    rows = table.count_rows()
+    # 0.3 * sqrt(n) partitions: measured best here (bench/lookup.py, BENCHMARKS.md) at
+    # 100k (~100) and 1M (~300) rows; sqrt(n) made recall@10 drop to ~0.92 at nprobes 20.
+    partitions = meta.num_partitions or max(1, round(0.3 * rows ** 0.5))
+    table.create_index("vector", config=IvfHnswSq(
+        distance_type="cosine", num_partitions=partitions, m=meta.m,
+        ef_construction=meta.ef_construction), replace=True)
+    meta.num_partitions = partitions
+    meta.trained_rows = rows
+
+
+def reusable_meta(ds: Dataset, the_mix: Mix, out: str, meta: IndexMeta | None,
+                  progress: Callable[[str], None] | None, compact: bool | None = None
+                  ) -> IndexMeta | None:
+    """``meta`` (the metadata of the index at ``out``, as read) if new rows can be added to
+    it; None when it must be built again (its rows lack word stems or document fields, or
+    are of the layout before LAYOUT). An index of another model or mix is refused: the user
+    chooses ``--rebuild`` or another ``--out``, and so is ``compact`` (True or False) where
+    the index is the other kind."""
+    if meta is None:
+        return None
+    if meta.model_fingerprint != ds.descriptor.model_fingerprint:
+        raise ElmoUserError(f"{out} indexes a dataset of another model; use --rebuild "
+                            "or another --out")
+    if compact is not None and meta.compact != compact:
+        raise ElmoUserError(f"{out} is {'' if meta.compact else 'not '}a compact index; to "
+                            f"build it {'' if compact else 'not '}compact add --rebuild (or "
+                            "use another --out)")
+    if not meta.the_mix().same_vectors(the_mix):
+        raise ElmoUserError(f"{out} holds mix {meta.mix_name!r} ({meta.the_mix().describe()}); "
+                            f"asked for {the_mix.describe()}: use --rebuild or another --out")
+    # Rows of an older kind cannot take new ones (searches by word form need token_stem,
+    # filters the document fields, and layout 1 rows carry their sentence's text), so
+    # the index is built again.
+    for stale, why in ((meta.stemmer != STEMMER, f"without {STEMMER} word stems"),
+                       (meta.doc_fields is None, "without document fields"),
+                       (meta.layout < LAYOUT, "with the sentence text in every row")):
+        if stale:
+            if progress:
+                progress(f"{out} was built {why}: rebuilding it")
+            return None
+    return meta
+
+
+def new_meta(ds: Dataset, dataset: str, the_mix: Mix, kind: str, words: WordSelection,
+             vector_dtype: str, documents: dict[str, tuple[list[str], list[dict[str, Any]]]],
+             compact: bool = False) -> IndexMeta:
+    """The metadata of an index about to be created (its field columns settled now). A
+    local dataset is recorded by its absolute path: a compact index reads its vectors from
+    there whatever the directory it is opened from."""
+    if "://" not in str(dataset):
+        dataset = os.path.abspath(dataset)
+    return IndexMeta(dataset=str(dataset), model_fingerprint=ds.descriptor.model_fingerprint,
+                     mix=the_mix.to_json(), mix_name=the_mix.name, dim=ds.descriptor.dim,
+                     kind=kind, stemmer=STEMMER, layout=LAYOUT, vector_dtype=vector_dtype,
+                     words=words.to_json(), compact=compact,
+                     doc_fields=indexable_fields(field_kinds(
+                         row for _, rows in documents.values() for row in rows)))
+
+
+def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
+                rebuild: bool = False, search: SearchParams | None = None,
+                storage_options: dict | None = None,
+                progress: Callable[[str], None] | None = None,
+                words: WordSelection | None = None, show_progress: bool = False,
+                vector_dtype: str = VECTOR_DTYPE, compact: bool | None = None
+                ) -> BuildSummary:
+    """Create or extend the index at ``out`` with the dataset's committed shard files.
+    ``words``: which words a new index holds (an existing one keeps its own selection);
+    ``show_progress``: bars and phase lines on stderr; ``compact``: the index keeps no
+    vectors (``index_vectors``) or keeps them (False: LanceDB's HNSW, tunable with ``kind``
+    and ``search``); None: as the index at ``out`` was made, or compact for a new one."""
+    # LanceDB logs k-means "empty cluster" warnings to stderr unless told otherwise.
+    os.environ.setdefault("LANCEDB_LOG", "error")
+    import lancedb
+
+    if kind not in INDEX_KINDS:
+        raise ElmoUserError(f"--index must be one of {', '.join(INDEX_KINDS)}")
+    if vector_dtype not in VECTOR_DTYPES:
+        raise ElmoUserError(f"vector dtype must be one of {', '.join(VECTOR_DTYPES)}")
+    ds = open_dataset(dataset, storage_options)
+    if ds.descriptor.n_output_layers < 1:
+        raise ElmoUserError(f"{dataset} stores no layers to index")
+    the_mix = ds.mix(mix)
+    made = read_meta(out, storage_options)
+    if compact is None:
+        # --rebuild keeps the kind too: only --full / --compact change it.
+        compact = made.compact if made is not None else NEW_INDEX_COMPACT
+    if compact and (kind != "auto" or search is not None):
+        fix = "--full --rebuild" if made is not None and made.compact and not rebuild \
+            else "--full"
+        raise ElmoUserError(f"--index, --nprobes, --ef and --refine-factor tune a full index "
+                            f"(LanceDB's HNSW); add {fix}, or leave them out: a compact "
+                            "index measures its own probes")
+    db = lancedb.connect(out, storage_options=lance_options(storage_options))
+    exists = TABLE in db.list_tables().tables
+    meta = None if rebuild or not exists else reusable_meta(ds, the_mix, out, made, progress,
+                                                            compact)
+    if meta is not None and words is not None and not words.everything \
+            and words.to_json() != meta.words:
+        raise ElmoUserError(f"{out} holds {meta.selection().describe()}; to index "
+                            f"{words.describe()} add --rebuild (or use another --out)")
+    document_files = dict(ds.shard_files("documents"))
+    documents: dict[str, tuple[list[str], list[dict[str, Any]]]] = {}
+    fs, root = open_fs(out, storage_options)
+    created = meta is None
+    if meta is None:
+        # Which metadata fields become columns is settled when the index is created.
+        documents = {key: read_documents(ds, path) for key, path in document_files.items()}
+        for name in (TABLE, SENTENCES_TABLE):
+            if name in db.list_tables().tables:
+                db.drop_table(name)
+        words = words or WordSelection()
+        meta = new_meta(ds, dataset, the_mix, kind, words, vector_dtype, documents,
+                        compact)
+        selected_words = resolve(words, ds)
+        if selected_words is not None:
+            write_selected(fs, root, selected_words)
+    meta.kind = kind
+    if search is not None:
+        meta.search, meta.search_auto = search, False
+    selected = None if meta.selection().everything else read_selected(fs, root)
+    summary = BuildSummary(out=out)
+    files = ds.shard_files("tokens")
+    sentence_files = dict(ds.shard_files("sentences"))
+    keys_now = {key for key, _ in files}
+    tables = IndexTables(db)
+    # Rows of shard files that are no longer committed (a part deleted, or a shard
+    # re-embedded under a new run id) leave the index; this keeps it equal to the
+    # dataset's committed view without a rebuild.
+    for key in [k for k in meta.indexed if k not in keys_now]:
+        tables.delete(shard_filter(key))
+        meta.indexed.remove(key)
+        summary.removed_files += 1
+    indexed = set(meta.indexed)
+    adding = [(key, path) for key, path in files if key not in indexed]
+    summary.skipped_files = len(files) - len(adding)
+    total = file_rows(ds, [path for _, path in adding])
+    if progress and adding and not meta.selection().everything:
+        progress(f"keeping {meta.selection().describe()}")
+    with rows_bar(total, show_progress) as bar:
+        for key, path in adding:
+            # A run killed after an add but before its metadata write leaves rows that no
+            # metadata lists: drop them, so that a row is never held twice.
+            tables.delete(shard_filter(key))
+            n_rows = tables.add_file(ds, the_mix, path, key, sentence_files.get(key),
+                                     documents_of(ds, key, document_files, documents), meta,
+                                     selected, summary, bar.update)
+            meta.indexed.append(key)
+            if progress and not show_progress:
+                progress(f"{key}: {n_rows} rows")
+    if tables.tokens is None:
+        raise ElmoUserError(f"{dataset} has no committed token rows to index"
+                            + ("" if selected is None else f" of {meta.selection().describe()}"))
+    return finish_index(tables, meta, summary, out, storage_options, show_progress,
+                        fresh=created)
+
+
+def _scalar_indexes(table: Any, columns: tuple[str, ...]) -> None:
+    from lancedb.index import BTree
+
+    has_scalar = {tuple(ix.columns) for ix in table.list_indices()}
+    for column in columns:
+        if (column,) not in has_scalar:
+            # BTree, not Bitmap: a corpus vocabulary has far too many values for bitmaps.
+            table.create_index(column, config=BTree())
+
+
+def _optimize(table: Any, drop_old_versions: bool) -> None:
+    if not drop_old_versions:
+        table.optimize()
+        return
+    with warnings.catch_warnings():  # LanceDB warns of readers of those versions
+        warnings.simplefilter("ignore", UserWarning)
+        table.optimize(cleanup_older_than=timedelta(0))
+
+
+def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, out: str,
+                 storage_options: dict | None = None, show_progress: bool = False,
+                 fresh: bool = False) -> BuildSummary:
+    """After rows were added or deleted: scalar and vector indexes, word counts, search
+    parameters and the metadata (``meta.indexed`` already says what the table holds).
+    ``fresh``: the index was created by this build."""
+    t0 = time.perf_counter()
+    table = tables.tokens
+    meta.rows = table.count_rows()
+    want_hnsw = meta.kind == "hnsw" or (meta.kind == "auto" and meta.rows >= HNSW_MIN_ROWS)
+    changed = bool(summary.added_rows or summary.removed_files)
+    with phase("index: scalar indexes" + (", optimize" if changed else ""), show_progress):
+        _scalar_indexes(table, SCALAR_COLUMNS)
+        if tables.sentences is not None:
+            _scalar_indexes(tables.sentences, SENTENCE_KEY)
+        if changed:
+            # Compacts the new fragments and folds them into the existing indexes (vector
+            # and scalar) instead of retraining them. A new index's earlier versions (its
+            # rows before compaction, about its size again) are open to no reader yet:
+            # they go, before the vector index is trained. An index being extended keeps
+            # LanceDB's retention, since a server may be reading the version it opened.
+            for each in (table, tables.sentences):
+                if each is not None:
+                    _optimize(each, drop_old_versions=fresh)
+    grown = meta.trained_rows and meta.rows > RETRAIN_GROWTH * meta.trained_rows
+    if want_hnsw and not meta.compact and (not _has_vector_index(table) or grown):
+        # First index, or the data outgrew the partitions it was trained with: (re)train.
+        if grown:
+            meta.num_partitions = None
+        with phase(f"index: IVF_HNSW_SQ over {meta.rows} rows (LanceDB shows no progress)",
+                   show_progress):
+            _create_vector_index(table, meta)
+    meta.built = "ivf" if meta.compact else "hnsw" if _has_vector_index(table) else "flat"
+    if meta.search_auto:
+        meta.search = SearchParams.for_rows(meta.rows)
+    if changed or meta.counted_rows != meta.rows:
+        _write_word_counts(table, meta.rows, out, storage_options)
+        meta.counted_rows = meta.rows
+    fs, root = open_fs(out, storage_options)
+    if meta.built == "flat":
+        meta.held = None
+    elif not (current(meta.held, table.version) and present(fs, root, meta.held)):
+        # The table changed (or never had one): the in-memory IVF follows it. A compact
+        # index's vectors are read from the dataset, as its readers will read them.
+        vectors_of = vectors_from_dataset(meta, out, storage_options) if meta.compact \
+            else None
+        meta.held = summary.held = build_held(table, fs, root, show_progress, vectors_of,
+                                              meta.dim, previous=meta.held)
+    summary.seconds_index = time.perf_counter() - t0
+    summary.rows, summary.built = meta.rows, meta.built
+    _write_meta(out, meta, storage_options)
+    drop_other_folders(fs, root, meta.held["folder"] if meta.held else None)
+    return summary
+
+
+def _write_word_counts(table: Any, rows: int, out: str, storage_options: dict | None) -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from schemas.dataset import write_bytes_atomic
+
+    # Batch by batch, so memory follows the vocabulary, not the corpus.
+    total: dict[str, int] = {}
+    reader = table.search().select(["token_lower"]).limit(max(1, rows)) \
+        .to_batches(batch_size=1 << 20)
+    for batch in reader:
+        counted = pc.value_counts(batch.column("token_lower"))
+        for word, n in zip(counted.field("values").to_pylist(),
+                           counted.field("counts").to_pylist(), strict=True):
+            total[word] = total.get(word, 0) + n
+    counts = pa.table({"token_lower": pa.array(list(total), pa.string()),
+                       "token_stem": pa.array(stem_words(list(total)), pa.string()),
+                       "rows": pa.array(list(total.values()), pa.int64())})
+    body = io.BytesIO()
+    pq.write_table(counts, body, compression="zstd")
+    fs, root = open_fs(out, storage_options)
+    write_bytes_atomic(fs, f"{root}/{WORD_COUNTS}", body.getvalue())
+
+
+# --------------------------------------------------------------------------- searching

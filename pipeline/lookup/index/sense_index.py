@@ -1,0 +1,523 @@
+"""A LanceDB index of mixed token vectors, for contextual-sense search.
+
+    elmo index build data/ds --mix top --out data/ds-top.lance
+
+One row per indexed token: ``vector`` (the mix, float16), ``token``, ``token_lower``,
+``token_stem`` (the Snowball English stem of ``token_lower``: plays, played and playing
+are all ``play``), ``doc_id``, ``sent_idx``, ``tok_idx``, ``part``, ``shard`` and
+``start``/``end`` (the token's character span inside its sentence, for highlighting;
+the sentence text is in table ``sentences``, fetched by ``doc_id, sent_idx``), then its
+document's ``source`` and metadata fields as ``meta_<name>`` columns (``doc_fields``:
+the fields whose values were all numbers or all text when the index was created), so that
+searches filter on them before the vector search. Scalar BTree indexes on ``token``,
+``token_lower`` and ``token_stem`` make ``token_stem = ...`` prefilters (a word and its
+forms) cheap.
+
+Vector index (``--index``): ``flat`` (none: exact brute-force search), ``hnsw``
+(IVF_HNSW_SQ, cosine) or ``auto`` (hnsw from ``HNSW_MIN_ROWS`` rows on, else flat).
+IVF_PQ was rejected: its recall@10 at defaults was far below 0.95, and it built much
+slower on float16. A prefiltered query whose filter leaves at most ``EXACT_FILTER_VALUES``
+floats (2,000 rows of 256-d, 500 of 1024-d) runs exact over just those rows (recall 1.0);
+above that, LanceDB's exact scan of the filtered rows costs more than the prefiltered
+graph search, which is used instead (recall@10 0.98-0.99; BENCHMARKS.md has the figures).
+
+``<out>/_elmo_index.json`` records the dataset, its model fingerprint, the mix (weights
+in full, so the index remembers what it holds even if the dataset's mix is later
+changed), the search parameters and which committed shard files are in it. Building
+again brings the index to the dataset's committed view incrementally: rows of shard files
+no longer committed (a deleted part, a re-embedded shard) are deleted, shard files
+committed since are added (LanceDB ``delete`` / ``add``), then ``optimize`` folds the new
+rows into the existing vector and scalar indexes. Only a changed mix needs ``--rebuild``.
+Each build also rewrites ``<out>/_word_counts.parquet`` (rows per lowercase token, with
+its stem), which routes filtered queries without a count query; the search parameters
+follow the index size (``SearchParams.for_rows``) unless given.
+
+A compact index (the default, ``NEW_INDEX_COMPACT``: ``compact`` in the JSON, ``built`` is
+``ivf``; ``--full`` makes the other kind, "full" or layout-2 below) keeps no
+vectors: its rows hold ``row`` (the token's row in its shard's tokens file) in place of
+``vector``, the in-memory IVF beside it holds product-quantized codes, and a process that
+opens it mixes the rows' vectors from the dataset (``index_vectors``) to rank candidates
+exactly. It answers every search from that IVF (a filter is applied by LanceDB, whose
+passing rows are then ranked: ``held_ivf.EXACT_FILTER_ROWS``), needs its dataset readable
+and unchanged since the last build, and costs about a tenth of a layout-2 index
+(BENCHMARKS.md, "Compact indexes"). Indexes of layout 2
+(``LAYOUT``) store float16 vectors and each sentence once (``index_sentences``), and may
+hold only some words (``index_words``); older ones are read as they are. An index written before
+stems or document fields were stored is rebuilt by the next build (its rows lack the
+columns).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from elmo_model.errors import ElmoUserError
+from pipeline.lookup.doc_fields import (
+    INDEX_FIELDS,
+    DocumentTable,
+    FieldFilter,
+    field_column,
+    quote,
+)
+from pipeline.lookup.index.held_ivf import HELD_DIR, HeldIvf, HeldSearch, current
+from pipeline.lookup.index.sentences import (
+    SENTENCE_KEY,
+    SENTENCES_TABLE,
+    read_all_texts,
+    with_held_sentences,
+    with_sentences,
+)
+from pipeline.lookup.index.vector_search import VectorSearch
+
+# Words as the index's columns store them (stem_words: importable from here as before).
+from pipeline.lookup.index.words import (
+    WordSelection,
+    column_words,
+    token_filter,
+)
+from pipeline.lookup.index.words import stem_words as stem_words
+from schemas.dataset import open_dataset, open_fs, read_dataset_descriptor
+from schemas.mix_specs import Mix
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from schemas import DatasetDescriptor
+
+INDEX_META = "_elmo_index.json"
+# token_lower -> rows, so that routing a filtered query (exact or graph) costs no query.
+WORD_COUNTS = "_word_counts.parquet"
+INDEX_FORMAT = "elmo-store/sense-index"
+TABLE = "tokens"
+HNSW_MIN_ROWS = 50_000
+# A prefilter leaving at most this many floats (rows x dim) is answered by an exact scan
+# of those rows: 2,000 rows at 256-d, 500 at 1024-d. At 1M x 1024 an exact scan of 500-2,000
+# rows cost several times the prefiltered graph search, which still finds 0.98
+# (BENCHMARKS.md, "Prefilter routing").
+EXACT_FILTER_VALUES = 512_000
+# A filter on a field the index lacks becomes "doc_id IN (...)" of at most this many ids.
+MAX_JOIN_IDS = 100_000
+# A server holds the sentence texts of an index of at most this many sentences in memory
+# (about 200 bytes each with their keys): its answers then read no sentences table.
+HELD_SENTENCES_MAX = 2_000_000
+# From this many rows on, fewer partitions are probed (see SearchParams.for_rows).
+LARGE_INDEX_ROWS = 300_000
+INDEX_KINDS = ("auto", "hnsw", "flat")
+# What a new index is made as unless told (--full / --compact, a job's index_compact): a
+# compact one is 0.3-0.4x its dataset's bytes where a full one is 3.3-3.5x, at the same
+# recall@10, and builds 1.7-2.5x faster; it opens slower (the vectors are read from the
+# dataset) and needs the dataset readable. BENCHMARKS.md, "Compact indexes".
+NEW_INDEX_COMPACT = True
+RESULT_COLUMNS = ["token", "doc_id", "sent_idx", "tok_idx", "sentence", "start", "end", "part",
+                  "shard"]
+# Fills token_stem. Recorded in the index: matching a word's forms at query time needs the
+# stems the build stored, so an index without them (or with another stemmer's) is rebuilt.
+STEMMER = "snowball-english"
+SCALAR_COLUMNS = ("token", "token_lower", "token_stem")
+# 2: vectors stored as VECTOR_DTYPE, sentence text in its own table (sentences.py);
+# 1: float32 vectors and the sentence text in every token row (read as it is).
+LAYOUT = 2
+# float16 halves the stored vectors and keeps recall@10 (BENCHMARKS.md, "Index size").
+VECTOR_DTYPE = "float16"
+VECTOR_DTYPES = ("float16", "float32")
+
+
+@dataclass
+class SearchParams:
+    """Query-time knobs of the HNSW index, chosen by bench/lookup.py (the measurements are
+    in BENCHMARKS.md, "LanceDB sense index")."""
+
+    nprobes: int = 20
+    ef: int = 150  # over 100: about one point of recall@10 at 100k and 1M rows
+    # Re-rank k x refine_factor candidates with the full vectors: the scalar quantizer's
+    # error alone costs 3-4 points of recall@10.
+    refine_factor: int | None = 5
+
+    @classmethod
+    def for_rows(cls, rows: int) -> SearchParams:
+        """The defaults for an index of ``rows`` vectors.
+
+        A query costs a fixed part plus a part per probed partition, whatever the
+        partition size, while the share of partitions a query must probe for recall@10
+        >= 0.95 falls as they multiply (0.3 sqrt(n) of them): 20 of ~100 at 100k rows,
+        10 of 300 at 1M (BENCHMARKS.md has the table)."""
+        return cls(nprobes=10) if rows >= LARGE_INDEX_ROWS else cls()
+
+
+@dataclass
+class IndexMeta:
+    dataset: str
+    model_fingerprint: str
+    mix: dict[str, Any]
+    mix_name: str
+    dim: int
+    kind: str = "auto"
+    built: str = "flat"  # what exists now: flat or hnsw
+    num_partitions: int | None = None
+    trained_rows: int = 0  # rows when the vector index was last trained
+    m: int = 20
+    ef_construction: int = 300
+    search: SearchParams = field(default_factory=SearchParams)
+    search_auto: bool = True  # search follows the index size (False: set by the user)
+    indexed: list[str] = field(default_factory=list)  # part/shard=k/run_id keys
+    rows: int = 0
+    counted_rows: int = 0  # rows when WORD_COUNTS was written (0: not written)
+    stemmer: str = ""  # what filled token_stem ("": built before stems were stored)
+    # Metadata fields stored as meta_<name> columns, name -> int/float/string (None: built
+    # before document fields were stored, so rows lack even ``source``).
+    doc_fields: dict[str, str] | None = None
+    layout: int = 1  # LAYOUT of the rows (1: written before the field existed)
+    vector_dtype: str = "float32"
+    words: dict[str, Any] | None = None  # WordSelection.to_json (None: every word)
+    # The in-memory IVF made beside the table (held_ivf.build_held; None: not made).
+    held: dict[str, Any] | None = None
+    compact: bool = False  # vectors read from the dataset, quantized codes in the IVF
+    format: str = INDEX_FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> IndexMeta:
+        data = json.loads(text)
+        if data.get("format") != INDEX_FORMAT:
+            raise ElmoUserError("not an elmo-store sense index")
+        data["search"] = SearchParams(**data.get("search", {}))
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def the_mix(self) -> Mix:
+        return Mix.from_json(self.mix_name, self.mix)
+
+    def selection(self) -> WordSelection:
+        return WordSelection.from_json(self.words)
+
+
+def read_meta(out: str, storage_options: dict | None = None) -> IndexMeta | None:
+    fs, root = open_fs(out, storage_options)
+    try:
+        with fs.open(f"{root}/{INDEX_META}", "rb") as handle:
+            return IndexMeta.from_json(handle.read().decode())
+    except FileNotFoundError:
+        return None
+
+
+def lance_options(storage_options: dict | None) -> dict[str, str] | None:
+    return {k: str(v) for k, v in storage_options.items()} if storage_options else None
+
+
+def moved_dataset_fix(mix_name: str, uri: str) -> str:
+    """What to do when the dataset of the index at ``uri`` is not where the index says."""
+    return (f"put the dataset back there, or build the index again from where it is now "
+            f"(`elmo index build DATASET --mix {mix_name} --out {uri} --rebuild`)")
+
+
+class SenseIndex:
+    """An opened index: its metadata and LanceDB table."""
+
+    def __init__(self, uri: str, storage_options: dict | None = None) -> None:
+        import lancedb
+
+        meta = read_meta(uri, storage_options)
+        if meta is None:
+            raise ElmoUserError(f"{uri} is not an elmo sense index (no {INDEX_META}); "
+                                "build one with `elmo index build`")
+        self.uri, self.meta = uri, meta
+        self.storage_options = storage_options
+        db = lancedb.connect(uri, storage_options=lance_options(storage_options))
+        self.table = db.open_table(TABLE)
+        # Layout 2 keeps each sentence once, in a table of its own; layout 1 in every row.
+        self.sentences = db.open_table(SENTENCES_TABLE) if meta.layout >= 2 else None
+        self._held_texts: dict[tuple[str, int], str] | None = None
+        self.selection = meta.selection()  # which words it holds
+        self._counts: pa.Table | None = None
+        self._counts_read = False
+        self._documents: DocumentTable | None = None
+        self._held: HeldIvf | None = None
+        self._held_tried = False
+        # False: every search goes to LanceDB (benchmarks compare the two paths).
+        self.use_held = True
+
+    def held_ivf(self) -> HeldIvf | None:
+        """The in-memory IVF (loaded on first use), or None when the index has none, its
+        table changed after it was made, or its files cannot be read (then LanceDB answers,
+        and one line on stderr says how to make it again). A compact index's has no
+        fallback: those cases are errors (``_compact_ivf``)."""
+        if self.meta.compact:
+            return self._compact_ivf()
+        if not self._held_tried:
+            self._held_tried = True
+            held = self.meta.held
+            if held is not None and current(held, self.table.version):
+                fs, root = open_fs(self.uri, self.storage_options)
+                folder = f"{root}/{HELD_DIR}/{held['folder']}"
+                try:
+                    self._held = HeldIvf.load(fs, folder, held["nprobe"])
+                except (OSError, RuntimeError, ValueError) as error:
+                    print(f"elmo: {self.uri}: in-memory IVF unreadable ({error}); searching "
+                          f"with LanceDB. `elmo index build {self.meta.dataset} --mix "
+                          f"{self.meta.mix_name} --out {self.uri}` makes it again",
+                          file=sys.stderr)
+        return self._held
+
+    def _compact_ivf(self) -> HeldIvf:
+        """A compact index's IVF, with its vectors read from the dataset (on first use);
+        it has no other way to search, so what stops it is an error naming the fix."""
+        if self._held is None:
+            from pipeline.lookup.index.vectors import vectors_from_dataset
+
+            held, rebuild = self.meta.held, (
+                f"`elmo index build {self.meta.dataset} --mix {self.meta.mix_name} --out "
+                f"{self.uri}` makes it again")
+            if held is None or not current(held, self.table.version):
+                raise ElmoUserError(f"{self.uri}: the compact index's IVF is missing or older "
+                                    f"than its table (a build stopped half way); {rebuild}")
+            fs, root = open_fs(self.uri, self.storage_options)
+            vectors_of = vectors_from_dataset(self.meta, self.uri, self.storage_options)
+            try:
+                self._held = HeldIvf.load(fs, f"{root}/{HELD_DIR}/{held['folder']}",
+                                          held["nprobe"], vectors_of)
+            except (OSError, RuntimeError, ValueError) as error:
+                raise ElmoUserError(f"{self.uri}: the compact index's IVF is unreadable "
+                                    f"({error}); {rebuild}") from error
+        return self._held
+
+    def _compact_positions(self, where: str) -> np.ndarray:
+        """Positions in the compact IVF of the rows that pass ``where``."""
+        # One small column: an empty selection would read them all.
+        rows = (self.table.search().where(where).select(["shard"]).with_row_id(True)
+                .limit(max(1, self.meta.rows)).to_arrow())
+        return self._compact_ivf().positions_of(rows.column("_rowid").to_numpy())
+
+    def stored(self, columns: Sequence[str]) -> list[str]:
+        """``columns`` the token rows hold (``sentence`` comes from the sentences table)."""
+        if self.sentences is None or "sentence" not in columns:
+            return list(columns)
+        # The sentence's key, to fetch its text by.
+        return [c for c in columns if c != "sentence"] + \
+            [c for c in SENTENCE_KEY if c not in columns]
+
+    def completed(self, columns: Sequence[str]) -> Any:
+        """What turns rows of ``stored(columns)`` into rows of ``columns`` (None: nothing)."""
+        if self.sentences is None or "sentence" not in columns:
+            return None
+        held, sentences = self._held_texts, self.sentences
+        added = [c for c in SENTENCE_KEY if c not in columns]  # by ``stored``, for the text
+
+        def complete(rows: pa.Table) -> pa.Table:
+            rows = with_held_sentences(held, rows) if held is not None \
+                else with_sentences(sentences, rows)
+            return rows.drop_columns(added)
+
+        return complete
+
+    def hold_sentences(self, max_rows: int = HELD_SENTENCES_MAX) -> bool:
+        """Read every sentence text into memory now, if there are at most ``max_rows``,
+        so that each later result takes its texts from there instead of a read (a server
+        answering many queries); whether they are held."""
+        if self.sentences is not None and self._held_texts is None \
+                and self.sentences.count_rows() <= max_rows:
+            self._held_texts = read_all_texts(self.sentences)
+        return self._held_texts is not None
+
+    def require_indexed(self, words: Sequence[str], column: str) -> None:
+        """A word this index does not hold (it selected others) is a user error."""
+        selection = self.selection
+        if selection.everything or self.word_rows(words, column) > 0:
+            return
+        raise ElmoUserError(
+            f"{' / '.join(words)} is not in this index: it holds {selection.describe()}; "
+            f"rebuild it with the word (`elmo index build {self.meta.dataset} --mix "
+            f"{self.meta.mix_name} --out {self.uri} --rebuild --words ...`)")
+
+    @property
+    def has_stems(self) -> bool:
+        return self.meta.stemmer == STEMMER
+
+    def dataset_descriptor(self) -> DatasetDescriptor:
+        """The descriptor of the dataset the index was built from (a query is embedded with
+        its model and tokenizer), or an error naming the index and the fix."""
+        try:
+            return read_dataset_descriptor(self.meta.dataset, self.storage_options)
+        except (ElmoUserError, OSError) as error:
+            raise ElmoUserError(f"{self.uri} was built from {self.meta.dataset}, which is not "
+                                f"readable now ({error}); "
+                                f"{moved_dataset_fix(self.meta.mix_name, self.uri)}"
+                                ) from error
+
+    def require_stems(self) -> None:
+        if not self.has_stems:
+            raise ElmoUserError(
+                f"{self.uri} was built before word forms were indexed; rebuild it with "
+                f"`elmo index build {self.meta.dataset} --mix {self.meta.mix_name} --out "
+                f"{self.uri} --rebuild`, or search the exact word (--same-form)")
+
+    def _word_counts(self) -> pa.Table | None:
+        """The counts file the build writes (None: this index predates it or is stale)."""
+        if not self._counts_read:
+            self._counts_read = True
+            if self.meta.counted_rows == self.meta.rows > 0:
+                import pyarrow.parquet as pq
+
+                fs, root = open_fs(self.uri, self.storage_options)
+                try:
+                    with fs.open(f"{root}/{WORD_COUNTS}", "rb") as handle:
+                        self._counts = pq.read_table(handle)
+                except FileNotFoundError:
+                    self._counts = None
+        return self._counts
+
+    def word_rows(self, words: Sequence[str], column: str = "token_lower") -> int:
+        """Rows that ``token_filter(words, column)`` keeps: ``token_lower`` (the words in
+        any case) or ``token_stem`` (the words and their forms). From the counts file the
+        build writes; a count query on the table for an index built before it existed."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if column not in ("token_lower", "token_stem"):
+            raise ValueError(f"word_rows counts token_lower or token_stem, not {column!r}")
+        counts = self._word_counts()
+        if counts is None or column not in counts.column_names:
+            return self.table.count_rows(token_filter(words, column))
+        wanted = pa.array(column_words(words, column), pa.string())
+        hits = pc.is_in(counts.column(column), value_set=wanted)
+        return int(pc.sum(counts.column("rows").filter(hits)).as_py() or 0)
+
+    @property
+    def mix(self) -> Mix:
+        return self.meta.the_mix()
+
+    def documents(self) -> DocumentTable:
+        """The dataset's documents and their fields (read on first use, then kept)."""
+        if self._documents is None:
+            try:
+                self._documents = DocumentTable(open_dataset(self.meta.dataset,
+                                                             self.storage_options))
+            except (ElmoUserError, OSError) as error:
+                # Clusters need only the index: without its dataset they show no fields.
+                self._documents = DocumentTable(None, f"the index's dataset is not readable "
+                                                      f"({error})")
+        return self._documents
+
+    def indexed_fields(self) -> dict[str, str]:
+        """Document fields this index's rows hold (name -> kind), filtered by LanceDB."""
+        if self.meta.doc_fields is None:  # built before document fields were stored
+            return {"doc_id": "string"}
+        return {**dict.fromkeys(INDEX_FIELDS, "string"), **self.meta.doc_fields}
+
+    def fields_where(self, filters: Sequence[FieldFilter]) -> str | None:
+        """A Lance predicate for document-field ``filters``: on the index's own columns
+        where it has the field, else ``doc_id IN`` the documents that pass."""
+        indexed = self.indexed_fields()
+        clauses, joined = [], []
+        for condition in filters:
+            kind = indexed.get(condition.field) or self.documents().check(condition.field)
+            typed = condition.typed(kind)
+            # "contains" reads a number as its digits: that comparison runs on the join.
+            if condition.field in indexed and (condition.op != "~" or kind == "string"):
+                clauses.append(typed.lance(field_column(condition.field)))
+            else:
+                joined.append(typed)
+        if joined:
+            ids = self.documents().doc_ids_where(joined)
+            if len(ids) > MAX_JOIN_IDS:
+                raise ElmoUserError(
+                    f"{len(ids)} documents pass {' '.join(f.describe() for f in joined)}, too "
+                    f"many to filter on a join; rebuild the index (`elmo index build "
+                    f"{self.meta.dataset} --out {self.uri} --rebuild`) so that it holds "
+                    "these fields, or narrow the filter")
+            clauses.append(f"doc_id IN ({', '.join(quote(i) for i in ids)})" if ids
+                           else "false")
+        return " AND ".join(f"({c})" for c in clauses) if clauses else None
+
+    def search(self, vector: np.ndarray, k: int = 10, words: Sequence[str] | None = None,
+               exact: bool = False, columns: Sequence[str] = RESULT_COLUMNS,
+               forms: bool = False, where: str | None = None) -> pa.Table:
+        """Nearest tokens by cosine; ``words``: only tokens whose lowercase form is one of
+        them, or with ``forms`` any form of them (same stem: plays, played, playing);
+        ``where``: a further Lance predicate (``fields_where``), also a prefilter.
+        Returns the columns plus ``_distance`` (cosine distance), nearest first."""
+        import numpy as np
+
+        vector = np.asarray(vector, np.float32).reshape(1, -1)
+        return self.vector_query(vector, k, words, exact, columns, forms, where).to_arrow()
+
+    def vector_query(self, vectors: np.ndarray, k: int = 10,
+                     words: Sequence[str] | None = None, exact: bool = False,
+                     columns: Sequence[str] = RESULT_COLUMNS, forms: bool = False,
+                     where: str | None = None) -> VectorSearch | HeldSearch:
+        """The search ``search`` runs, for ``[n, dim]`` query vectors (``to_arrow`` runs
+        it): with more than one, they are answered in one call with a ``query_index``
+        column. Without a prefilter it goes to the in-memory IVF when the index has one
+        (``held_ivf``), else to LanceDB."""
+        import numpy as np
+
+        if forms and words:
+            self.require_stems()
+        column = "token_stem" if forms else "token_lower"
+        if k < 1:
+            raise ElmoUserError("-k must be at least 1")
+        vectors = np.asarray(vectors, np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self.meta.dim:
+            raise ElmoUserError(f"query vector has {vectors.shape[-1]} values, index has "
+                                f"{self.meta.dim}")
+        if words:
+            self.require_indexed(words, column)
+        word_where = token_filter(words, column) if words else None
+        if self.meta.compact:
+            where = " AND ".join(f"({w})" for w in (word_where, where) if w) or None
+            among = None if where is None else self._compact_positions(where)
+            return HeldSearch(self._compact_ivf(), vectors, k, tuple(self.stored(columns)),
+                              self.completed(columns), among=among, exact=exact)
+        if where is not None:
+            # Rows the whole filter leaves (a count query: the word counts do not know it).
+            where = f"({word_where}) AND ({where})" if word_where else where
+            small = self.table.count_rows(where) * self.meta.dim <= EXACT_FILTER_VALUES
+        else:
+            where = word_where
+            small = where is not None and self.word_rows(words, column) * self.meta.dim \
+                <= EXACT_FILTER_VALUES
+        graph = not (exact or self.meta.built != "hnsw" or small)
+        stored = tuple(self.stored(columns))
+        if graph and where is None and self.use_held:
+            held = self.held_ivf()
+            if held is not None and held.holds(stored):
+                return HeldSearch(held, vectors, k, stored, self.completed(columns))
+        return VectorSearch(self.table, vectors, k, stored, where,
+                            self.meta.search if graph else None, self.completed(columns))
+
+    def occurrences(self, words: Sequence[str], columns: Sequence[str] = RESULT_COLUMNS,
+                    limit: int = 100_000, where: str | None = None,
+                    column: str = "token_lower") -> pa.Table:
+        """Every row whose ``column`` (the lowercase token, or ``token_stem`` for any of a
+        word's forms) is one of ``words``, with vectors, and that passes ``where`` (a
+        Lance predicate, ``fields_where``) if given."""
+        self.require_indexed(words, column)
+        words_where = token_filter(words, column)
+        where = words_where if where is None else f"({words_where}) AND ({where})"
+        if self.meta.compact:
+            found = self._compact_occurrences(where, self.stored(columns), limit)
+        else:
+            found = (self.table.search().where(where).select([*self.stored(columns), "vector"])
+                     .limit(limit).to_arrow())
+        complete = self.completed(columns)
+        return found if complete is None else complete(found)
+
+    def _compact_occurrences(self, where: str, columns: Sequence[str], limit: int
+                             ) -> pa.Table:
+        """``occurrences`` of a compact index: the rows from LanceDB, their vectors from
+        the IVF's (the dataset's), as a ``vector`` column of the dataset's dtype."""
+        import pyarrow as pa
+
+        rows = (self.table.search().where(where).select(list(columns)).with_row_id(True)
+                .limit(limit).to_arrow())
+        held = self._compact_ivf()
+        vectors = held.vectors[held.positions_of(rows.column("_rowid").to_numpy())]
+        return rows.drop_columns(["_rowid"]).append_column(
+            "vector", pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)),
+                                                        held.dim))

@@ -1,0 +1,1 @@
+"""Senses: a word's occurrences in context, searched, clustered, counted and drawn."""

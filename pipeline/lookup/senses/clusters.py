@@ -1,0 +1,291 @@
+"""Sense clusters: every distinct context of a word, grouped by k-means.
+
+    result = cluster_senses("data/ds-top.lance", ["union"], k="auto")
+
+Clustering runs scikit-learn's k-means on the unit (cosine-geometry) vectors of every
+distinct context of the words; ``k="auto"`` picks the k in 2..8 with the best silhouette.
+k-means was chosen over HDBSCAN by measuring both on the sample corpus (docs/senses.md).
+
+Before clustering, the vectors of each written form are centred on their word's
+(``centre="case"``, the default): *Union*, *UNION* and *union* are moved to the mean of
+all three, so that what capitals alone explain (a sentence start, a title, a proper name
+being capitalised) no longer splits the clusters, while *unions* keeps its own mean.
+Measured on the State of the Union addresses, raw vectors split *union*, *bank* and
+*state* by capitals (adjusted Rand index 0.97-0.99 with the case pattern), centred ones
+did not (docs/senses.md). ``centre="forms"`` centres every written form on the word's
+mean (plural too), ``centre="none"`` clusters the vectors as they are.
+
+Each cluster is named by its most typical context words (words near the target that are
+more frequent in it than in the other clusters) and its example nearest the centre;
+``pipeline.lookup.senses.maps`` draws the result, ``pipeline.lookup.senses.tables`` counts
+it by a document field and exports it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from elmo_model.errors import ElmoUserError
+from pipeline.lookup.doc_fields import Filters, as_filters
+from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex, stem_words
+from pipeline.lookup.layers.tokens import matrix
+from pipeline.lookup.senses.hits import Hit, distinct_contexts, hits_from_table
+
+MAX_CONTEXTS = 5_000  # clustered (and drawn) per word at most; more are sampled
+CENTRINGS = ("case", "forms", "none")
+# A written form is centred only with this many distinct contexts: the mean of fewer is
+# mostly their own meaning, which centring would erase.
+MIN_FORM_CONTEXTS = 3
+
+# Context words: letters with inner apostrophes (the same regardless of tokenizer).
+WORD_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
+CONTEXT_WINDOW = 6  # words either side of the occurrence
+SENTENCE_ENDS = set(".!?;:")
+# A content word names a cluster only if this share of its occurrences (and 2) have it:
+# rarer ones are chance co-occurrences (measured on the sample: "chosen" for "the play").
+MIN_WORD_SHARE = 0.05
+
+
+def context_features(hit: Hit, window: int = CONTEXT_WINDOW) -> tuple[set[str], set[str]]:
+    """``(phrases, words)`` around the occurrence: the word with the word touching it on
+    each side (``the play``, ``play at``; ``(start) play`` first in a sentence; stop words
+    kept, they tell a noun from a verb), and the lowercase content words within
+    ``window`` words (stop words, one letter left out)."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    s = hit.sentence
+    found = list(WORD_RE.finditer(s))
+    before = [m for m in found if m.end() <= hit.start]
+    after = [m for m in found if m.start() >= hit.end]
+    word = s[hit.start:hit.end].lower()
+    phrases = set()
+    gap = s[before[-1].end():hit.start] if before else s[:hit.start]
+    if before and not gap.strip():
+        phrases.add(f"{before[-1].group().lower()} {word}")
+    elif not before or gap.strip()[-1:] in SENTENCE_ENDS:  # "Play, sirs." / "No. Play on"
+        phrases.add(f"(start) {word}")
+    if after and not s[hit.end:after[0].start()].strip():
+        phrases.add(f"{word} {after[0].group().lower()}")
+    nearby = [m.group().lower() for m in before[-window:] + after[:window]]
+    words = {w for w in nearby if len(w) > 1 and w not in ENGLISH_STOP_WORDS}
+    return phrases, words
+
+
+def typical(features: Sequence[set[str]], labels: np.ndarray, label: int, least: int,
+            n: int = 3) -> list[str]:
+    """The ``n`` features most typical of cluster ``label``: highest share of its
+    occurrences minus their share of the other clusters' (at least ``least`` of its own)."""
+    inside = np.flatnonzero(labels == label)
+    outside = np.flatnonzero(labels != label)
+    count_in = Counter(f for i in inside for f in features[i])
+    count_out = Counter(f for i in outside for f in features[i])
+    scores = {f: c / len(inside) - (count_out[f] / len(outside) if len(outside) else 0.0)
+              for f, c in count_in.items() if c >= least}
+    return sorted((f for f in scores if scores[f] > 0 or not len(outside)),
+                  key=lambda f: (-scores[f], -count_in[f], f))[:n]
+
+
+@dataclass
+class SenseCluster:
+    label: int
+    size: int
+    examples: list[Hit] = field(default_factory=list)  # nearest the centre first
+    phrases: list[str] = field(default_factory=list)  # most typical neighbour phrases
+    keywords: list[str] = field(default_factory=list)  # most typical content words
+
+    def name(self) -> str:
+        """``sense 2 (100): "to play", "play the"; prostitute``."""
+        parts = [", ".join(f'"{p}"' for p in self.phrases), ", ".join(self.keywords)]
+        typical_text = "; ".join(p for p in parts if p) or "no typical context words"
+        return f"sense {self.label + 1} ({self.size}): {typical_text}"
+
+
+@dataclass
+class ClusterResult:
+    words: list[str]
+    k: int
+    silhouettes: dict[int, float]  # k -> mean silhouette, for every k tried
+    clusters: list[SenseCluster]  # largest first; cluster i has label i
+    labels: np.ndarray  # cluster of each point
+    points: np.ndarray  # [n, 2] PCA projection of the unit vectors, for plotting
+    occurrences: list[Hit]  # the occurrence of each point (one per distinct context)
+    explained: tuple[float, float]  # variance share of the two plotted components
+    mix: str = ""
+    auto: bool = False  # k chosen by silhouette
+    n_rows: int = 0  # occurrences in the index, repeated contexts included
+    n_distinct: int = 0  # distinct contexts among them (more than clustered if sampled)
+    centre: str = "case"  # how written forms were centred (CENTRINGS)
+    filters: list[str] = field(default_factory=list)  # document-field filters, as given
+    # Every occurrence (repeated contexts and any left out of a sample too) and its
+    # cluster: the nearest centre, which for a clustered point is its own cluster.
+    all_occurrences: list[Hit] = field(default_factory=list)
+    all_labels: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def silhouette(self) -> float | None:
+        return self.silhouettes.get(self.k)
+
+
+def _kmeans(x: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.cluster import KMeans
+
+    model = KMeans(n_clusters=k, n_init=4, random_state=seed).fit(x)
+    return model.labels_.astype(np.int64), model.cluster_centers_
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def form_offsets(x: np.ndarray, tokens: Sequence[str], centre: str = "case"
+                 ) -> dict[str, np.ndarray]:
+    """What to subtract from each written form's unit vectors ``x``: its mean minus its
+    word's mean (``case``: the forms of one lowercase word) or all forms' mean
+    (``forms``). Forms with fewer than ``MIN_FORM_CONTEXTS`` contexts are left as they are."""
+    if centre not in CENTRINGS:
+        raise ElmoUserError(f"centre must be one of {', '.join(CENTRINGS)}, not {centre!r}")
+    if centre == "none":
+        return {}
+    forms = np.array(tokens, dtype=object)
+    groups = np.array([t.lower() for t in tokens], dtype=object) if centre == "case" \
+        else np.zeros(len(tokens), dtype=object)
+    offsets = {}
+    for form in set(tokens):
+        rows = forms == form
+        if rows.sum() >= MIN_FORM_CONTEXTS:
+            word = groups == groups[np.flatnonzero(rows)[0]]
+            offsets[form] = x[rows].mean(0) - x[word].mean(0)
+    return offsets
+
+
+def centred(x: np.ndarray, tokens: Sequence[str], offsets: dict[str, np.ndarray]
+            ) -> np.ndarray:
+    """Unit vectors ``x`` with their form's offset taken away, unit length again."""
+    if not offsets:
+        return x
+    shift = np.stack([offsets.get(t, np.zeros(x.shape[1], x.dtype)) for t in tokens])
+    return _unit(x - shift)
+
+
+def _choose_k(x: np.ndarray, k: int | str, max_k: int, seed: int, sample: int
+              ) -> tuple[int, dict[int, float]]:
+    from sklearn.metrics import silhouette_score
+
+    n = len(x)
+    scores: dict[int, float] = {}
+    if k != "auto":
+        chosen = int(k)
+        if not 1 <= chosen <= n:
+            raise ElmoUserError(f"--k must be between 1 and the {n} distinct contexts")
+        return chosen, scores
+    for kk in range(2, min(max_k, n - 1) + 1):
+        labels, _ = _kmeans(x, kk, seed)
+        if len(set(labels.tolist())) > 1:
+            # Sampled: silhouette costs O(n^2).
+            scores[kk] = float(silhouette_score(x, labels, sample_size=min(n, sample),
+                                                random_state=seed))
+    return (max(scores, key=lambda kk: scores[kk]) if scores else 1), scores
+
+
+def _name_clusters(occurrences: list[Hit], labels: np.ndarray, k: int, words: Sequence[str],
+                   examples: int) -> list[SenseCluster]:
+    features = [context_features(h) for h in occurrences]
+    phrases = [f[0] for f in features]
+    # Other forms of the words are no news about which sense a cluster is.
+    stems = set(stem_words(words))
+    content = [{w for w in f[1] if stem_words([w])[0] not in stems} for f in features]
+    clusters = []
+    for label in range(k):
+        members = np.flatnonzero(labels == label)
+        near = members[np.argsort([-occurrences[i].similarity for i in members], kind="stable")]
+        least = max(2, round(MIN_WORD_SHARE * len(members)))
+        clusters.append(SenseCluster(
+            label, len(members), [occurrences[i] for i in near[:examples]],
+            typical(phrases, labels, label, least=2, n=2),
+            typical(content, labels, label, least=least, n=3)))
+    return clusters
+
+
+def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str = "auto",
+                   examples: int = 3, max_k: int = 8, seed: int = 0, sample: int = 2000,
+                   max_contexts: int = MAX_CONTEXTS, *, filters: Filters = None,
+                   centre: str = "case") -> ClusterResult:
+    """Cluster the distinct contexts of ``words`` (lowercase match) into senses: all of
+    them up to ``max_contexts``, else that many drawn at random (``seed``); the
+    silhouette is estimated on ``sample`` of them. ``filters``: only occurrences in
+    documents whose fields pass (``doc_fields.as_filters``); ``centre``: how written
+    forms are centred first (``CENTRINGS``, see the module's docstring)."""
+    from sklearn.decomposition import PCA
+    from sklearn.metrics import silhouette_score
+
+    if not words:
+        raise ElmoUserError("name at least one word to cluster")
+    if examples < 0 or max_k < 2:
+        raise ElmoUserError("--examples must be at least 0 and max_k at least 2")
+    if centre not in CENTRINGS:
+        raise ElmoUserError(f"centre must be one of {', '.join(CENTRINGS)}, not {centre!r}")
+    ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
+    conditions = as_filters(filters)
+    table = ix.occurrences(words, columns=RESULT_COLUMNS,
+                           where=ix.fields_where(conditions) if conditions else None)
+    n_rows = table.num_rows
+    rows = hits_from_table(table.drop_columns(["vector"]).append_column(
+        "_distance", _zeros(n_rows)), ix.documents())
+    keep = distinct_contexts(rows)
+    n_distinct = len(keep)
+    if n_distinct > max_contexts:
+        # A map of more dots than this is unreadable, and its HTML tens of megabytes.
+        pick = np.random.default_rng(seed).choice(n_distinct, max_contexts, replace=False)
+        keep = [keep[i] for i in np.sort(pick)]
+    n = len(keep)
+    if n < 2:
+        shown = f" in documents with {' '.join(c.describe() for c in conditions)}" \
+            if conditions else " in the index"
+        raise ElmoUserError(f"{' / '.join(words)}: {n} distinct context(s){shown}; "
+                            "need at least 2 to cluster")
+    every = _unit(matrix(table.column("vector")).astype(np.float32))  # cosine geometry
+    tokens = [h.token for h in rows]
+    offsets = form_offsets(every[keep], [tokens[i] for i in keep], centre)
+    every = centred(every, tokens, offsets)
+    x = every[keep]
+    chosen, scores = _choose_k(x, k, max_k, seed, sample)
+    labels, centres = _kmeans(x, chosen, seed)
+    if chosen not in scores and 1 < len(set(labels.tolist())) < n:
+        scores[chosen] = float(silhouette_score(x, labels, sample_size=min(n, sample),
+                                                random_state=seed))
+    # Largest cluster first, labelled 0..k-1.
+    order = np.argsort(-np.bincount(labels, minlength=chosen), kind="stable")
+    centres = centres[order]
+    relabel = np.empty(chosen, np.int64)
+    relabel[order] = np.arange(chosen)
+    labels = relabel[labels]
+    # Every occurrence to its nearest centre (k-means' own rule, so clustered points keep
+    # their cluster); repeated and unsampled contexts get one too.
+    all_labels = np.argmin((centres ** 2).sum(1)[None, :] - 2 * every @ centres.T, axis=1)
+    all_labels[keep] = labels
+    unit_centres = _unit(centres)
+    occurrences = [rows[i] for i in keep]
+    for hit, sim in zip(occurrences, (x * unit_centres[labels]).sum(1), strict=True):
+        hit.similarity = float(sim)  # to its cluster's centre
+    clusters = _name_clusters(occurrences, labels, chosen, words, examples)
+    pca = PCA(n_components=min(2, n, x.shape[1]), random_state=seed).fit(x)
+    points = pca.transform(x)
+    explained = [float(v) for v in pca.explained_variance_ratio_]
+    if points.shape[1] < 2:
+        points, explained = np.c_[points, np.zeros(n)], [*explained, 0.0]
+    return ClusterResult(list(words), chosen, scores, clusters, labels, points, occurrences,
+                         (explained[0], explained[1]), ix.meta.mix_name, k == "auto",
+                         n_rows, n_distinct, centre, [c.describe() for c in conditions],
+                         rows, all_labels.astype(np.int64))
+
+
+def _zeros(n: int) -> Any:
+    import pyarrow as pa
+
+    return pa.array(np.zeros(n), pa.float64())

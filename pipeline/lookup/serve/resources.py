@@ -1,0 +1,164 @@
+"""What the server holds open for its lifetime: the dataset, its model, its indexes, its
+documents' fields and a guarded SQL connection; and the reads the routes make of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from elmo_model.errors import ElmoUserError
+from pipeline.lookup.doc_fields import read_documents
+from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex, token_filter
+from pipeline.lookup.layers.mixes import mix_arrays
+from pipeline.lookup.senses.search import Hit, dataset_tokenizer, hits_from_table, model_files_for
+from pipeline.lookup.serve.limits import SQL_TIMEOUT_S
+from pipeline.lookup.serve.sql_guard import GuardedSql
+from schemas.dataset import Dataset, open_dataset
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from pipeline.tokenize import Tokenizer
+
+DOCUMENT_COLUMNS = ("source", "line")  # every document has these; metadata adds its keys
+
+
+def index_name(spec: str) -> tuple[str, str]:
+    """``NAME=URI`` or ``URI`` (named by its last path part without ``.lance``)."""
+    name, sep, uri = spec.partition("=")
+    if not sep or "/" in name or not name:
+        uri = spec
+        name = Path(spec.rstrip("/")).name.removesuffix(".lance") or "index"
+    return name, uri
+
+
+@dataclass
+class ServedStore:
+    dataset_uri: str
+    ds: Dataset
+    tokenizer: Tokenizer
+    embedder: Any
+    indexes: dict[str, SenseIndex]
+    sql: GuardedSql
+    documents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    model_options: str = ""
+
+    @classmethod
+    def open(cls, dataset: str, index_specs: list[str], model_dir: str | None = None,
+             sql_timeout_s: float = SQL_TIMEOUT_S) -> ServedStore:
+        import elmo_model
+
+        ds = open_dataset(dataset)
+        indexes: dict[str, SenseIndex] = {}
+        for spec in index_specs:
+            name, uri = index_name(spec)
+            if name in indexes:
+                raise ElmoUserError(f"two indexes are named {name!r}; name them: "
+                                    "--index NAME=URI")
+            ix = SenseIndex(uri)
+            if ix.meta.model_fingerprint != ds.descriptor.model_fingerprint:
+                raise ElmoUserError(f"{uri} indexes a dataset of another model than "
+                                    f"{dataset}; serve it with its own dataset")
+            ix.hold_sentences()  # results then take their sentence texts from memory
+            ix.held_ivf()  # loaded now, not on the first search without a word
+            indexes[name] = ix
+        options, weights = model_files_for(ds.descriptor, model_dir)
+        embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
+        store = cls(dataset, ds, dataset_tokenizer(ds.descriptor), embedder, indexes,
+                    GuardedSql(ds, sql_timeout_s), model_options=str(options))
+        store.documents = store._read_documents()
+        return store
+
+    def _read_documents(self) -> dict[str, dict[str, Any]]:
+        """doc_id -> its fields (source, line, metadata), read as the sense index reads
+        them (``doc_fields.read_documents``)."""
+        out: dict[str, dict[str, Any]] = {}
+        for path in self.ds.paths("documents"):
+            ids, fields = read_documents(self.ds, path)
+            out.update(zip(ids, fields, strict=True))
+        return out
+
+    def index(self, name: str | None) -> tuple[str, SenseIndex]:
+        if not self.indexes:
+            raise LookupError("this server has no sense index; start it with --index URI")
+        if name is None:
+            name = next(iter(self.indexes))
+        if name not in self.indexes:
+            raise LookupError(f"no index {name!r} here (indexes: {', '.join(self.indexes)})")
+        return name, self.indexes[name]
+
+    def document_fields(self) -> list[str]:
+        names = dict.fromkeys(DOCUMENT_COLUMNS)
+        for fields in self.documents.values():
+            names.update(dict.fromkeys(fields))
+        return list(names)
+
+    def tokens(self, sentence: str) -> list[str]:
+        tokens = [t.text for s in self.tokenizer.split_sentences(sentence) for t in s.tokens]
+        if not tokens:
+            raise ElmoUserError("the sentence has no tokens")
+        return tokens
+
+    def info(self) -> dict[str, Any]:
+        d = self.ds.descriptor
+        counts = self.sql.execute(
+            "SELECT (SELECT count(*) FROM documents), (SELECT count(*) FROM sentences), "
+            "(SELECT count(*) FROM tokens)", {})[0]
+        return {
+            "dataset": {
+                "uri": self.dataset_uri, "dtype": d.dtype, "dim": d.dim,
+                "layers": d.n_output_layers, "model": self.model_options,
+                "model_fingerprint": d.model_fingerprint, "tokenizer": d.tokenizer,
+                "rows": dict(zip(("documents", "sentences", "tokens"), counts, strict=True)),
+                "mixes": ["top", "average", *self.ds.mixes()],
+                "document_fields": self.document_fields(),
+            },
+            "indexes": [{"name": name, "uri": ix.uri, "mix": ix.meta.mix_name,
+                         "mix_weights": ix.mix.weights, "rows": ix.meta.rows,
+                         "words": _vocabulary_size(ix), "vector_index": ix.meta.built,
+                         # What answers searches without a word (None: LanceDB).
+                         "in_memory_ivf": ix.meta.held if ix.held_ivf() is not None else None}
+                        for name, ix in self.indexes.items()],
+        }
+
+    def mixed(self, layers: list[np.ndarray], mix: str | None) -> list[np.ndarray]:
+        """Each sentence's ``[L+1, n, dim]`` layers, or its ``[n, dim]`` mix."""
+        if mix is None:
+            return layers
+        the_mix = self.ds.mix(mix)
+        return [mix_arrays(list(x), the_mix) for x in layers]
+
+    def occurrences(self, index: SenseIndex, word: str, limit: int, offset: int
+                    ) -> tuple[int, list[Hit]]:
+        import pyarrow as pa
+
+        index.require_indexed([word], "token_lower")
+        total = index.word_rows([word])
+        table = (index.table.search().where(token_filter([word]))
+                 .select(index.stored(RESULT_COLUMNS)).offset(offset).limit(limit).to_arrow())
+        complete = index.completed(RESULT_COLUMNS)  # the sentence text, by key
+        table = table if complete is None else complete(table)
+        table = table.append_column("_distance", pa.array([1.0] * table.num_rows))
+        hits = hits_from_table(table)
+        for rank, hit in enumerate(hits, offset + 1):
+            hit.rank, hit.similarity = rank, 0.0
+        return total, hits
+
+    def context(self, doc_id: str, sent_idx: int, context: int) -> list[dict[str, Any]]:
+        rows = self.sql.execute(
+            "SELECT sent_idx, text FROM sentences WHERE doc_id = $doc AND sent_idx BETWEEN "
+            "$lo AND $hi ORDER BY sent_idx",
+            {"doc": doc_id, "lo": sent_idx - context, "hi": sent_idx + context})
+        return [{"sent_idx": s, "text": t} for s, t in rows]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as JSON writes it, and a filter box types it
+    return "" if value is None else str(value)
+
+
+def _vocabulary_size(ix: SenseIndex) -> int | None:
+    counts = ix._word_counts()
+    return None if counts is None else counts.num_rows

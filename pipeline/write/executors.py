@@ -1,0 +1,377 @@
+"""Stage 3: where items run. Both executors take items from the plan lazily and yield
+``(item, CommitRecord)`` pairs as items finish, in any order; the driver commits them.
+
+- ``LocalExecutor``: the item worker in this process (laptops), two items at a time.
+- ``RayExecutor``: a pool of Ray actors, each holding the model and running two items
+  at a time (the model under a lock, so one item's read/tokenize/write overlaps the
+  other's model time). At most ``IN_FLIGHT_PER_ACTOR`` items per actor are submitted:
+  the driver never holds more than that many items, whatever the corpus size. A dead
+  actor (killed process, removed node) is restarted by Ray, on another node if need be;
+  its items run again elsewhere, and since a worker only writes to a private staging
+  prefix, an attempt that never reported back is never committed.
+
+Progress: while items run, both executors pass ``on_progress`` the stored tokens done so
+far of each running item (``ItemProgress``, updated per model unit), every
+``PROGRESS_POLL_S`` at most, so the driver's bar moves before the first item commits.
+
+Before any work ``RayExecutor.start`` checks that the cluster can hold the requested
+actors at all (one line naming what is missing and what to pass instead) and that
+every actor can load the model, so a bad request fails in seconds, before the output
+is touched.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import ctypes
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from elmo_model.errors import ElmoUserError
+from pipeline.write.config import EmbedConfig
+from pipeline.write.plan import WorkItem
+from pipeline.write.ray_setup import actors_that_fit, choose_executor, connect_ray, gpus_per_actor
+from pipeline.write.work_item import CommitRecord, ItemSettings, ItemWorker
+
+IN_FLIGHT_PER_ACTOR = 2
+MAX_ATTEMPTS = 4  # an item that kills its worker this often stops the run
+READY_GRACE_S = 300.0  # for an actor to start and load its model once placed
+POLL_S = 1.0
+PROGRESS_POLL_S = 0.5  # how often the driver asks workers how far their items are
+
+# glibc serves allocations from this size up with their own mmap, returned whole when
+# freed. Left alone it raises the threshold (up to 32 MiB) each time such a block is
+# freed, after which an item's multi-MB buffers (Arrow columns, numpy and torch arrays)
+# come from the heap and fragment it: a worker's peak then climbed with every new kind
+# of text it met (BENCHMARKS.md, pipeline section). Fixed at 1 MiB rather than glibc's
+# starting 128 KiB: the model's per-chunk and per-step temporaries (char CNN conv outputs,
+# a time step's gates) are mostly below it and are reused from the heap instead of being
+# fresh zeroed pages on every call; half the page faults, the same flat peak from 3M to
+# 42M tokens (BENCHMARKS.md, "The mmap threshold at 1 MiB").
+MMAP_THRESHOLD_BYTES = 1 << 20
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+# Item index -> stored tokens done so far, for the items a worker is running.
+ProgressCallback = Callable[[dict[int, int]], None]
+
+
+def fix_mmap_threshold() -> bool:
+    """Keep this process's large allocations on their own mmap (see
+    ``MMAP_THRESHOLD_BYTES``); False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+class LocalExecutor:
+    """The item worker in this process, ``in_flight`` items at a time on threads: the
+    model runs under the worker's lock, so one item's reading, tokenizing and writing
+    overlap the other's model time (torch releases the GIL in its kernels)."""
+
+    name = "local"
+
+    def __init__(self, settings: ItemSettings, in_flight: int = IN_FLIGHT_PER_ACTOR) -> None:
+        self.worker = ItemWorker(settings)
+        self.in_flight = in_flight
+
+    def start(self) -> None:
+        fix_mmap_threshold()
+        self.worker.load()
+
+    def run(self, items: Iterator[WorkItem], on_progress: ProgressCallback | None = None
+            ) -> Iterator[tuple[WorkItem, CommitRecord]]:
+        with concurrent.futures.ThreadPoolExecutor(self.in_flight) as pool:
+            running: collections.deque = collections.deque()
+            for item in items:
+                running.append((item, pool.submit(self.worker.process, item)))
+                if len(running) >= self.in_flight:
+                    done, future = running.popleft()
+                    yield done, self._result(future, on_progress)
+            while running:
+                done, future = running.popleft()
+                yield done, self._result(future, on_progress)
+
+    def _result(self, future: concurrent.futures.Future, on_progress: ProgressCallback | None
+                ) -> CommitRecord:
+        """The item's record, reporting the running items' progress while it is made."""
+        if on_progress is not None:
+            while not concurrent.futures.wait([future], timeout=PROGRESS_POLL_S).done:
+                on_progress(self.worker.progress.snapshot())
+        return future.result()
+
+    def close(self) -> None:
+        self.worker = None  # type: ignore[assignment]
+
+
+class ItemActor:
+    """A Ray actor around one ``ItemWorker``, created with a thread per item in flight and
+    one more, so ``progress`` answers while items run."""
+
+    def __init__(self, settings: ItemSettings, threads: int) -> None:
+        fix_mmap_threshold()
+        import ray
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        self.worker = ItemWorker(settings)
+        self.worker.node_id = ray.get_runtime_context().get_node_id()
+
+    def ready(self) -> str | None:
+        """None once the model is loaded; else the reason it cannot be, in one line."""
+        try:
+            self.worker.load()
+        except ElmoUserError as error:
+            return str(error)
+        except Exception as error:  # e.g. a torch error on a broken device
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    def process(self, item: WorkItem) -> CommitRecord:
+        return self.worker.process(item)
+
+    def progress(self) -> dict[int, int]:
+        """Stored tokens done so far of the items running here (answers while they run:
+        the actor has a thread beyond its items' for this)."""
+        return self.worker.progress.snapshot()
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, cfg: EmbedConfig, settings: ItemSettings) -> None:
+        self.cfg, self.settings = cfg, settings
+        self.actors: list[Any] = []
+        self.started_ray = False
+        self.cpus = 1.0
+        self.gpus = 0.0
+
+    # ---------------------------------------------------------------- start
+
+    def start(self) -> None:
+        cfg = self.cfg
+        self.started_ray = connect_ray(cfg)
+        import ray
+
+        resources = ray.cluster_resources()
+        self.gpus = gpus_per_actor(cfg, resources.get("GPU", 0))
+        if cfg.cpus_per_actor is not None:
+            self.cpus = cfg.cpus_per_actor
+        elif self.gpus:
+            self.cpus = 1.0
+        else:
+            self.cpus = max(1.0, float(int(resources.get("CPU", 1) // cfg.actors)))
+        self._wait_for_capacity()
+        remote_cls = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=-1,
+                                max_task_retries=0,
+                                max_concurrency=IN_FLIGHT_PER_ACTOR + 1)(ItemActor)
+        self.actors = [remote_cls.remote(self.settings, max(1, int(self.cpus)))
+                       for _ in range(cfg.actors)]
+        self._wait_ready()
+
+    def _need(self) -> str:
+        parts = [f"{self.cpus:g} CPU"]
+        if self.gpus:
+            parts.append(f"{self.gpus:g} GPU")
+        return " + ".join(parts)
+
+    def _wait_for_capacity(self) -> None:
+        import ray
+
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.wait_for_resources_s
+        asked = False
+        while True:
+            nodes = ray.nodes()
+            fits = actors_that_fit(nodes, self.cpus, self.gpus)
+            if fits >= cfg.actors:
+                return
+            if time.monotonic() >= deadline:
+                break
+            if not asked:  # an autoscaler adds nodes for explicit requests too
+                try:
+                    from ray.autoscaler.sdk import request_resources
+
+                    bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+                    request_resources(bundles=[bundle] * cfg.actors)
+                except Exception:  # no autoscaler here: just wait and look again
+                    pass
+                asked = True
+            time.sleep(POLL_S)
+        alive = [n for n in nodes if n.get("Alive", True)]
+        have_cpu = sum(n.get("Resources", {}).get("CPU", 0) for n in alive)
+        have_gpu = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
+        fixes = []
+        if fits:
+            fixes.append(f"--actors {fits}")
+        if self.gpus:
+            fixes.append("--device cpu")
+        elif self.cpus > 1 and cfg.cpus_per_actor:
+            fixes.append("a smaller --cpus-per-actor")
+        fixes.append("--wait-for-resources SECONDS if the cluster autoscales")
+        waited = (f" after waiting {cfg.wait_for_resources_s:g} s"
+                  if cfg.wait_for_resources_s else "")
+        raise ElmoUserError(
+            f"the Ray cluster cannot hold {cfg.actors} actors of {self._need()} each{waited}: "
+            f"it has {have_cpu:g} CPUs and {have_gpu:g} GPUs on {len(alive)} nodes "
+            f"(room for {fits}); pass {', or '.join(fixes)}")
+
+    def _wait_ready(self) -> None:
+        import ray
+
+        refs = [actor.ready.remote() for actor in self.actors]
+        timeout = self.cfg.wait_for_resources_s + READY_GRACE_S
+        done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if pending:
+            raise ElmoUserError(f"{len(pending)} of {len(refs)} Ray actors did not start "
+                                f"within {timeout:g} s (is the cluster busy?); try again, "
+                                "or pass a larger --wait-for-resources")
+        for ref in done:
+            try:
+                problem = ray.get(ref)
+            except ray.exceptions.RayError as error:
+                raise ElmoUserError(f"a Ray actor failed to start: "
+                                    f"{str(error).strip().splitlines()[-1][:300]}") from None
+            if problem:
+                raise ElmoUserError(problem)
+
+    # ---------------------------------------------------------------- run
+
+    def run(self, items: Iterator[WorkItem], on_progress: ProgressCallback | None = None
+            ) -> Iterator[tuple[WorkItem, CommitRecord]]:
+        import ray
+        from ray.exceptions import RayActorError, RayError, RayTaskError
+
+        todo = iter(items)
+        retry: collections.deque[WorkItem] = collections.deque()
+        attempts: collections.Counter[int] = collections.Counter()
+        in_flight: dict[Any, tuple[WorkItem, int]] = {}
+        load = [0] * len(self.actors)
+        probing: dict[Any, int] = {}  # ready() call -> actor index, after a failure
+        polls: dict[Any, int] = {}  # progress() call -> actor index
+        exhausted = False
+
+        def next_item() -> WorkItem | None:
+            nonlocal exhausted
+            if retry:
+                return retry.popleft()
+            if exhausted:
+                return None
+            item = next(todo, None)
+            exhausted = item is None
+            return item
+
+        def failed(item: WorkItem, reason: str) -> None:
+            attempts[item.index] += 1
+            if attempts[item.index] >= MAX_ATTEMPTS:
+                raise RuntimeError(f"item {item.index} ({item.where()}) failed "
+                                   f"{MAX_ATTEMPTS} times; last: {reason}")
+            retry.append(item)
+
+        while True:
+            down = set(probing.values())
+            for a in sorted(range(len(self.actors)), key=lambda k: load[k]):
+                while a not in down and load[a] < IN_FLIGHT_PER_ACTOR:
+                    item = next_item()
+                    if item is None:
+                        break
+                    in_flight[self.actors[a].process.remote(item)] = (item, a)
+                    load[a] += 1
+            if not in_flight and exhausted and not retry:
+                return
+            waiting = list(in_flight) + list(probing)
+            # Only when every actor is down can nothing move: then wait a bounded time.
+            limit = None if in_flight else self.cfg.wait_for_resources_s + READY_GRACE_S
+            busy = [a for a in range(len(self.actors)) if load[a] and a not in down]
+            ready = self._wait_any(waiting, limit, busy, polls, on_progress)
+            if not ready:
+                raise ElmoUserError(f"no Ray actor came back within {limit:g} s after losing "
+                                    "workers (nodes gone?); run the same command again to "
+                                    "finish the remaining items")
+            ref = ready[0]
+            if ref in probing:
+                a = probing.pop(ref)
+                try:
+                    problem = ray.get(ref)
+                except RayError:
+                    time.sleep(POLL_S)  # still restarting: ask again
+                    probing[self.actors[a].ready.remote()] = a
+                    continue
+                if problem:
+                    raise ElmoUserError(problem)
+                continue
+            item, a = in_flight.pop(ref)
+            load[a] -= 1
+            try:
+                record = ray.get(ref)
+            except RayTaskError as error:
+                cause = getattr(error, "cause", None)
+                if isinstance(cause, ElmoUserError):
+                    raise ElmoUserError(str(cause)) from None
+                failed(item, str(cause or error).strip().splitlines()[-1][:300])
+                continue
+            except (RayActorError, RayError) as error:  # the actor or its node died
+                failed(item, type(error).__name__)
+                if a not in probing.values():
+                    probing[self.actors[a].ready.remote()] = a
+                continue
+            yield item, record
+
+    def _wait_any(self, waiting: list[Any], limit: float | None, busy: list[int],
+                  polls: dict[Any, int], on_progress: ProgressCallback | None) -> list[Any]:
+        """The first of ``waiting`` to finish ([] after ``limit`` seconds; None: no limit),
+        asking the ``busy`` actors how far their items are meanwhile."""
+        import ray
+
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            timeout = PROGRESS_POLL_S if on_progress else None
+            if deadline is not None:
+                timeout = max(0.0, min(timeout or math.inf, deadline - time.monotonic()))
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
+            if on_progress is not None:
+                self._poll_progress(polls, busy, on_progress)
+            if ready or (deadline is not None and time.monotonic() >= deadline):
+                return ready
+
+    def _poll_progress(self, polls: dict[Any, int], busy: list[int],
+                       on_progress: ProgressCallback) -> None:
+        """Hand ``on_progress`` what the finished ``progress`` calls returned, and ask each
+        busy actor again once its last call has answered (never waits)."""
+        import ray
+        from ray.exceptions import RayError
+
+        if polls:
+            answered, _ = ray.wait(list(polls), num_returns=len(polls), timeout=0)
+            for ref in answered:
+                polls.pop(ref)
+                try:
+                    snapshot = ray.get(ref)
+                except RayError:  # the actor died: its items run again and report anew
+                    continue
+                on_progress(snapshot)
+        asking = set(polls.values())
+        for a in busy:
+            if a not in asking:
+                polls[self.actors[a].progress.remote()] = a
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # already gone with its node
+                ray.kill(actor)
+        self.actors = []
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False
+
+
+def make_executor(cfg: EmbedConfig, settings: ItemSettings) -> LocalExecutor | RayExecutor:
+    return RayExecutor(cfg, settings) if choose_executor(cfg) == "ray" else LocalExecutor(
+        settings)
