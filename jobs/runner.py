@@ -46,21 +46,22 @@ from jobs.state import (
     write_state,
 )
 from pipeline.write.config import EmbedConfig
-from pipeline.write.embed import EmbedSummary, embed_corpus, reuse_models
+from pipeline.write.embed import EmbedSummary, embed_corpus
 from pipeline.write.inputs import list_sources
-from pipeline.write.output import (
+from pipeline.write.output import PlanMismatchError
+from pipeline.write.ray_setup import ray_session
+from pipeline.write.work_item import reuse_models
+from schemas import PARTITION_COLUMN, TABLES
+from schemas.files import open_fs
+from schemas.lock import DatasetLock
+from schemas.manifest import (
     MANIFEST_DIR,
-    DatasetLock,
-    PlanMismatchError,
-    committed_shards,
+    committed_items,
     iter_parts,
-    open_fs,
     publish_live,
     read_live,
     sum_counts,
 )
-from pipeline.write.ray_setup import ray_session
-from schemas import PARTITION_COLUMN, TABLES
 
 Clock = Callable[[], float]
 
@@ -124,7 +125,7 @@ def drop_parts(fs: Any, root: str, parts: list[str]) -> None:
 
 
 def _part_counts(fs: Any, root: str, part: str) -> dict[str, int]:
-    return sum_counts(committed_shards(fs, root, part).values())
+    return sum_counts(committed_items(fs, root, part).values())
 
 
 def _embed_file(cfg: EmbedConfig, fs: Any, root: str) -> EmbedSummary:

@@ -25,7 +25,7 @@ from elmo_model.errors import ElmoUserError
 from jobs.runner import run_job
 from jobs.spec import JobSpec
 from jobs.state import JobBusyError, RunRecord, iter_runs
-from schemas.dataset import open_fs
+from schemas.files import open_fs
 
 Clock = Callable[[], float]
 

@@ -31,16 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.write.output import DatasetLock
-from schemas import PARTITION_COLUMN, TABLE_SCHEMAS
-from schemas.dataset import (
-    list_files,
-    open_fs,
-    read_dataset_descriptor,
-    read_json,
-    read_live,
-    write_bytes_atomic,
-)
+from schemas.files import open_fs, read_json, write_bytes_atomic
+from schemas.lock import DatasetLock
+from schemas.manifest import list_files
 
 JOBS_DIR = "_jobs"
 STATE_FILE = "state.json"
@@ -147,39 +140,12 @@ def write_state(fs: Any, root: str, state: JobState) -> None:
 # --------------------------------------------------------------------------- live view
 
 
-def live_parts(uri: str, storage_options: dict | None = None) -> set[str] | None:
-    """Parts in the dataset's published live view, or None when none is published."""
-    fs, root = open_fs(uri, storage_options)
-    live = read_live(fs, root)
-    return None if live is None else set(live.get("parts", []))
-
-
 def live_files(uri: str, table: str = "tokens", storage_options: dict | None = None
                ) -> list[str]:
     """URIs of the live files of one table (``schemas.dataset.list_files``): the
     jobs API's view of what readers read."""
     fs, root = open_fs(uri, storage_options)
     return [fs.unstrip_protocol(f.path) for f in list_files(fs, root, table)]
-
-
-def read_live_table(uri: str, table: str = "tokens", storage_options: dict | None = None
-                    ) -> Any:
-    """The live rows of one table as a pyarrow Table, with its ``shard`` column."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    fs, root = open_fs(uri, storage_options)
-    schema = TABLE_SCHEMAS.get(table) or read_dataset_descriptor(uri, storage_options
-                                                                 ).token_schema()
-    pieces = []
-    for file in list_files(fs, root, table):
-        with fs.open(file.path, "rb") as handle:
-            piece = pq.read_table(handle)
-        pieces.append(piece.append_column(PARTITION_COLUMN,
-                                          pa.array([file.shard] * piece.num_rows, pa.int32())))
-    if not pieces:
-        return schema.empty_table().append_column(PARTITION_COLUMN, pa.array([], pa.int32()))
-    return pa.concat_tables(pieces)
 
 
 # --------------------------------------------------------------------------- history

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from elmo_model.errors import ElmoUserError
+    from elmo_model.errors import ElmoUserError, SettingError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -65,7 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except ElmoUserError as error:
-        print(f"elmo: error: {error}", file=sys.stderr)
+        # A library error about a setting names it as this command's flag (a verb sets
+        # ``setting_flag``: library name -> flag); anything else is printed as it is.
+        flag = getattr(args, "setting_flag", None)
+        message = error.named(flag) if isinstance(error, SettingError) and flag else error
+        print(f"elmo: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("elmo: interrupted", file=sys.stderr)

@@ -12,7 +12,7 @@ import sys
 import textwrap
 from typing import Any
 
-from pipeline.write.config import EmbedConfig, ModelSpec
+from pipeline.write.config import EmbedConfig, flag_of
 from pipeline.write.inputs import ReadOptions
 from pipeline.write.setting import SettingField, settings_fields
 
@@ -81,7 +81,7 @@ def register(subparsers: Any) -> None:
                 _add_flag(p, read_field)
         elif not field.setting.custom and field.setting.flag:
             _add_flag(p, field)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, setting_flag=flag_of)
 
 
 def _add_flag(parser: argparse.ArgumentParser, field: SettingField) -> None:
@@ -103,20 +103,19 @@ def _add_flag(parser: argparse.ArgumentParser, field: SettingField) -> None:
     parser.add_argument(s.flag, **kwargs)
 
 
-def config_from_args(args: argparse.Namespace) -> EmbedConfig:
-    """The ``EmbedConfig`` of parsed ``elmo embed`` arguments."""
+def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``pipeline.embed``'s settings of parsed ``elmo embed`` arguments."""
     flagged = {f.name: getattr(args, f.name) for f in settings_fields(EmbedConfig)
                if not f.setting.custom and f.setting.flag}
-    read = ReadOptions(**{f.name: getattr(args, f.name) for f in settings_fields(ReadOptions)})
-    return EmbedConfig(sources=list(args.sources), out=args.out,
-                       model=ModelSpec.resolve(args.model, args.options, args.weights),
-                       read=read, **flagged)
+    read = {f.name: getattr(args, f.name) for f in settings_fields(ReadOptions)}
+    return {"model": args.model, "options": args.options, "weights": args.weights,
+            **flagged, **read}
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.write.embed import embed_corpus  # imports the pipeline (pyarrow, fsspec, ...)
+    import pipeline  # each entry imports the pipeline (pyarrow, fsspec, ...) when called
 
-    summary = embed_corpus(config_from_args(args))
+    summary = pipeline.embed(args.sources, args.out, **settings_from_args(args))
     for line in summary.lines():
         print(line, file=sys.stderr)
     return 0 if summary.totals.get("documents", 0) > 0 else 1

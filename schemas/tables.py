@@ -14,19 +14,15 @@ from typing import Any
 
 import pyarrow as pa
 
-# 2: shards are work items (byte ranges of the inputs, numbered per part), not
-#    sha256(doc_id) mod n_shards; the file layout and every table are unchanged.
-# 3: ``layer_0`` moves from ``tokens`` to the ``types`` table (one row per distinct token
-#    of a file; only the first half when its halves are equal); ``int8`` storage.
-SCHEMA_VERSION = 3
-TYPES_SINCE_VERSION = 3
-DATASET_FORMAT = "elmo-store/token-activations"
-DESCRIPTOR_FILE = "_dataset.json"
-PARTITION_COLUMN = "shard"
-TABLES = ("tokens", "sentences", "documents", "errors", "types")
-STORAGE_DTYPES = ("float16", "float32", "int8")
-SCALE_SUFFIX = "_scale"  # int8 layers: ``layer_k`` holds int8 values, ``layer_k_scale`` their scale
-HALF_LAYER_0 = "layer_0_half"  # the types table's layer 0 when its two halves are equal
+from schemas.layout import (
+    DATASET_FORMAT,
+    HALF_LAYER_0,
+    PARTITION_COLUMN,
+    SCALE_SUFFIX,
+    SCHEMA_VERSION,
+    STORAGE_DTYPES,
+    TYPES_SINCE_VERSION,
+)
 
 
 def layer_columns(n_output_layers: int) -> list[str]:

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from schemas.files import write_whole
+
 CACHE_ENV = "ELMO_STORE_CACHE"  # the per-user cache folder (default ~/.cache/elmo-store)
 # What a listing says of when a file last changed: local and most stores, S3, GCS/Azure.
 VERSION_FIELDS = ("mtime", "LastModified", "ETag", "updated", "last_modified", "etag")
@@ -50,9 +52,7 @@ def load_json(path: Path) -> Any | None:
 
 def save_json(path: Path, value: Any) -> None:
     """Write a cache file whole (readers see the old or the new one); not kept on error."""
-    from fsspec.implementations.local import LocalFileSystem
-
-    from schemas.dataset import write_bytes_atomic
-
+    data = json.dumps(value).encode()
     with contextlib.suppress(OSError):
-        write_bytes_atomic(LocalFileSystem(), str(path), json.dumps(value).encode())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_whole(path, lambda tmp: tmp.write_bytes(data))

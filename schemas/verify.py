@@ -31,13 +31,9 @@ from typing import Any
 
 from elmo_model.errors import ElmoUserError
 from schemas import TABLE_SCHEMAS, DatasetDescriptor
-from schemas.dataset import (
-    committed_shards,
-    iter_parts,
-    open_dataset,
-    protocols,
-    shard_from_entry,
-)
+from schemas.dataset import open_dataset
+from schemas.files import protocols
+from schemas.manifest import committed_items, iter_parts, shard_from_entry
 from schemas.user_cache import cache_dir, listed_version, load_json, save_json
 
 OK = "ok"
@@ -126,7 +122,7 @@ def expected_files(fs: Any, root: str, parts: Iterable[str] | None = None) -> li
     ``parts`` (default: every part, live or not)."""
     out = []
     for part in sorted(parts) if parts is not None else iter_parts(fs, root):
-        for item, entry in sorted(committed_shards(fs, root, part).items()):
+        for item, entry in sorted(committed_items(fs, root, part).items()):
             shard = shard_from_entry(entry, part, item)
             for table, rel in sorted(shard.files.items()):
                 out.append(ExpectedFile(

@@ -51,9 +51,9 @@ def read_table(out: Path | str, table: str) -> pa.Table:
     """One table of a dataset; tokens with every layer, as readers see them (v3 keeps
     layer 0 in the types table)."""
     if table == "tokens":
-        from pipeline.lookup.layers.tokens import read_tokens
+        from pipeline.lookup.layers import tokens
 
-        return read_tokens(str(out))
+        return tokens.read_table(str(out))
     return pq.read_table(f"{out}/{table}")
 
 

@@ -11,7 +11,6 @@ run trains on, so a run checkpointed on a GPU resumes on a CPU and the other way
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from elmo_model.training.config import read_split_options
 from elmo_model.training.lm_head import Softmax
 from elmo_model.vocab import Vocabulary
 from elmo_model.weights import OPTIONS_FILE, SAFETENSORS_FILE, load_weights
+from schemas.files import write_whole
 
 VOCAB_FILE = "vocab.txt"
 STATE_FILE = "training_state.json"
@@ -95,25 +95,15 @@ def save_checkpoint(out: Path, model: BiLM, softmax: Softmax, optimizer: torch.o
     for layer, (h, c) in enumerate(carried):
         tensors[f"carry.h.{layer}"] = _cpu(h)
         tensors[f"carry.c.{layer}"] = _cpu(c)
-    temp = out / (SAFETENSORS_FILE + ".tmp")
-    save_file(tensors, str(temp), metadata={"format": CHECKPOINT_FORMAT, "step": str(state.step),
-                                            "training_state": json.dumps(asdict(state))})
-    _fsync(temp)
-    os.replace(temp, out / SAFETENSORS_FILE)
-    write_atomic(out / STATE_FILE, json.dumps(asdict(state), indent=2) + "\n")
+    metadata = {"format": CHECKPOINT_FORMAT, "step": str(state.step),
+                "training_state": json.dumps(asdict(state))}
+    write_whole(out / SAFETENSORS_FILE, lambda tmp: save_file(tensors, str(tmp), metadata))
+    write_text_whole(out / STATE_FILE, json.dumps(asdict(state), indent=2) + "\n")
 
 
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """``text`` into ``path`` by a synced temp file and a rename."""
-    temp = path.with_name(path.name + ".tmp")
-    temp.write_text(text, encoding="utf-8")
-    _fsync(temp)
-    os.replace(temp, path)
+def write_text_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` (UTF-8), whole or not at all (``schemas.files.write_whole``)."""
+    write_whole(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def read_checkpoint(out: Path) -> tuple[dict[str, torch.Tensor], TrainState] | None:

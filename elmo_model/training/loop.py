@@ -28,7 +28,7 @@ from elmo_model.training.checkpoints import (
     named_parameters,
     restore_checkpoint,
     save_checkpoint,
-    write_atomic,
+    write_text_whole,
 )
 from elmo_model.training.config import TrainParams
 from elmo_model.training.data import Corpus, StreamBatches, embed_types, load_corpus
@@ -193,7 +193,8 @@ def _build_trainer(out: Path, start: Start, corpus: Corpus, vocab: Vocabulary,
         state.resumes.append({"step": state.step, "command": run.command})
     else:
         out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / OPTIONS_FILE, json.dumps(options_from_config(config), indent=2) + "\n")
+        options = json.dumps(options_from_config(config), indent=2) + "\n"
+        write_text_whole(out / OPTIONS_FILE, options)
         vocab.save(out / VOCAB_FILE)
         state, carried = run, model.zero_state(params.batch_size, device)
     plan = PackPlan.build(np.full(params.batch_size, params.unroll_steps), device)

@@ -325,7 +325,7 @@ def run_index_build(args: argparse.Namespace) -> int:
 def compact_hint(dataset: str, out: str) -> str | None:
     """A line suggesting --compact when a full index at ``out`` outweighs its dataset."""
     from pipeline.lookup.index.sense_index import read_meta
-    from schemas.dataset import open_fs
+    from schemas.files import open_fs
 
     meta = read_meta(out)
     if meta is None or meta.compact:

@@ -22,10 +22,12 @@ import posixpath
 import time
 from typing import Any
 
-from pipeline.write.output import STAGING_DIR, manifest_path, table_file, write_bytes_atomic
+from pipeline.write.output import STAGING_DIR
 from pipeline.write.plan import WorkItem
 from pipeline.write.work_item import CommitRecord
 from schemas import TABLES
+from schemas.files import write_bytes_atomic
+from schemas.manifest import manifest_path, table_file
 
 
 class BadCommitRecordError(RuntimeError):

@@ -15,19 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import elmo_model
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.tokenize import tokenizer_names
 from pipeline.write.inputs import ReadOptions, SourceFile, list_sources
 from pipeline.write.setting import exposed, settings_fields, value_problem
+from schemas.layout import STORAGE_DTYPES
 
 DEFAULT_SHARDS = 8  # at least this many work items (small corpora still spread over actors)
 DEFAULT_ITEM_TOKENS = 262_144  # target tokens per work item, estimated from input bytes
 DEFAULT_BATCH_TOKENS = 4096
 DEFAULT_MAX_SENTENCE_TOKENS = 256
 DEFAULT_WINDOW_OVERLAP = 32
-# schemas.STORAGE_DTYPES (which imports pyarrow, too slow for CLI start-up); a test
-# checks the two agree.
-STORAGE_DTYPES = ("float16", "float32", "int8")
 EXECUTORS = ("auto", "local", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
@@ -44,7 +42,9 @@ class ModelSpec:
         """``--model DIR``, or ``--options F --weights F``, or the bundled default model."""
         if options or weights:
             if not (options and weights):
-                raise ElmoUserError("--options and --weights go together; give both or --model")
+                raise SettingError("options", lambda name: (
+                    f"{name('options')} and {name('weights')} go together; give both or "
+                    f"{name('model')}"))
             for path in (options, weights):
                 if not Path(path).is_file():
                     raise ElmoUserError(f"model file not found: {path}")
@@ -53,18 +53,29 @@ class ModelSpec:
 
         directory = Path(model_dir) if model_dir else elmo_model.default_model_dir()
         if model_dir is None and not (directory / elmo_model.OPTIONS_FILE).is_file():
-            raise ElmoUserError(f"no bundled model in {directory} yet; pass --model DIR "
-                                "or --options FILE --weights FILE")
+            raise SettingError("model", lambda name: (
+                f"no bundled model in {directory} yet; pass {name('model')} DIR or "
+                f"{name('options')} FILE {name('weights')} FILE"))
         options_path, weights_path = model_dir_files(directory)
         return cls(str(options_path.resolve()), str(weights_path.resolve()))
 
 
-def flag_of(field_name: str) -> str:
-    """The CLI flag of an ``EmbedConfig`` field (``read.format`` for a read option)."""
-    cls, name = (ReadOptions, field_name[5:]) if field_name.startswith("read.") else (
-        EmbedConfig, field_name)
-    exposure = next(f.setting for f in settings_fields(cls) if f.name == name)
-    return exposure.flag or name
+# The model's settings besides ``model`` (a directory): the two files it may be given as.
+MODEL_FILE_FLAGS = {"options": "--options", "weights": "--weights"}
+
+
+def flag_of(setting: str) -> str:
+    """The ``elmo embed`` flag of a setting: an ``EmbedConfig`` field, a read option
+    (``format`` or ``read.format``) or a model file (``options``, ``weights``)."""
+    if setting in MODEL_FILE_FLAGS:
+        return MODEL_FILE_FLAGS[setting]
+    name = setting.removeprefix("read.")
+    classes = (ReadOptions,) if setting.startswith("read.") else (EmbedConfig, ReadOptions)
+    for cls in classes:
+        for f in settings_fields(cls):
+            if f.name == name:
+                return f.setting.flag or name
+    return name
 
 
 # Why a surface does not offer a setting (the surface test checks every field has one).
@@ -203,9 +214,16 @@ class EmbedConfig:
         return found
 
     def validate(self) -> None:
-        """Raise the first problem as an ``ElmoUserError`` naming the flag to fix."""
-        for field_name, reason in self.problems():
-            raise ElmoUserError(f"{flag_of(field_name)}: {reason}")
+        """Raise the first problem as a ``SettingError`` naming the setting to fix (the
+        keyword a Python caller passes; the CLI renders it with its flag)."""
+        for field_name, _ in self.problems():
+            def render(name: Callable[[str], str], field_name: str = field_name) -> str:
+                def named(path: str) -> str:
+                    return name(path.removeprefix("read."))
+
+                return f"{named(field_name)}: {dict(self.problems(named))[field_name]}"
+
+            raise SettingError(field_name.removeprefix("read."), render)
 
     def select_sources(self) -> list[SourceFile]:
         """The files this run embeds, each with its path relative to its glob's prefix."""

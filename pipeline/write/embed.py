@@ -20,57 +20,40 @@ actor count writes the same bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import elmo_model
+from elmo_model.errors import SettingError
 from pipeline.tokenize import get_tokenizer, model_tokenizer
 from pipeline.write.commit import commit_item, discard_attempt
-from pipeline.write.config import (
-    COMPUTE_DTYPES,
-    DEFAULT_BATCH_TOKENS,
-    DEFAULT_ITEM_TOKENS,
-    DEFAULT_MAX_SENTENCE_TOKENS,
-    DEFAULT_SHARDS,
-    DEFAULT_WINDOW_OVERLAP,
-    DEVICES,
-    EXECUTORS,
-    EmbedConfig,
-    ModelSpec,
-)
+from pipeline.write.config import EmbedConfig, ModelSpec
 from pipeline.write.executors import make_executor
-from pipeline.write.item_files import token_file_compression
+from pipeline.write.inputs import ReadOptions
 from pipeline.write.output import (
-    DatasetLock,
     PartWrite,
     abandon_part,
     begin_part,
     check_output_dir,
     clear_staging,
-    live_counts,
-    open_fs,
-    sum_counts,
     uncommit_items,
 )
 from pipeline.write.plan import BYTES_PER_TOKEN, item_bytes, plan_items, plan_record
 from pipeline.write.work_item import (
     ItemSettings,
     peak_rss_bytes,
-    reuse_models,
 )
 from schemas import DatasetDescriptor
+from schemas.files import open_fs
+from schemas.lock import DatasetLock
+from schemas.manifest import live_counts, sum_counts
 from schemas.verify import verify_dataset
-
-__all__ = [
-    "COMPUTE_DTYPES", "DEFAULT_BATCH_TOKENS", "DEFAULT_ITEM_TOKENS",
-    "DEFAULT_MAX_SENTENCE_TOKENS", "DEFAULT_SHARDS", "DEFAULT_WINDOW_OVERLAP", "DEVICES",
-    "EXECUTORS", "EmbedConfig", "EmbedSummary", "ModelSpec",
-    "dataset_totals", "embed_corpus", "reuse_models", "token_file_compression",
-]
 
 
 @dataclass
@@ -190,6 +173,33 @@ class TokenProgress:
         rate = n / max(1e-9, time.perf_counter() - self.t0)
         self.bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
         self.bar.update(n - self.bar.n)
+
+
+def config_from_settings(sources: str | Sequence[str], out: str, **settings: Any
+                         ) -> EmbedConfig:
+    """The ``EmbedConfig`` of ``pipeline.embed``'s arguments: ``settings`` are
+    ``EmbedConfig``'s and ``ReadOptions``' fields by name, and the model as ``model``
+    (a directory or a ``ModelSpec``) or ``options`` + ``weights`` (files)."""
+    model = settings.pop("model", None)
+    options, weights = settings.pop("options", None), settings.pop("weights", None)
+    if not isinstance(model, ModelSpec):
+        model = ModelSpec.resolve(model, options, weights)
+    read_names = {f.name for f in dataclasses.fields(ReadOptions)}
+    config_names = {f.name for f in dataclasses.fields(EmbedConfig)} - {
+        "sources", "out", "model"}
+    unknown = sorted(set(settings) - read_names - config_names)
+    if unknown:
+        raise SettingError(unknown[0], lambda name: (
+            f"{name(unknown[0])} is not a setting of embed; the settings are "
+            f"{', '.join(sorted(config_names | read_names))}, model, options, weights"))
+    given = {name: settings.pop(name) for name in list(settings) if name in read_names}
+    read = settings.pop("read", None)
+    if read is not None and given:
+        raise SettingError("read", lambda name: (
+            f"give the read options either as {name('read')} or one by one, not both"))
+    read = read or ReadOptions(**given)
+    return EmbedConfig(sources=[sources] if isinstance(sources, str) else list(sources),
+                       out=str(out), model=model, read=read, **settings)
 
 
 def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:

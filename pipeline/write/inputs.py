@@ -18,9 +18,9 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.write.setting import exposed
-from schemas.dataset import open_fs
+from schemas.files import open_fs
 
 FORMATS = ("auto", "text", "jsonl", "parquet")
 _EXTENSIONS = {
@@ -130,7 +130,8 @@ def list_sources(globs: list[str], storage_options: dict | None = None) -> list[
 def detect_format(source: SourceFile, requested: str) -> str:
     if requested != "auto":
         if requested not in FORMATS:
-            raise ElmoUserError(f"unknown --format {requested!r}; use one of {', '.join(FORMATS)}")
+            raise SettingError("format", lambda name: (
+                f"unknown {name('format')} {requested!r}; use one of {', '.join(FORMATS)}"))
         return requested
     ext = posixpath.splitext(source.path)[1].lower()
     return _EXTENSIONS.get(ext, "text")

@@ -1,75 +1,45 @@
-"""The on-disk dataset: descriptor, writer lock, per-shard commits and the manifest.
+"""The output dataset as the write path prepares it: checks before writing, the descriptor,
+a part's plan record, staging, and undoing a run that failed before its first commit.
 
 Exactly-once rests on three rules (see ``docs/dataset_format.md``):
 
-1. A shard's (work item's) files are written under ``_staging/<run_id>/<attempt>/`` and
-   moved to their final names only when complete, so a final name never holds a
-   partial file.
-2. After the moves, ``_manifest/<part>/shard=<k>.json`` is written (temp name + move).
-   A shard is committed if and only if that entry exists.
-3. A run recomputes every uncommitted shard from scratch, first deleting whatever a
+1. A work item's files are written under ``_staging/<run_id>/<attempt>/`` and moved to
+   their final names (``<table>/shard=<item>/<part>.parquet``) only when complete, so a
+   final name never holds a partial file.
+2. After the moves, the item's commit record ``_manifest/<part>/shard=<item>.json`` is
+   written (``schemas.manifest``). An item is committed if and only if that record exists.
+3. A run recomputes every uncommitted item from scratch, first deleting whatever a
    crashed run may have moved into place, so no row is ever stored twice.
 
 Workers write only under staging; the driver alone moves files into place and writes
-the manifest (pipeline/write/commit.py), which is what makes these rules enough, on local
-disks and on object stores alike.
-
-What readers read is the *live view* (``schemas.dataset.list_files``): the
-shards listed by ``_live.json`` when a writer that swaps parts (jobs) has published one
-(``publish_live``), else every committed shard. Every reader in this project goes
-through it; the file is plain JSON so that readers without our code can do the same
-(docs/dataset_format.md).
+the manifest (pipeline/write/commit.py), holding the dataset's lock
+(``schemas.lock.DatasetLock``), which is what makes these rules enough, on local disks
+and on object stores alike.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import posixpath
-import socket
-import threading
-import time
-import uuid
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
-from schemas import DESCRIPTOR_FILE, PARTITION_COLUMN, TABLES, DatasetDescriptor
-
-# Opening a location and reading the manifest and live view are the read path's
-# (schemas/dataset.py); the write path's callers import them from here too.
-from schemas.dataset import (
-    LIVE_FILE,
-    LIVE_FORMAT,
-    LIVE_VERSION,
+from elmo_model.errors import ElmoUserError, SettingError
+from schemas.files import read_json, write_bytes_atomic
+from schemas.layout import DESCRIPTOR_FILE, TABLES
+from schemas.manifest import (
     MANIFEST_DIR,
-    committed_shards,
-    is_local,
+    committed_items,
     iter_parts,
-    read_json,
+    manifest_path,
     shard_from_entry,
-    write_bytes_atomic,
 )
-from schemas.dataset import live_parts as live_parts
-from schemas.dataset import open_fs as open_fs
-from schemas.dataset import read_live as read_live
+from schemas.tables import DatasetDescriptor
 
-LOCK_FILE = "_lock"
 STAGING_DIR = "_staging"
 PLAN_FILE = "plan.json"
-DEFAULT_STALE_AFTER_S = 15 * 60.0
-HEARTBEAT_EVERY_S = 30.0
-
-
-# A work item's files live in ``shard=<item>`` folders: the public layout's name for them.
-def table_file(root: str, table: str, item: int, part: str) -> str:
-    return f"{root}/{table}/{PARTITION_COLUMN}={item}/{part}.parquet"
-
-
-def manifest_path(root: str, part: str, item: int) -> str:
-    return f"{root}/{MANIFEST_DIR}/{part}/{PARTITION_COLUMN}={item}.json"
 
 
 # --------------------------------------------------------------------------- descriptor
@@ -77,22 +47,24 @@ def manifest_path(root: str, part: str, item: int) -> str:
 
 def has_committed_data(fs: Any, root: str) -> bool:
     """Whether any part of the dataset has a committed shard (readers could see data)."""
-    return any(committed_shards(fs, root, part) for part in iter_parts(fs, root))
+    return any(committed_items(fs, root, part) for part in iter_parts(fs, root))
 
 
 def check_output_dir(fs: Any, root: str) -> None:
     """Refuse to write a dataset into a directory that holds something else."""
     if fs.isfile(root):
-        raise ElmoUserError(f"--out {root} is a file; give a directory for the dataset")
+        raise SettingError("out", lambda name: (
+            f"{name('out')} {root} is a file; give a directory for the dataset"))
     if not fs.isdir(root) or read_json(fs, f"{root}/{DESCRIPTOR_FILE}") is not None:
         return
     names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)]
     # Names starting with "_" are ours: a lock or a live view left before any commit.
     foreign = sorted(n for n in names if not n.startswith("_"))
     if foreign:
-        raise ElmoUserError(f"--out {root} is not empty and not an elmo-store dataset (it "
-                            f"holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
-                            "); give a new or empty directory")
+        held = f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
+        raise SettingError("out", lambda name: (
+            f"{name('out')} {root} is not empty and not an elmo-store dataset (it holds "
+            f"{held}); give a new or empty directory"))
 
 
 def ensure_descriptor(fs: Any, root: str, wanted: DatasetDescriptor) -> bool:
@@ -123,144 +95,24 @@ def ensure_descriptor(fs: Any, root: str, wanted: DatasetDescriptor) -> bool:
         write_bytes_atomic(fs, path, wanted.to_json().encode())
         return True
     if current.schema_version < wanted.schema_version:
-        raise ElmoUserError(
+        raise SettingError("out", lambda name: (
             f"{root} is an elmo-store dataset of schema version {current.schema_version}; "
-            f"this release writes version {wanted.schema_version} "
-            "(docs/dataset_format.md) and cannot add to it: write to a new --out (old "
-            "datasets stay readable), or re-embed the corpus there")
-    raise ElmoUserError(
+            f"this release writes version {wanted.schema_version} (docs/dataset_format.md) "
+            f"and cannot add to it: write to a new {name('out')} (old datasets stay "
+            "readable), or re-embed the corpus there"))
+    raise SettingError("out", lambda name: (
         f"refusing to write into {root}: it was made with different settings "
-        f"({'; '.join(problems)}); choose another --out or the same model/settings"
-    )
-
-
-# --------------------------------------------------------------------------- lock
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A killed child that its parent has not reaped yet is a zombie: dead for our purpose.
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as handle:
-        if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
-
-
-class DatasetLock:
-    """One writer per dataset: ``_lock`` holds the owner's host, pid and a heartbeat.
-
-    A lock is stale (and taken over) when its owner was on this host and that process is
-    gone, or when its heartbeat is older than ``stale_after_s`` (owners on other hosts).
-    A live owner's heartbeat is refreshed by a background thread.
-    """
-
-    def __init__(self, fs: Any, root: str, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> None:
-        self.fs, self.root, self.stale_after_s = fs, root, stale_after_s
-        self.path = f"{root}/{LOCK_FILE}"
-        self.token = uuid.uuid4().hex
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _record(self) -> bytes:
-        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": self.token,
-                           "heartbeat": time.time()}).encode()
-
-    def _create_exclusive(self) -> bool:
-        if is_local(self.fs):
-            os.makedirs(self.root, exist_ok=True)
-            # The record is complete before the lock exists: link() publishes a written
-            # file atomically and fails if the lock is there. (O_EXCL creates an empty file
-            # first, which a competing run could read before the record was in it.)
-            draft = f"{self.path}.{self.token}.tmp"
-            with open(draft, "wb") as handle:
-                handle.write(self._record())
-            try:
-                os.link(draft, self.path)
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(draft)
-            return True
-        # Object stores have no O_EXCL here: write, then read back to see who won.
-        if self.fs.exists(self.path):
-            return False
-        write_bytes_atomic(self.fs, self.path, self._record())
-        time.sleep(0.05)
-        owner = read_json(self.fs, self.path) or {}
-        return owner.get("token") == self.token
-
-    def _stale_reason(self, owner: dict) -> str | None:
-        age = time.time() - float(owner.get("heartbeat", 0))
-        if owner.get("host") == socket.gethostname() and not _pid_alive(int(owner.get("pid", -1))):
-            return f"process {owner.get('pid')} is gone"
-        if age > self.stale_after_s:
-            return f"no heartbeat for {age:.0f} s"
-        return None
-
-    def acquire(self) -> None:
-        for _ in range(3):
-            if self._create_exclusive():
-                self._thread = threading.Thread(target=self._beat, daemon=True)
-                self._thread.start()
-                return
-            owner = read_json(self.fs, self.path)
-            if owner is None:
-                continue  # released between our two looks: try again
-            reason = self._stale_reason(owner)
-            if reason is None:
-                raise ElmoUserError(
-                    f"{self.root} is being written by another run (pid {owner.get('pid')} on "
-                    f"{owner.get('host')}); wait for it, or delete {self.path} if it is dead"
-                )
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(self.path)
-        raise ElmoUserError(f"could not take the lock {self.path}; try again")
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_EVERY_S):
-            with contextlib.suppress(Exception):
-                write_bytes_atomic(self.fs, self.path, self._record())
-
-    def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        owner = read_json(self.fs, self.path) or {}
-        if owner.get("token") == self.token:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(self.path)
-
-    def __enter__(self) -> DatasetLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+        f"({'; '.join(problems)}); choose another {name('out')} or the same model/settings"))
 
 
 # --------------------------------------------------------------------------- manifest
 
 
-def sum_counts(entries: Iterable[dict]) -> dict[str, int]:
-    """The manifest entries' ``counts`` summed by key (an entry without counts adds
-    nothing; a key missing from some entries is summed over the others)."""
-    totals: dict[str, int] = {}
-    for entry in entries:
-        for key, value in entry.get("counts", {}).items():
-            totals[key] = totals.get(key, 0) + int(value)
-    return totals
-
-
-class PlanMismatchError(ElmoUserError):
+class PlanMismatchError(SettingError):
     """A part already exists, made from other inputs or options than this run's."""
 
-    def __init__(self, message: str, part: str) -> None:
-        super().__init__(message)
+    def __init__(self, render: Callable[[Callable[[str], str]], str], part: str) -> None:
+        super().__init__("part", render)
         self.part = part
 
 
@@ -269,18 +121,17 @@ def check_plan(fs: Any, root: str, part: str, plan: dict) -> bool:
     Returns True when this call wrote the record."""
     path = f"{root}/{MANIFEST_DIR}/{part}/{PLAN_FILE}"
     existing = read_json(fs, path)
-    if existing is None or (existing != plan and not committed_shards(fs, root, part)):
+    if existing is None or (existing != plan and not committed_items(fs, root, part)):
         # (Nothing committed from a recorded plan: a run failed or was killed before its
         # first commit, and the new plan replaces it.)
         write_bytes_atomic(fs, path, json.dumps(plan, indent=1, sort_keys=True).encode())
         return True
     if existing != plan:
         changed = sorted(k for k in set(existing) | set(plan) if existing.get(k) != plan.get(k))
-        raise PlanMismatchError(
+        raise PlanMismatchError(lambda name: (
             f"{root} already holds part {part!r} made from other inputs or options "
-            f"(differs in: {', '.join(changed)}); write to a new --out (or a new --part)",
-            part,
-        )
+            f"(differs in: {', '.join(changed)}); write to a new {name('out')} (or a new "
+            f"{name('part')})"), part)
     return False
 
 
@@ -326,13 +177,13 @@ def begin_part(fs: Any, root: str, write: PartWrite, descriptor: DatasetDescript
     write.descriptor = ensure_descriptor(fs, root, descriptor)
     write.plan = check_plan(fs, root, write.part, plan)
     clear_staging(fs, root)  # attempts of dead runs: never committed, never will be
-    write.resumed = committed_shards(fs, root, write.part)
+    write.resumed = committed_items(fs, root, write.part)
 
 
 def abandon_part(fs: Any, root: str, write: PartWrite) -> None:
     """After a failed run: undo what ``write`` created, unless anything of the part is
     committed (then the next run resumes it)."""
-    if write.commits or committed_shards(fs, root, write.part):
+    if write.commits or committed_items(fs, root, write.part):
         return
     with contextlib.suppress(FileNotFoundError):
         if write.plan:
@@ -356,33 +207,3 @@ def uncommit_items(fs: Any, root: str, part: str, entries: dict[int, dict]) -> N
         for rel in shard_from_entry(entry, part, item).files.values():
             with contextlib.suppress(FileNotFoundError):
                 fs.rm(f"{root}/{rel}")
-
-
-def live_counts(fs: Any, root: str) -> dict[str, int]:
-    """Row counts of the live view (what readers see), from the manifest."""
-    return sum_counts(entry for part in live_parts(fs, root)
-                      for entry in committed_shards(fs, root, part).values())
-
-
-# --------------------------------------------------------------------------- live view
-
-
-def publish_live(fs: Any, root: str, parts: set[str] | list[str]) -> dict:
-    """Make ``parts`` (and nothing else) the live view, in one atomic write.
-
-    Every shard of every listed part must be committed already: the file names the
-    shards as they are now, so what it lists never changes under a reader. Callers hold
-    the dataset's writer lock or their own (jobs hold the job lock).
-    """
-    shards = []
-    for part in sorted(set(parts)):
-        for shard, entry in sorted(committed_shards(fs, root, part).items()):
-            s = shard_from_entry(entry, part, shard)
-            shards.append({"part": s.part, "shard": s.shard, "run_id": s.run_id,
-                           "files": dict(sorted(s.files.items()))})
-    previous = read_json(fs, f"{root}/{LIVE_FILE}") or {}
-    data = {"format": LIVE_FORMAT, "version": LIVE_VERSION,
-            "generation": int(previous.get("generation", 0)) + 1,
-            "updated_at": time.time(), "parts": sorted(set(parts)), "shards": shards}
-    write_bytes_atomic(fs, f"{root}/{LIVE_FILE}", json.dumps(data, indent=1).encode())
-    return data

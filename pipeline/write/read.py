@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import SettingError
 from pipeline.write.inputs import (
     BINARY_SAMPLE,
     DOC_PER,
@@ -22,7 +22,7 @@ from pipeline.write.inputs import (
     detect_format,
     looks_binary,
 )
-from schemas.dataset import open_fs
+from schemas.files import open_fs
 
 
 def _check_text(text: str) -> str | None:
@@ -327,7 +327,8 @@ def read_documents(sources: list[SourceFile], opts: ReadOptions,
     """Documents (or errors) of every source, whole files, in source order then line
     order (benchmarks and tools; the pipeline reads work items with ``read_range``)."""
     if opts.doc_per not in DOC_PER:
-        raise ElmoUserError(f"--doc-per must be 'line' or 'file', not {opts.doc_per!r}")
+        raise SettingError("doc_per", lambda name: (
+            f"{name('doc_per')} must be 'line' or 'file', not {opts.doc_per!r}"))
     counter = LineCounter()
     for source in sources:
         yield from read_range(source, 0, max(source.size, 1), opts, storage_options, counter)

@@ -120,8 +120,8 @@ def test_submit_runs_the_job_on_a_real_local_ray_cluster(tiny_model_dir: Path,
 
     import ray
 
+    import pipeline
     from jobs.spec import load_spec
-    from jobs.state import read_live_table
     from jobs.submit import submit, wait
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -150,7 +150,7 @@ def test_submit_runs_the_job_on_a_real_local_ray_cluster(tiny_model_dir: Path,
     finally:
         ray.shutdown()
         shutil.rmtree(ray_temp, ignore_errors=True)
-    documents = read_live_table(str(tmp_path / "ds"), "documents")
+    documents = pipeline.open_dataset(str(tmp_path / "ds")).to_table(table="documents")
     assert sorted(documents.column("doc_id").to_pylist()) == ["a.txt:1", "a.txt:2"]
 
 
@@ -166,8 +166,8 @@ def test_jobs_and_elmo_embed_pick_ray_by_one_rule_and_a_job_starts_it_once(
     import torch
 
     import jobs.runner
+    import pipeline
     from jobs.spec import load_spec
-    from jobs.state import read_live_table
     from pipeline.write.ray_setup import choose_executor
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -203,5 +203,5 @@ def test_jobs_and_elmo_embed_pick_ray_by_one_rule_and_a_job_starts_it_once(
     assert result is not None and result.record.status == "ok"
     assert executors == ["ray", "ray"] and len(starts) == 1
     assert not ray.is_initialized()  # the job's session ended with the run
-    documents = read_live_table(str(tmp_path / "ds"), "documents")
+    documents = pipeline.open_dataset(str(tmp_path / "ds")).to_table(table="documents")
     assert sorted(documents.column("doc_id").to_pylist()) == ["a.txt:1", "b.txt:1"]

@@ -20,9 +20,10 @@ import pyarrow as pa
 import pytest
 from helpers import REPO
 
+import pipeline
 from jobs.runner import run_job
 from jobs.spec import JobSpec, load_spec
-from jobs.state import iter_runs, live_files, read_live_table
+from jobs.state import iter_runs, live_files
 
 KEYS = {"tokens": ["doc_id", "sent_idx", "tok_idx"], "sentences": ["doc_id", "sent_idx"],
         "documents": ["doc_id"], "errors": ["doc_id", "reason"]}
@@ -51,7 +52,8 @@ FINAL = {"a.txt": INITIAL["a.txt"], "sub/b.txt": "Changed text now. With three s
 
 
 def live(spec: JobSpec, table: str) -> pa.Table:
-    return read_live_table(spec.output, table).sort_by([(k, "ascending") for k in KEYS[table]])
+    rows = pipeline.open_dataset(spec.output).to_table(table=table)
+    return rows.sort_by([(k, "ascending") for k in KEYS[table]])
 
 
 def on_disk_is_live(out: Path) -> bool:
@@ -153,7 +155,7 @@ def test_add_modify_touch_delete(tiny_model_dir: Path, tmp_path: Path,
 
 
 def _fs(spec: JobSpec) -> tuple[Any, str]:
-    from pipeline.write.output import open_fs
+    from schemas.files import open_fs
 
     return open_fs(spec.output)
 
@@ -392,7 +394,7 @@ def test_cli_run_status_and_busy(tiny_model_dir: Path, tmp_path: Path,
     import json
 
     from pipeline import cli
-    from pipeline.write.output import DatasetLock
+    from schemas.lock import DatasetLock
 
     monkeypatch.setattr(cli, "REGISTRARS", ("jobs.cli",))  # only our verbs
     write_corpus(tmp_path, INITIAL)
@@ -414,7 +416,7 @@ def test_cli_run_status_and_busy(tiny_model_dir: Path, tmp_path: Path,
     assert status["job"] == "job" and [r["status"] for r in status["runs"]] == ["ok",
                                                                                 "no-changes"]
 
-    from pipeline.write.output import open_fs
+    from schemas.files import open_fs
 
     fs, root = open_fs(str(tmp_path / "ds"))
     with DatasetLock(fs, f"{root}/_jobs"):  # as if another run were going

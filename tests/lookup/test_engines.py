@@ -1,6 +1,6 @@
 """Each stored layout read by DuckDB, pyarrow, polars and Spark with no elmo code: the
 plain join of ``tokens`` and ``types`` that docs/dataset_format.md shows, checked against
-elmo's own reader (``read_tokens``)."""
+elmo's own reader (``read_table``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import config, write_corpus
 
-from pipeline.lookup.layers.tokens import read_tokens
+from pipeline.lookup.layers.tokens import read_table
 from pipeline.write.embed import embed_corpus
 
 DTYPES = ("float16", "float32", "int8")
@@ -35,7 +35,7 @@ def stored(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 
 def expected(out: Path) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
     """(layer_0, layer_1) of every token by its key, as elmo reads them."""
-    table = read_tokens(str(out))
+    table = read_table(str(out))
     l0 = np.stack(table["layer_0"].to_numpy(zero_copy_only=False)).astype(np.float32)
     l1 = np.stack(table["layer_1"].to_numpy(zero_copy_only=False)).astype(np.float32)
     keys = zip(*(table[k].to_pylist() for k in KEYS), strict=True)

@@ -19,7 +19,7 @@ import pipeline.lookup.layers.mixes as mixes
 from pipeline.lookup.layers.int8 import int8_columns, read_int8_values
 from pipeline.lookup.layers.mixes import iter_mixed, mix_arrays
 from pipeline.lookup.layers.parquet import CorruptPageError, UnsupportedLayoutError
-from pipeline.lookup.layers.tokens import read_tokens
+from pipeline.lookup.layers.tokens import read_table
 from schemas.dataset import open_dataset
 from schemas.mix_specs import Mix
 
@@ -112,7 +112,7 @@ def test_fused_int8_mix_is_bitwise_the_reference(int8_dataset: Path, mix: Mix,
     """The direct path (taken: the pyarrow reader is switched off) gives bitwise what
     ``mix_arrays`` gives on the dequantized layers, in the same row order."""
     ds = open_dataset(str(int8_dataset))
-    table = read_tokens(ds)
+    table = read_table(ds)
     layers = [table.column(f"layer_{k}").combine_chunks().flatten().to_numpy()
               .reshape(table.num_rows, -1) for k in range(3)]
     want = mix_arrays(layers, mix)

@@ -19,7 +19,7 @@ import pytest
 from elmo_model import layer_mix
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.layers.mixes import iter_mixed
-from pipeline.lookup.layers.tokens import read_tokens
+from pipeline.lookup.layers.tokens import read_table
 from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 from schemas.dataset import load_mixes, open_dataset, save_mix
 from schemas.mix_specs import Mix, resolve_mix
@@ -82,7 +82,7 @@ def dataset(fixture_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 def stored_layers(dataset: Path) -> tuple[pa.Table, list[np.ndarray]]:
     """Every token row and its layers, read independently of pipeline.lookup.layers.mixes
     (sorted)."""
-    table = read_tokens(str(dataset)).sort_by([("doc_id", "ascending"),
+    table = read_table(str(dataset)).sort_by([("doc_id", "ascending"),
                                                        ("sent_idx", "ascending"),
                                                        ("tok_idx", "ascending")])
     # As stored: float16, or float32 dequantized from int8.
@@ -348,7 +348,7 @@ def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
     ix = SenseIndex(str(tmp_path / "ix"))
     assert ix.table.count_rows() == len(vectors) + summary.added_rows
     assert not any(i.num_unindexed_rows for i in ix.table.list_indices())
-    new = read_tokens(str(ds_copy), filters=[("doc_id", "=", "more.txt:1")])
+    new = read_table(str(ds_copy), filters=[("doc_id", "=", "more.txt:1")])
     layers = [np.stack(new[c].to_numpy(zero_copy_only=False)) for c in LAYERS]
     query = layer_mix(layers, [0.0, 0.0, 0.0])[3]
     hit = ix.search(query, k=1).to_pylist()[0]

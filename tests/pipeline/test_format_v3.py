@@ -137,7 +137,7 @@ def test_appending_v3_to_a_version_2_dataset_is_refused(
     descriptor["schema_version"] = 2
     (out / "_dataset.json").write_text(json.dumps(descriptor))
     corpus = write_corpus(tmp_path / "more")
-    with pytest.raises(ElmoUserError, match=r"schema version 2.*write to a new --out"):
+    with pytest.raises(ElmoUserError, match=r"schema version 2.*write to a new out"):
         embed_corpus(config(tiny_model_dir, [str(corpus)], out, dtype="float16",
                             part="more"))
 
@@ -172,7 +172,7 @@ def write_as_version_2(v3: Path, out: Path) -> None:
 
 
 def test_a_version_2_dataset_reads_the_same(datasets: dict[str, Path], tmp_path: Path) -> None:
-    """mixes (page reader), SQL and read_tokens on version 2 files give the v3 values."""
+    """mixes (page reader), SQL and read_table on version 2 files give the v3 values."""
     old = tmp_path / "v2"
     write_as_version_2(datasets["float16"], old)
     assert not list(old.glob("types/*"))

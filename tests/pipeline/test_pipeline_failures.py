@@ -82,8 +82,9 @@ def test_a_killed_run_before_its_first_commit_does_not_block_a_corrected_rerun(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     """What kill -9 leaves before the first commit (descriptor, plan, lock, staging) of a
     run with the wrong model and inputs: a rerun with the right ones is accepted."""
-    from pipeline.write.output import check_plan, ensure_descriptor, open_fs
+    from pipeline.write.output import check_plan, ensure_descriptor
     from schemas import DatasetDescriptor
+    from schemas.files import open_fs
 
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
@@ -158,7 +159,7 @@ def test_a_version_1_dataset_reads_but_refuses_appends(tiny_model_dir: Path,
     (out / "_dataset.json").write_text(json.dumps(descriptor))
     documents = open_dataset(str(out)).paths("documents")
     assert documents and sum(pq.read_table(path).num_rows for path in documents) == 5
-    with pytest.raises(ElmoUserError, match=r"schema version 1.*write to a new --out"):
+    with pytest.raises(ElmoUserError, match=r"schema version 1.*write to a new out"):
         embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out, part="new"))
 
 

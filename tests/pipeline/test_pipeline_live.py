@@ -8,11 +8,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
+from pipeline.write.config import flag_of
 from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 from pipeline.write.inputs import list_sources
-from pipeline.write.output import PlanMismatchError, live_parts, open_fs, publish_live
-from schemas.dataset import list_files, open_dataset
+from pipeline.write.output import PlanMismatchError
+from schemas.dataset import open_dataset
+from schemas.files import open_fs
+from schemas.manifest import list_files, live_parts, publish_live
 
 
 def config(model_dir: Path, sources: list[str], out: Path | str, **kw: object) -> EmbedConfig:
@@ -162,14 +165,15 @@ def test_device_and_compute_dtype_flags(tiny_model_dir: Path, tmp_path: Path,
     with pytest.raises(ElmoUserError, match="CUDA"):
         embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], tmp_path / "fp16", n_shards=2,
                             device="cpu", compute_dtype="float16"))
-    with pytest.raises(ElmoUserError, match="--device"):
+    with pytest.raises(SettingError, match=r"^device: ") as caught:  # the library's name
         embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], tmp_path / "x", device="tpu"))
+    assert caught.value.named(flag_of).startswith("--device: ")  # the CLI's
 
 
 def test_reuse_models_loads_a_model_once(tiny_model_dir: Path, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import elmo_model
-    from pipeline.write.embed import reuse_models
+    from pipeline.write.work_item import reuse_models
 
     loads = []
     real = elmo_model.load

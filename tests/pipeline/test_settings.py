@@ -14,9 +14,10 @@ from helpers import run_cli
 
 from elmo_model.errors import ElmoUserError
 from jobs.spec import SpecError, job_key, parse_spec
-from pipeline.embed_cli import config_from_args
 from pipeline.embed_cli import register as register_embed
-from pipeline.write.config import STORAGE_DTYPES, EmbedConfig, ModelSpec
+from pipeline.embed_cli import settings_from_args
+from pipeline.write.config import EmbedConfig, ModelSpec
+from pipeline.write.embed import config_from_settings
 from pipeline.write.inputs import ReadOptions
 from pipeline.write.setting import SettingField, settings_fields
 
@@ -81,7 +82,8 @@ def test_every_setting_reaches_the_api_the_cli_and_a_job_spec_or_says_why_not(
             str(tiny_model_dir)]
     for path, field in on_cli:
         argv += cli_argv(field, values[path])
-    from_cli = config_from_args(embed_parser().parse_args(argv))
+    args = embed_parser().parse_args(argv)
+    from_cli = config_from_settings(args.sources, args.out, **settings_from_args(args))
     for path, _ in on_cli:
         assert value_of(from_cli, path) == values[path], f"--{path} did not reach EmbedConfig"
     assert from_cli.sources == [str(tmp_path / "c" / "*.txt")]
@@ -108,10 +110,19 @@ def test_every_setting_reaches_the_api_the_cli_and_a_job_spec_or_says_why_not(
             assert value_of(api, path) == values[path]
 
 
-def test_storage_dtypes_agree_with_the_schemas_package() -> None:
-    from schemas import STORAGE_DTYPES as SCHEMA_DTYPES
+def test_settings_import_without_pyarrow() -> None:
+    """``elmo --help`` parses the embed settings: the storage dtypes come from the
+    contract's light module, not from the Arrow schemas."""
+    import subprocess
+    import sys
 
-    assert STORAGE_DTYPES == SCHEMA_DTYPES
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, pipeline.cli as c; c.build_parser(); "
+         "from pipeline.write.config import STORAGE_DTYPES; "
+         "from schemas import STORAGE_DTYPES as S; "
+         "print(STORAGE_DTYPES is S, 'pyarrow' in sys.modules)"],
+        capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == ["True", "False"]
 
 
 @pytest.mark.parametrize(("changes", "flag_message", "key_message"), [

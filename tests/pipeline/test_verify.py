@@ -22,7 +22,9 @@ from pipeline import cli
 from pipeline.lookup.layers.mixes import iter_mixed
 from pipeline.lookup.layers.parquet import CorruptPageError
 from pipeline.write.embed import embed_corpus
-from schemas.dataset import RECORDS_CACHE, committed_shards, open_dataset, open_fs
+from schemas.dataset import open_dataset
+from schemas.files import open_fs
+from schemas.manifest import RECORDS_CACHE, committed_items
 from schemas.user_cache import CACHE_ENV
 from schemas.verify import (
     CORRUPT,
@@ -51,7 +53,7 @@ def _file_bytes(out: str, options: dict | None) -> dict[str, bytes]:
     """Every committed file's bytes, by path relative to the dataset."""
     fs, root = open_fs(out, options)
     return {rel: fs.cat_file(f"{root}/{rel}")
-            for entry in committed_shards(fs, root, "main").values()
+            for entry in committed_items(fs, root, "main").values()
             for rel in entry["files"].values()}
 
 
@@ -92,7 +94,7 @@ def _check_damage_reported_and_repaired(model: Path, corpus: Path, out: str,
                                         reference: dict[str, bytes],
                                         options: dict | None) -> None:
     fs, root = open_fs(out, options)
-    entries = committed_shards(fs, root, "main")
+    entries = committed_items(fs, root, "main")
     assert len(entries) >= len(DAMAGES)
     # One damage per item, each in its tokens file: item k gets DAMAGES[k].
     ds = open_dataset(out, options)
@@ -174,7 +176,7 @@ def test_flip_truncate_delete_on_local_disk_are_reported_and_repaired(
     out = str(tmp_path / "ds")
     _embed(tiny_model_dir, corpus, out)
     fs, root = open_fs(out)
-    entries = committed_shards(fs, root, "main")
+    entries = committed_items(fs, root, "main")
     item, entry = sorted(entries.items())[0]
     _damage(fs, f"{root}/{entry['files']['tokens']}", "flip")
 
@@ -242,7 +244,7 @@ def test_commit_records_on_s3_are_read_once_per_version(
 
     records = stored()
     assert len(records) >= 3
-    assert committed_shards(fs, root, "main") == records
+    assert committed_items(fs, root, "main") == records
     [cache_file] = (tmp_path / "cache" / RECORDS_CACHE).iterdir()
     cached = json.loads(cache_file.read_text())
     assert sorted(cached["records"]) == sorted(f"shard={k}.json" for k in records)
@@ -251,7 +253,7 @@ def test_commit_records_on_s3_are_read_once_per_version(
     # comes back, so the record itself was not fetched.
     cached["records"]["shard=1.json"]["entry"]["planted"] = True
     cache_file.write_text(json.dumps(cached))
-    assert committed_shards(fs, root, "main")[1]["planted"] is True
+    assert committed_items(fs, root, "main")[1]["planted"] is True
     assert open_dataset(out, options).shard_files()  # readers go through the same listing
 
     # A rewritten record is a new version (ETag), read again; a deleted one is gone.
@@ -259,13 +261,13 @@ def test_commit_records_on_s3_are_read_once_per_version(
     fs.pipe_file(f"{folder}/shard=1.json", json.dumps(rewritten).encode())
     fs.rm(f"{folder}/shard=2.json")
     left = {k: v for k, v in records.items() if k != 2} | {1: rewritten}
-    assert committed_shards(fs, root, "main") == stored() == left
+    assert committed_items(fs, root, "main") == stored() == left
     assert sorted(json.loads(cache_file.read_text())["records"]) == sorted(
         f"shard={k}.json" for k in left)
 
     # An unreadable cache is started again.
     cache_file.write_text("{not json")
-    assert committed_shards(fs, root, "main") == stored()
+    assert committed_items(fs, root, "main") == stored()
     assert len(json.loads(cache_file.read_text())["records"]) == len(left)
 
 
@@ -276,14 +278,14 @@ def test_records_without_hashes_are_checked_by_size_rows_and_schema(
     out = str(tmp_path / "ds")
     _embed(tiny_model_dir, corpus, out)
     fs, root = open_fs(out)
-    for item, entry in committed_shards(fs, root, "main").items():
+    for item, entry in committed_items(fs, root, "main").items():
         entry.pop("sha256")
         fs.pipe_file(f"{root}/_manifest/main/shard={item}.json", json.dumps(entry).encode())
     ds = open_dataset(out)
     report = verify_dataset(fs, root, ds.descriptor)
     assert report.files and all(c.ok and "no hash" in c.detail for c in report.files)
     # Row counts still come from the footer: a record that disagrees is reported.
-    item, entry = sorted(committed_shards(fs, root, "main").items())[0]
+    item, entry = sorted(committed_items(fs, root, "main").items())[0]
     entry["counts"]["tokens"] += 1
     fs.pipe_file(f"{root}/_manifest/main/shard={item}.json", json.dumps(entry).encode())
     bad = verify_dataset(fs, root, ds.descriptor).problems

@@ -21,13 +21,7 @@ from typing import Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.layers.tokens import (
-    check_layers,
-    has_own_layer_0,
-    layer_vectors,
-    read_types,
-    stored_columns,
-)
+from pipeline.lookup.layers.tokens import check_layers, matrix, read_table
 from schemas.dataset import open_dataset, save_mix
 from schemas.mix_specs import Mix, check_name
 
@@ -80,7 +74,7 @@ def gather(dataset: str, labels: Any) -> tuple[list[np.ndarray], np.ndarray, lis
                                                 np.ndarray]:
     """(layers [L+1] x [n, dim] float32, label ids, class names, held-out mask)."""
     import pyarrow as pa
-    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
 
     ds = open_dataset(dataset)
     n_layers = ds.descriptor.n_output_layers
@@ -90,37 +84,23 @@ def gather(dataset: str, labels: Any) -> tuple[list[np.ndarray], np.ndarray, lis
     files = ds.paths("tokens")
     if not files:
         raise ElmoUserError(f"{dataset} has no committed shards yet")
-    fs = ds.arrow_filesystem()
-    wanted = pads.field("doc_id").isin(pa.array(labels["doc_id"].unique()))
-    layers: list[list[np.ndarray]] = [[] for _ in range(n_layers)]
-    keys: list[Any] = []
-    for path in files:  # per file: a version 3 file's layer 0 is in its own types file
-        source = pads.dataset(path, format="parquet", filesystem=fs)
-        try:
-            check_layers(source.schema, layer_cols, path)
-        except ElmoUserError:
-            raise ElmoUserError(f"{dataset} stores no layer columns to fit a mix on") from None
-        columns = list(dict.fromkeys(KEYS + stored_columns(source.schema, layer_cols)))
-        types = None
-        for batch in source.to_batches(columns=columns, filter=wanted):
-            if not batch.num_rows:
-                continue
-            meta = pa.table({k: batch.column(k) for k in KEYS}).append_column(
-                "_row", pa.array(np.arange(batch.num_rows), pa.int64()))
-            hit = meta.join(labels, keys=KEYS, join_type="inner").sort_by("_row")
-            if not hit.num_rows:
-                continue
-            if types is None and not has_own_layer_0(source.schema):
-                types = read_types(fs, path)
-            rows = hit["_row"].to_numpy()
-            for k, col in enumerate(layer_cols):
-                layers[k].append(np.asarray(layer_vectors(batch, col, types)[rows],
-                                            np.float32))
-            keys.append(hit.select([*KEYS, "label"]))
-    if not keys:
+    try:
+        check_layers(pq.read_schema(files[0], filesystem=ds.arrow_filesystem()), layer_cols,
+                     files[0])
+    except ElmoUserError:
+        raise ElmoUserError(f"{dataset} stores no layer columns to fit a mix on") from None
+    # The labelled documents' tokens, every layer as floats, in stored order.
+    documents = labels["doc_id"].unique().to_pylist()
+    rows = read_table(ds, "tokens", filters=[("doc_id", "in", documents)])
+    rows = rows.append_column("_row", pa.array(np.arange(rows.num_rows), pa.int64()))
+    hit = rows.select([*KEYS, "_row"]).join(labels, keys=KEYS, join_type="inner")
+    hit = hit.sort_by("_row")
+    if not hit.num_rows:
         raise ElmoUserError("no labelled token was found in the dataset (check doc_id, "
                             "sent_idx, tok_idx)")
-    found = pa.concat_tables(keys)
+    taken = rows.take(hit["_row"])
+    layers = [np.array(matrix(taken[col]), np.float32) for col in layer_cols]
+    found = hit.select([*KEYS, "label"])
     names = sorted(set(found["label"].to_pylist()))
     if len(names) < 2:
         raise ElmoUserError("the labels name fewer than 2 classes")
@@ -132,7 +112,7 @@ def gather(dataset: str, labels: Any) -> tuple[list[np.ndarray], np.ndarray, lis
     ])
     if held_out.all() or not held_out.any():  # tiny label sets: fall back to every 5th row
         held_out = np.arange(len(y)) % 5 == 0
-    return [np.concatenate(parts) for parts in layers], y, names, held_out
+    return layers, y, names, held_out
 
 
 @dataclass

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
-from schemas import HALF_LAYER_0, SCALE_SUFFIX, TYPES_SINCE_VERSION
+from schemas import (
+    HALF_LAYER_0,
+    PARTITION_COLUMN,
+    SCALE_SUFFIX,
+    TABLE_SCHEMAS,
+    TYPES_SINCE_VERSION,
+    layer_columns,
+)
 from schemas.dataset import open_dataset
 from schemas.layers import dequantize_int8
 
@@ -181,9 +188,10 @@ def with_every_layer(table: pa.Table, n_output_layers: int, types: TypeVectors |
     return pa.table(columns)
 
 
-def read_tokens(dataset: Any, filters: Any = None) -> pa.Table:
-    """Every live token row of a dataset (a URI or an opened ``Dataset``) with every layer
-    as floats (``with_every_layer``) and the hive column ``shard``: what
+def read_table(dataset: Any, table: str = "tokens", filters: Any = None) -> pa.Table:
+    """Every live row of one table of a dataset (a URI or an opened ``Dataset``) with the
+    hive column ``shard``; ``filters`` as ``pyarrow.parquet.read_table`` takes them. The
+    tokens table comes with every layer as floats (``with_every_layer``): what
     ``pq.read_table(OUT / "tokens")`` gave for version 1/2 datasets. For small datasets
     and checks; streaming readers use ``pipeline.lookup.layers.mixes.iter_mixed``."""
     import pyarrow as pa
@@ -192,15 +200,27 @@ def read_tokens(dataset: Any, filters: Any = None) -> pa.Table:
     ds = open_dataset(dataset) if isinstance(dataset, str) else dataset
     fs = ds.arrow_filesystem()
     n_layers = ds.descriptor.n_output_layers
-    tables = []
-    for file in ds.shard_files("tokens"):
-        table = pq.read_table(file.path, filesystem=fs, filters=filters)
-        types = None if has_own_layer_0(table.schema) else read_types(fs, file.path)
-        table = with_every_layer(table, n_layers, types)
-        tables.append(table.append_column(
-            "shard", pa.array([file.shard] * table.num_rows, pa.int32())))
+    pieces = []
+    for file in ds.shard_files(table):
+        piece = pq.read_table(file.path, filesystem=fs, filters=filters)
+        if table == "tokens":
+            types = None if has_own_layer_0(piece.schema) else read_types(fs, file.path)
+            piece = with_every_layer(piece, n_layers, types)
+        pieces.append(piece.append_column(
+            PARTITION_COLUMN, pa.array([file.shard] * piece.num_rows, pa.int32())))
     # An empty piece may carry another float width (no rows to take it from): leave it.
-    rows = [t for t in tables if t.num_rows] or tables[:1]
-    if not rows:
-        raise ElmoUserError(f"{ds.uri} has no committed shards yet")
-    return pa.concat_tables(rows)
+    rows = [t for t in pieces if t.num_rows] or pieces[:1]
+    schema = _every_layer_schema(ds.descriptor) if table == "tokens" else TABLE_SCHEMAS[table]
+    empty = schema.empty_table().append_column(PARTITION_COLUMN, pa.array([], pa.int32()))
+    return pa.concat_tables(rows) if rows else empty
+
+
+def _every_layer_schema(descriptor: Any) -> pa.Schema:
+    """The tokens table as ``with_every_layer`` gives it, for a dataset with no rows."""
+    import pyarrow as pa
+
+    value = pa.float32() if descriptor.dtype == "int8" else pa.from_numpy_dtype(
+        np.dtype(descriptor.dtype))
+    meta = [f for f in descriptor.token_schema() if not f.name.startswith("layer_")]
+    return pa.schema(meta + [pa.field(name, pa.list_(value, descriptor.dim))
+                             for name in layer_columns(descriptor.n_output_layers)])
