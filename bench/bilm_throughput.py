@@ -54,7 +54,7 @@ def matmul_seconds_per_flop(
     """One timing of the FLOP-weighted seconds per FLOP over (a_shape, b_shape, share):
     torch ``matmul``, or with ``onednn`` oneDNN on weights reordered once (one
     ``PackedLinear`` per direction, as the model's oneDNN step calls them)."""
-    from elmo_model.onednn import PackedLinear
+    from elmo_model.steps.onednn import PackedLinear
 
     total = 0.0
     for a_shape, b_shape, share in shapes:
@@ -81,7 +81,7 @@ def onednn_gemm_seconds(config: BiLMConfig, lengths: list[int]) -> float:
     projection, and its recurrent and output projections at each step's real row count
     (which falls as sentences end). What the model spends beyond this is everything else:
     convolutions, the cell's pointwise work, copies."""
-    from elmo_model.onednn import PackedLinear
+    from elmo_model.steps.onednn import PackedLinear
 
     p, d, f = config.projection_dim, config.lstm_dim, config.n_filters
     plan = PackPlan.build(np.array(lengths))
@@ -270,7 +270,7 @@ CUDA_STEPS = {
 
 
 def _fused(graphs: bool) -> LstmStep:
-    from elmo_model.fused_graphs import FusedStep  # imports triton
+    from elmo_model.steps.fused_graphs import FusedStep  # imports triton
 
     return FusedStep(graphs=graphs)
 

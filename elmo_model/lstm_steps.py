@@ -26,8 +26,8 @@ import torch
 
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import LstmStep, reference_step
-from elmo_model.onednn import OnednnStep, onednn_unavailable
-from elmo_model.torch_step import TorchStep
+from elmo_model.steps.onednn import OnednnStep, onednn_unavailable
+from elmo_model.steps.torch_step import TorchStep
 
 STEP_NAMES = ("auto", "reference", "torch", "onednn", "fused")
 
@@ -48,14 +48,14 @@ def fused_unavailable(device: torch.device | str) -> str | None:
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (pip install 'elmo-store[gpu]' for the fused step)"
     try:
-        importlib.import_module("elmo_model.fused_graphs")
+        importlib.import_module("elmo_model.steps.fused_graphs")
     except Exception as error:  # a broken triton install must not stop the model
         return f"triton failed to import ({type(error).__name__}: {error})"
     return None
 
 
 def _fused_step() -> LstmStep:
-    from elmo_model.fused_graphs import FusedStep  # imports triton: only when chosen
+    from elmo_model.steps.fused_graphs import FusedStep  # imports triton: only when chosen
 
     return FusedStep()
 

@@ -1,4 +1,4 @@
-"""The fused Triton LSTM step (``elmo_model.fused_lstm``, ``fused_graphs``) against the
+"""The fused Triton LSTM step (``elmo_model.steps.fused_lstm``, ``fused_graphs``) against the
 reference step.
 
 Triton's interpreter runs the kernels on CPU tensors, but only when ``TRITON_INTERPRET=1``
@@ -67,7 +67,7 @@ def check_interpreter_is_on(fixture_dir: Path) -> None:
     import triton  # noqa: F401  (first import, after the variable was set)
     from triton.runtime.interpreter import InterpretedFunction
 
-    from elmo_model import fused_lstm
+    from elmo_model.steps import fused_lstm
 
     interpreted = isinstance(fused_lstm._gates_cell_kernel, InterpretedFunction)
     if DEVICE.type == "cuda":  # compiled kernels, not the interpreter
@@ -79,7 +79,7 @@ def check_interpreter_is_on(fixture_dir: Path) -> None:
 
 def check_one_step_matches_the_reference_math(fixture_dir: Path) -> None:
     """One fused step, masked and not, against the step written out in torch."""
-    from elmo_model.fused_lstm import StepWeights, fused_step
+    from elmo_model.steps.fused_lstm import StepWeights, fused_step
 
     generator = torch.Generator().manual_seed(1)
     batch, n, p, d = 6, 5, CONFIG.projection_dim, CONFIG.lstm_dim
@@ -124,7 +124,7 @@ def _run_layer(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, step: LstmSt
 def _fused_steps() -> dict[str, LstmStep]:
     """The fused step's two loops: packed, and padded as captured in CUDA graphs (here
     even for ragged batches, which on a GPU would run packed)."""
-    from elmo_model.fused_graphs import FusedStep
+    from elmo_model.steps.fused_graphs import FusedStep
 
     graphs = FusedStep()
     graphs.recurrence_graphs(DEVICE).max_padding = float("inf")
@@ -225,8 +225,8 @@ def check_same_vectors_alone_and_in_a_batch(fixture_dir: Path) -> None:
 
 
 def check_auto_picks_the_fused_step_on_cuda(fixture_dir: Path) -> None:
-    from elmo_model.fused_graphs import FusedStep
     from elmo_model.lstm_steps import choose_step
+    from elmo_model.steps.fused_graphs import FusedStep
 
     chosen = choose_step("auto", "cuda")
     assert (chosen.name, chosen.reason) == ("fused", "CUDA device and triton importable")
@@ -235,7 +235,7 @@ def check_auto_picks_the_fused_step_on_cuda(fixture_dir: Path) -> None:
 
 
 def check_buckets(fixture_dir: Path) -> None:
-    from elmo_model.fused_graphs import bucket_size, padded_positions
+    from elmo_model.steps.fused_graphs import bucket_size, padded_positions
 
     assert [bucket_size(n) for n in (1, 8, 9, 15, 17, 33, 100, 4000)] == [
         8, 8, 10, 16, 20, 40, 112, 4096]
@@ -249,7 +249,7 @@ def check_buckets(fixture_dir: Path) -> None:
 
 
 def check_graphs_only_for_batches_that_pad_well(fixture_dir: Path) -> None:
-    from elmo_model.fused_graphs import RecurrenceGraphs
+    from elmo_model.steps.fused_graphs import RecurrenceGraphs
 
     graphs = RecurrenceGraphs(DEVICE)
     similar = PackPlan.build(np.full(30, 18) + np.arange(30) % 3)  # 18-20 tokens: 32 x 20

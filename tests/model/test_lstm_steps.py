@@ -14,8 +14,8 @@ from helpers import layer_plan_input, run_layer
 from elmo_model import lstm_steps
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import BiLM, LstmStep, PackPlan, reference_step
-from elmo_model.onednn import OnednnStep
-from elmo_model.torch_step import TorchStep
+from elmo_model.steps.onednn import OnednnStep
+from elmo_model.steps.torch_step import TorchStep
 
 # "onednn" runs its float32 in-place path on these small weights; "onednn-packed" is the
 # path it takes for large recurrent weights (every matmul through oneDNN).

@@ -16,7 +16,7 @@ from helpers import layer_plan_input, run_layer
 from elmo_model import lstm_steps
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import BiLM, BiLstmLayer, PackPlan, reference_step
-from elmo_model.onednn import OnednnStep, PackedLinear, onednn_unavailable
+from elmo_model.steps.onednn import OnednnStep, PackedLinear, onednn_unavailable
 
 
 def test_onednn_runs_in_this_torch_build() -> None:
@@ -51,7 +51,7 @@ def test_char_cnn_matmuls_through_onednn_match() -> None:
 def test_packing_follows_weight_changes() -> None:
     """A packing is kept while the weights stay, rebuilt when they are loaded or an
     in-place edit is declared with ``weights_changed()``."""
-    from elmo_model.onednn import _LAYER_PACKINGS
+    from elmo_model.steps.onednn import _LAYER_PACKINGS
 
     layer, plan, x, state = layer_plan_input(seed=3)
     step = OnednnStep()
@@ -104,7 +104,7 @@ def test_a_dtype_onednn_refuses_gets_the_torch_step(monkeypatch: pytest.MonkeyPa
     """Where oneDNN cannot run bf16 (a CPU without the instructions it wants), ``auto``
     chooses the torch step for a bf16 embedder, and ``onednn`` is refused, before any
     embedding starts."""
-    from elmo_model.torch_step import TorchStep
+    from elmo_model.steps.torch_step import TorchStep
 
     monkeypatch.setattr(lstm_steps, "onednn_unavailable",
                         lambda dtype=torch.float32: "no bf16 here" if dtype != torch.float32

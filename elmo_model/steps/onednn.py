@@ -30,7 +30,7 @@ import torch
 
 from elmo_model.model import BiLstmLayer, CharCNN
 from elmo_model.pack_plan import PackPlan
-from elmo_model.torch_step import cell_update_
+from elmo_model.steps.torch_step import cell_update_
 from elmo_model.weight_versions import DerivedWeights
 
 

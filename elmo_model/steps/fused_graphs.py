@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from elmo_model.fused_lstm import Buffers, StepWeights, fused_step, packed_steps
 from elmo_model.model import BiLstmLayer, CharCNN
 from elmo_model.pack_plan import PackPlan
+from elmo_model.steps.fused_lstm import Buffers, StepWeights, fused_step, packed_steps
 from elmo_model.weight_versions import DerivedWeights
 
 # Bucket sizes: 4 per octave (8, 10, 12, 14, 16, 20, ...), so a bucket wastes under 25% of a
