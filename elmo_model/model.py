@@ -82,8 +82,8 @@ class BiLMConfig:
 
 
 def fast_tanh(x: torch.Tensor) -> torch.Tensor:
-    """``tanh(x) = 2 sigmoid(2x) - 1``: torch's CPU tanh ran 10x slower than its sigmoid here,
-    enough to cost the LSTM a sixth of its time; the error stays below 1e-7."""
+    """``tanh(x) = 2 sigmoid(2x) - 1``: torch's CPU tanh was much slower than its sigmoid
+    (BENCHMARKS.md, "Figures once in code"); the error stays below 1e-7."""
     s = torch.sigmoid(x * 2)
     if s.requires_grad:  # training: autograd needs sigmoid's output unmodified
         return s * 2 - 1
@@ -135,7 +135,8 @@ class CharCNN(VersionedWeights):
 
     # Tokens go through in padded chunks of exactly this many: every matmul then has the
     # same shape whatever the batch, so a token's vector is bitwise the same in any batch
-    # (a cached vector equals a fresh one), and conv outputs stay in cache (3x faster here).
+    # (a cached vector equals a fresh one), and conv outputs stay in cache (faster:
+    # BENCHMARKS.md, "Figures once in code").
     # A GPU takes larger chunks: at 64 tokens a 131k-token batch would be ~2,000 chunks of
     # a dozen kernel launches each, and launch overhead, not FLOPs, would set the pace.
     chunk_tokens = 64
@@ -153,8 +154,8 @@ class CharCNN(VersionedWeights):
         real char plus one all-padding window: the first ``real + widest filter``
         positions. Rounded up to a multiple of 8, so a batch has only a few widths; a
         token's width depends on its own chars alone, which keeps its vector the same in
-        any batch. On typical English, 9 tokens in 10 need 16 of the 50 positions: the
-        convolutions ran 5x faster on them here.
+        any batch. On typical English, 9 tokens in 10 need 16 of the 50 positions, so the
+        convolutions do a third of the work (BENCHMARKS.md, "Figures once in code").
         """
         c = char_ids.shape[1]
         real = (char_ids != PADDING + 1) & (char_ids != 0)
@@ -182,7 +183,8 @@ class CharCNN(VersionedWeights):
 
     def _pooled(self, char_ids: torch.Tensor) -> torch.Tensor:  # [chunk, W] -> [chunk, F]
         act = torch.relu if self.config.activation == "relu" else fast_tanh
-        # fp32 even under autocast: the max-pool over bf16 conv outputs ran 7x slower here.
+        # fp32 even under autocast: the max-pool over bf16 conv outputs is far slower on
+        # CPUs (BENCHMARKS.md, "Figures once in code").
         with torch.autocast(char_ids.device.type, enabled=False):
             chars = self.char_embedding(char_ids).transpose(1, 2)  # [chunk, E, W]
             # max over char positions, then the activation (bilm-tf's order)

@@ -30,7 +30,8 @@ def layer_columns(n_output_layers: int) -> list[str]:
     return [f"layer_{k}" for k in range(n_output_layers)]
 
 
-def _value_type(dtype: str) -> pa.DataType:
+def storage_type(dtype: str) -> pa.DataType:
+    """The Arrow type of one stored layer value of storage dtype ``dtype``."""
     if dtype not in STORAGE_DTYPES:
         raise ValueError(f"dtype must be one of {STORAGE_DTYPES}, not {dtype!r}")
     return {"float16": pa.float16(), "float32": pa.float32(), "int8": pa.int8()}[dtype]
@@ -39,7 +40,7 @@ def _value_type(dtype: str) -> pa.DataType:
 def vector_fields(name: str, dim: int, dtype: str) -> list[pa.Field]:
     """A stored vector: ``name`` as a fixed-size list of ``dtype``; with int8, followed
     by ``name_scale`` (float32): value = int8 value x scale (schemas.layers)."""
-    fields = [pa.field(name, pa.list_(_value_type(dtype), dim), nullable=False)]
+    fields = [pa.field(name, pa.list_(storage_type(dtype), dim), nullable=False)]
     if dtype == "int8":
         fields.append(pa.field(name + SCALE_SUFFIX, pa.float32(), nullable=False))
     return fields

@@ -26,7 +26,8 @@ from pathlib import Path
 from elmo_model.corpus.extract import Document, clean_paragraphs
 from elmo_model.errors import ElmoUserError
 
-# The largest manual (17 MB, 700 pages) converts in under 2 s: a minute means a broken file.
+# The largest manual converts in seconds (BENCHMARKS.md, "Figures once in code"): a
+# minute means a broken file.
 TIMEOUT_S = 60.0
 # pdftotext runs in its own process, so two threads keep two cores busy.
 WORKERS = 2

@@ -95,9 +95,9 @@ _CHAR_CNN_PACKINGS = DerivedWeights()
 # (MKL) straight into the input projection's rows, in a buffer the step keeps: no new
 # tensor per time step. oneDNN's products have no output argument, and with the pipeline's
 # fixed mmap threshold (pipeline/write/executors.py) each new multi-MB gate tensor is freshly
-# zeroed pages. Measured 2026-11-26 (one thread, 128 KiB threshold, BENCHMARKS.md): the
-# default model (2 MB weight) 1.32x, the medium preset (8 MB) 1.05x, the standard (32 MB)
-# 0.86x, where MKL's per-call copy of the weight costs more than the pages did.
+# zeroed pages. In place wins up to about this size and loses at the standard model's
+# 32 MB, where MKL's per-call copy of the weight costs more than the pages did
+# (BENCHMARKS.md, "Figures once in code").
 IN_PLACE_MAX_WEIGHT_BYTES = 8 << 20
 
 

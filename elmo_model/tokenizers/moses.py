@@ -38,7 +38,7 @@ _CHUNK_RE = re.compile(r"\S+")
 
 
 def full_version() -> str:
-    from importlib.metadata import version  # ~40 ms: not on every elmo start-up
+    from importlib.metadata import version  # slow to import: not on every elmo start-up
 
     return f"{RULES_VERSION}+sacremoses-{version('sacremoses')}"
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from helpers import run_cli
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import SettingError
 from jobs.spec import SpecError, job_key, parse_spec
 from pipeline.embed_cli import register as register_embed
 from pipeline.embed_cli import settings_from_args
-from pipeline.write.config import EmbedConfig, ModelSpec
+from pipeline.write.config import EmbedConfig, ModelSpec, flag_of
 from pipeline.write.embed import config_from_settings
 from pipeline.write.inputs import ReadOptions
 from pipeline.write.setting import SettingField, settings_fields
@@ -143,9 +143,11 @@ def test_a_rule_is_checked_once_and_named_for_each_surface(
         tmp_path: Path, changes: dict, flag_message: str, key_message: str) -> None:
     cfg = dataclasses.replace(EmbedConfig(sources=["c"], out="o", model=ModelSpec("-", "-")),
                               **changes)
-    with pytest.raises(ElmoUserError) as caught:
+    with pytest.raises(SettingError) as caught:
         cfg.validate()
-    assert str(caught.value).startswith(flag_message)
+    assert caught.value.named(flag_of).startswith(flag_message)  # the CLI's words
+    assert str(caught.value).startswith(f"{caught.value.setting}: ")  # the library's
+    assert not str(caught.value).startswith("-")
     data: dict[str, Any] = {"source": "c/*.txt", "output": "ds"}
     fields = dict(FIELDS)
     for name, value in changes.items():

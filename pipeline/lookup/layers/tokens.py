@@ -79,8 +79,8 @@ class TypeVectors:
 
     def rows_for(self, tokens: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """The row of ``layer_0`` of each of ``tokens`` (a column of the tokens file,
-        plain or dictionary-encoded: then only its distinct strings are looked up, about
-        10x faster than hashing every row's string)."""
+        plain or dictionary-encoded: then only its distinct strings are looked up, far
+        fewer than hashing every row's string)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
