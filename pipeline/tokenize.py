@@ -11,8 +11,7 @@ module re-exports them for the pipeline, sense search and the CLI:
   (``"tokenizer": {"name": ..., "version": ...}``); ``moses`` for AllenNLP/bilm-tf
   weights, which declare nothing.
 
-``split_sentences``/``tokenize_words``/``TOKENIZER_NAME``/``TOKENIZER_VERSION`` are the
-``elmo-store-ptb`` tokenizer's, kept for existing callers. Sentences longer than
+Sentences longer than
 ``max_tokens`` are cut into overlapping windows for the model (see ``windows``), but
 stored as one sentence.
 """
@@ -29,21 +28,14 @@ from elmo_model.tokenizers import (
     model_tokenizer,
     tokenizer_names,
 )
-from elmo_model.tokenizers.ptb import NAME as TOKENIZER_NAME
-from elmo_model.tokenizers.ptb import VERSION as TOKENIZER_VERSION
-from elmo_model.tokenizers.ptb import split_sentences, tokenize_words
 
 __all__ = [
-    "TOKENIZER_NAME",
-    "TOKENIZER_VERSION",
     "Sentence",
     "Token",
     "Tokenizer",
     "Window",
     "get_tokenizer",
     "model_tokenizer",
-    "split_sentences",
-    "tokenize_words",
     "tokenizer_names",
     "windows",
 ]

@@ -7,14 +7,10 @@ import itertools
 
 import pytest
 
-from pipeline.tokenize import (
-    TOKENIZER_NAME,
-    TOKENIZER_VERSION,
-    get_tokenizer,
-    split_sentences,
-    tokenize_words,
-    windows,
-)
+from elmo_model.tokenizers.ptb import NAME as TOKENIZER_NAME
+from elmo_model.tokenizers.ptb import VERSION as TOKENIZER_VERSION
+from elmo_model.tokenizers.ptb import split_sentences, tokenize_words
+from pipeline.tokenize import get_tokenizer, windows
 
 
 def words(text: str) -> list[str]:

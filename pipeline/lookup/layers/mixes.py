@@ -48,9 +48,7 @@ from pipeline.lookup.layers.tokens import (
 )
 from schemas import SCALE_SUFFIX
 from schemas.dataset import Dataset
-from schemas.dataset import open_dataset as open_dataset  # its old home
 from schemas.mix_specs import Mix
-from schemas.mix_specs import resolve_mix as resolve_mix  # its old home
 
 if TYPE_CHECKING:
     import pyarrow as pa
