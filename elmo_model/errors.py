@@ -29,3 +29,9 @@ class SettingError(ElmoUserError):
 
     def named(self, name: Callable[[str], str]) -> str:
         return self.render(name)
+
+
+def cli_flag(setting: str) -> str:
+    """The flag a verb gives a setting unless it says otherwise: ``init_from`` ->
+    ``--init-from``."""
+    return "--" + setting.replace("_", "-")

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from jobs.spec import JobSpec
 
 
@@ -43,8 +43,8 @@ def submit(spec: JobSpec, address: str, *, working_dir: str | None = None,
            client_factory: Any = None) -> tuple[str, Any]:
     """Submit; returns (submission id, client). ``client_factory`` is for tests."""
     if not address.startswith(("http://", "https://")):
-        raise ElmoUserError(f"--address must be the dashboard URL (http://HEAD:8265), not "
-                            f"{address!r}")
+        raise SettingError("address", lambda name: (
+            f"{name('address')} must be the dashboard URL (http://HEAD:8265), not {address!r}"))
     if client_factory is None:
         from ray.job_submission import JobSubmissionClient
 
@@ -56,8 +56,9 @@ def submit(spec: JobSpec, address: str, *, working_dir: str | None = None,
         else:
             upload = Path(working_dir)
             if not (upload / Path(spec.path).name).is_file():
-                raise ElmoUserError(f"--working-dir {upload} must contain the spec "
-                                    f"{Path(spec.path).name}")
+                raise SettingError("working_dir", lambda name: (
+                    f"{name('working_dir')} {upload} must contain the spec "
+                    f"{Path(spec.path).name}"))
         kwargs = build_submission(spec, str(upload))
         try:
             client = client_factory(address)

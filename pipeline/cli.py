@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from elmo_model.errors import ElmoUserError, SettingError
+    from elmo_model.errors import ElmoUserError, SettingError, cli_flag
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -65,10 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except ElmoUserError as error:
-        # A library error about a setting names it as this command's flag (a verb sets
-        # ``setting_flag``: library name -> flag); anything else is printed as it is.
-        flag = getattr(args, "setting_flag", None)
-        message = error.named(flag) if isinstance(error, SettingError) and flag else error
+        # A library error about a setting names it as this command's flag (``--init-from``
+        # for ``init_from``, or the verb's own ``setting_flag``); others print as they are.
+        flag = getattr(args, "setting_flag", None) or cli_flag
+        message = error.named(flag) if isinstance(error, SettingError) else error
         print(f"elmo: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

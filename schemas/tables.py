@@ -9,6 +9,7 @@ sees two layouts mixed in one dataset.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -162,8 +163,10 @@ class DatasetDescriptor:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def incompatibilities(self, other: DatasetDescriptor) -> list[str]:
-        """Reasons why data described by ``other`` cannot be added to this dataset."""
+    def incompatibilities(self, other: DatasetDescriptor,
+                          called: Callable[[str], str] = str) -> list[str]:
+        """Reasons why data described by ``other`` cannot be added to this dataset;
+        ``called`` says what a fix's setting is called (a CLI flag, say)."""
         problems = []
         if self.schema_version != other.schema_version:
             problems.append(
@@ -187,7 +190,7 @@ class DatasetDescriptor:
             mine_name, theirs_name = self.tokenizer.get("name"), other.tokenizer.get("name")
             if mine_name != theirs_name:
                 problems.append(f"tokenizer {theirs_name!r} != the dataset's {mine_name!r} "
-                                f"(pass --tokenizer {mine_name} to add to it)")
+                                f"(pass {called('tokenizer')} {mine_name} to add to it)")
             else:
                 problems.append(f"tokenizer settings {other.tokenizer} != the dataset's "
                                 f"{self.tokenizer}")

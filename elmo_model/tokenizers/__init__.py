@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from elmo_model.options_file import OPTIONS_FILE, read_options_json
 from elmo_model.tokenizers import moses, ptb, sentences, words
 from elmo_model.tokenizers.text import Sentence, Token
@@ -95,7 +95,7 @@ def declared_tokenizer(options: dict[str, Any], source: str, check_version: bool
         # always tokenized with elmo-store-words; bilm-tf's options have no such block.
         return words.NAME if isinstance(options, dict) and "training" in options else UNDECLARED
     fix = (f"write \"{DECLARATION_KEY}\": {{\"name\": NAME, \"version\": VERSION}} with NAME one "
-           f"of {', '.join(tokenizer_names())}, or pass --tokenizer NAME")
+           f"of {', '.join(tokenizer_names())}, or pass the tokenizer NAME to use")
     if not isinstance(declared, dict) or not isinstance(declared.get("name"), str):
         raise ElmoUserError(f"{source}: bad tokenizer declaration {declared!r}; {fix}")
     name = declared["name"]
@@ -106,9 +106,10 @@ def declared_tokenizer(options: dict[str, Any], source: str, check_version: bool
     if check_version and wanted is not None:
         have = get_tokenizer(name).version
         if not isinstance(wanted, str) or _rules(wanted) != _rules(have):
-            raise ElmoUserError(f"{source}: the model was trained with tokenizer {name} version "
-                                f"{wanted!r}, this elmo-store has version {have!r} (other rules); "
-                                f"pass --tokenizer {name} to use it anyway")
+            raise SettingError("tokenizer", lambda setting: (
+                f"{source}: the model was trained with tokenizer {name} version {wanted!r}, "
+                f"this elmo-store has version {have!r} (other rules); pass "
+                f"{setting('tokenizer')} {name} to use it anyway"))
     return name
 
 

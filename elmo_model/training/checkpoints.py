@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from elmo_model.model import BiLM, LstmState
 from elmo_model.training.config import read_split_options
 from elmo_model.training.lm_head import Softmax
@@ -115,8 +115,9 @@ def read_checkpoint(out: Path) -> tuple[dict[str, torch.Tensor], TrainState] | N
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
     if metadata.get("format") != CHECKPOINT_FORMAT:
-        raise ElmoUserError(f"{path}: not a training checkpoint (a plain model?); use --init-from "
-                            "to fine-tune it, or a new --out directory")
+        raise SettingError("out", lambda name: (
+            f"{path}: not a training checkpoint (a plain model?); use {name('init_from')} to "
+            f"fine-tune it, or a new {name('out')} directory"))
     state = TrainState(**json.loads(metadata["training_state"]))
     return load_file(str(path), device="cpu"), state
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from elmo_model.model import BiLMConfig
 from elmo_model.options_file import read_options_json
 from elmo_model.weights import config_from_options
@@ -85,8 +85,9 @@ def resolve_config(spec: str) -> tuple[BiLMConfig, TrainParams]:
     if spec in PRESETS:
         return split_options(copy.deepcopy(PRESETS[spec]), f"preset {spec}")
     if not Path(spec).is_file():
-        raise ElmoUserError(f"--config {spec!r} is neither a preset ({', '.join(PRESETS)}) "
-                            "nor an options file")
+        raise SettingError("config", lambda name: (
+            f"{name('config')} {spec!r} is neither a preset ({', '.join(PRESETS)}) nor an "
+            "options file"))
     return split_options(read_options_json(spec), spec)
 
 

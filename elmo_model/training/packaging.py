@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from elmo_model.api import save_warm_state
 from elmo_model.embedder import compute_warm_state
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import SettingError
 from elmo_model.model import BiLM
 from elmo_model.training.checkpoints import SOFTMAX_PREFIX, VOCAB_FILE, load_trained
 from elmo_model.vocab import Vocabulary
@@ -34,8 +34,9 @@ def load_init_model(source: str) -> tuple[BiLM, Vocabulary | None, dict[str, tor
     has one, and any softmax tensors (kept only together with the vocabulary they index)."""
     path = Path(source)
     if not path.is_dir():
-        raise ElmoUserError(f"--init-from {source}: not a directory (expects options.json and "
-                            "weights.safetensors or weights.hdf5)")
+        raise SettingError("init_from", lambda name: (
+            f"{name('init_from')} {source}: not a directory (expects options.json and "
+            "weights.safetensors or weights.hdf5)"))
     model = BiLM(read_options(path / OPTIONS_FILE))
     load_weights(model, find_weights(path))
     vocab = Vocabulary.load(path / VOCAB_FILE) if (path / VOCAB_FILE).is_file() else None
@@ -51,8 +52,9 @@ def _average_into(model: BiLM, softmax: torch.nn.Module, vocab: Vocabulary,
     for other in others:
         other_model, other_softmax, other_vocab, _ = load_trained(other)
         if other_vocab.words != vocab.words or other_model.config != model.config:
-            raise ElmoUserError(f"--average-with {other}: another model shape or vocabulary "
-                                "than the checkpoint packaged; average checkpoints of one run")
+            raise SettingError("average_with", lambda name, other=other: (
+                f"{name('average_with')} {other}: another model shape or vocabulary than the "
+                "checkpoint packaged; average checkpoints of one run"))
         for prefix, module in (("m.", other_model), ("s.", other_softmax)):
             for k, v in module.state_dict().items():
                 sums[prefix + k] += v.double()

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import SettingError
 from elmo_model.model import BiLM, BiLMConfig
 from elmo_model.options_file import read_options_json
 from elmo_model.tokenizers import (
@@ -62,8 +62,9 @@ def _resumed_start(out: Path, resumed: tuple[dict[str, torch.Tensor], TrainState
     trained_with = declared_tokenizer(options, str(options_path),
                                       check_version=tokenizer is None)
     if tokenizer is not None and tokenizer != trained_with:
-        raise ElmoUserError(f"{out} was trained with tokenizer {trained_with}; a resumed run "
-                            f"keeps it: drop --tokenizer {tokenizer}, or train into a new --out")
+        raise SettingError("tokenizer", lambda name: (
+            f"{out} was trained with tokenizer {trained_with}; a resumed run keeps it: drop "
+            f"{name('tokenizer')} {tokenizer}, or train into a new {name('out')}"))
     log(f"resuming {out} from step {resumed[1].step} (its options.json rules; --config, "
         "--init-from and --set apply to new runs only)")
     return Start(config, params, BiLM(config), get_tokenizer(trained_with),

@@ -46,7 +46,7 @@ PLAN_FILE = "plan.json"
 
 
 def has_committed_data(fs: Any, root: str) -> bool:
-    """Whether any part of the dataset has a committed shard (readers could see data)."""
+    """Whether any part of the dataset has a committed work item (readers could see data)."""
     return any(committed_items(fs, root, part) for part in iter_parts(fs, root))
 
 
@@ -102,7 +102,8 @@ def ensure_descriptor(fs: Any, root: str, wanted: DatasetDescriptor) -> bool:
             "readable), or re-embed the corpus there"))
     raise SettingError("out", lambda name: (
         f"refusing to write into {root}: it was made with different settings "
-        f"({'; '.join(problems)}); choose another {name('out')} or the same model/settings"))
+        f"({'; '.join(current.incompatibilities(wanted, name))}); choose another "
+        f"{name('out')} or the same model/settings"))
 
 
 # --------------------------------------------------------------------------- manifest

@@ -276,7 +276,7 @@ def test_declarations_are_checked(tmp_path: Path) -> None:
         model_tokenizer(_options_with(tmp_path, tokenizer={"name": "spacy"}))
     with pytest.raises(ElmoUserError, match="bad tokenizer declaration"):
         model_tokenizer(_options_with(tmp_path, tokenizer="moses"))
-    with pytest.raises(ElmoUserError, match="pass --tokenizer elmo-store-ptb"):
+    with pytest.raises(ElmoUserError, match="pass tokenizer elmo-store-ptb"):
         model_tokenizer(_options_with(tmp_path, tokenizer={"name": "elmo-store-ptb",
                                                            "version": "0"}))
     with pytest.raises(ElmoUserError, match="options file not found"):

@@ -412,7 +412,7 @@ def test_resume_keeps_the_tokenizer_and_unknown_names_fail_first(tmp_path: Path)
     saved = json.loads((out / "options.json").read_text())
     saved["tokenizer"]["version"] = "0"
     (out / "options.json").write_text(json.dumps(saved))
-    with pytest.raises(ElmoUserError, match="pass --tokenizer elmo-store-ptb"):
+    with pytest.raises(ElmoUserError, match="pass tokenizer elmo-store-ptb"):
         train(corpus, out, str(options), max_steps=3, **QUIET)
     again = train(corpus, out, str(options), max_steps=3, tokenizer="elmo-store-ptb", **QUIET)
     assert again.state.step == 3

@@ -127,7 +127,7 @@ def test_tokenizer_is_the_models_by_default_recorded_and_binding(tiny_model_dir:
     assert recorded == {**declared.record(), "max_sentence_tokens": 256, "window_overlap": 32}
 
     other = next(n for n in tokenizer_names() if n != declared.name)
-    with pytest.raises(ElmoUserError, match=f"pass --tokenizer {declared.name}"):
+    with pytest.raises(ElmoUserError, match=f"pass tokenizer {declared.name}"):
         embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out, tokenizer=other))
     # The explicit name of the recorded tokenizer is the same request: accepted.
     again = embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out,

@@ -7,6 +7,7 @@ import dataclasses
 import pyarrow as pa
 import pytest
 
+from pipeline.write.config import flag_of
 from schemas import SCHEMA_VERSION, DatasetDescriptor, token_schema, types_schema
 
 
@@ -64,8 +65,9 @@ def test_shards_are_work_items_and_tokenizers_name_the_fix() -> None:
     d = descriptor()
     other = descriptor(tokenizer={"name": "moses", "version": "1"})
     assert d.incompatibilities(other) == [
-        "tokenizer 'moses' != the dataset's 'elmo-store-ptb' (pass --tokenizer "
+        "tokenizer 'moses' != the dataset's 'elmo-store-ptb' (pass tokenizer "
         "elmo-store-ptb to add to it)"]
+    assert "(pass --tokenizer elmo-store-ptb" in d.incompatibilities(other, flag_of)[0]
     windows = descriptor(tokenizer={"name": "elmo-store-ptb", "version": "1",
                                     "max_sentence_tokens": 100})
     assert "tokenizer settings" in " ".join(d.incompatibilities(windows))
