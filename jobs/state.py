@@ -142,7 +142,7 @@ def write_state(fs: Any, root: str, state: JobState) -> None:
 
 def live_files(uri: str, table: str = "tokens", storage_options: dict | None = None
                ) -> list[str]:
-    """URIs of the live files of one table (``schemas.dataset.list_files``): the
+    """URIs of the live files of one table (``schemas.manifest.list_files``): the
     jobs API's view of what readers read."""
     fs, root = open_fs(uri, storage_options)
     return [fs.unstrip_protocol(f.path) for f in list_files(fs, root, table)]

@@ -1,6 +1,8 @@
 """The read path: everything that reads a dataset the write path (``pipeline/write/``)
 stored. Opening a dataset and its live view are the storage contract's
-(``schemas/dataset.py``), as are stored mixes (``schemas/mix_specs.py``).
+(``schemas/dataset.py``, ``schemas/manifest.py``), as are stored mixes
+(``schemas/mix_specs.py``). ``api`` holds what ``pipeline.open_dataset`` and
+``pipeline.open_index`` return.
 
 - ``layers``: stored layers read as numbers and mixed on read (``mixes``: ``iter_mixed``,
   ``mix_arrays``; ``parquet``: the direct decoder of float16 layer columns; ``int8``;
