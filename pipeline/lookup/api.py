@@ -94,14 +94,15 @@ class DatasetReader:
             table = pa.table({c: pa.array([], pa.string()) for c in columns})
         return table.select(columns).append_column("vector", vector)
 
-    def sql(self, query: str, params: Mapping[str, Any] | Sequence[Any] | None = None
-            ) -> pa.Table:
+    def sql(self, query: str, params: Mapping[str, Any] | Sequence[Any] | None = None,
+            mixes: Sequence[str] = ()) -> pa.Table:
         """One DuckDB query's result over the dataset's views (``tokens``, ``sentences``,
         ``documents``, ``errors``, ``types``; ``elmo_mix`` and ``elmo_cosine``), as an
-        Arrow table. ``params`` fill ``?`` or ``$name`` placeholders."""
+        Arrow table; what ``elmo sql`` runs. ``params`` fill ``?`` or ``$name``
+        placeholders; each of ``mixes`` is first computed into a table ``mix_<name>``."""
         from pipeline.lookup.sql import run_query
 
-        return run_query(self.uri, query, params)
+        return run_query(self.uri, query, params, mixes=mixes)
 
 
 class IndexReader:
