@@ -12,8 +12,8 @@ inside a function. It prints:
   either path, the write path (``pipeline/write/``) importing the read path
   (``pipeline/lookup/``) or back (the CLI modules and ``jobs/`` may use both);
 - folders with more than ``MAX_MODULES`` modules directly in them;
-- the largest modules (lines) and functions (lines, decorators included), with the limits
-  the project holds itself to (CONTRIBUTING: 450 and 100) marked.
+- the largest modules (lines) and functions (lines, decorators included), those over the
+  limits the project holds itself to (450 and 100 lines) marked.
 
 Exit status 1 when a module or function is over its limit, a layer is crossed or a
 circle exists, so it can run in CI.
