@@ -78,3 +78,24 @@ def as_stored(vectors: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "int8":
         return dequantize_int8(*quantize_int8(vectors))
     return cast_floats(vectors, "float16" if dtype == "float16" else "float32")
+
+
+def quantize_int8_indices(vectors: np.ndarray, indices: np.ndarray | None = None,
+                          scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``quantize_int8`` as Parquet dictionary indices (``q + 127``, uint8, the index of
+    ``q`` in the int8 columns' dictionary, ``schemas.int8_column_chunk``) and scales,
+    written into ``indices`` / ``scales`` when given: one compiled pass per row, no
+    temporaries. Tested equal to ``quantize_int8`` for finite input."""
+    from schemas import quantize_kernels  # numba: imported when int8 layers are written
+
+    x = np.ascontiguousarray(vectors, np.float32)
+    if x.ndim != 2:
+        raise ValueError("vectors must be [n, dim]")
+    if indices is None:
+        indices = np.empty(x.shape, np.uint8)
+    if scales is None:
+        scales = np.empty(x.shape[0], np.float32)
+    if indices.shape != x.shape or indices.dtype != np.uint8 or scales.shape != x.shape[:1]:
+        raise ValueError("indices must be uint8 [n, dim] and scales float32 [n]")
+    quantize_kernels.quantize_rows(x, indices, scales)
+    return indices, scales
