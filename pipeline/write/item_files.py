@@ -22,9 +22,16 @@ from schemas import (
     token_schema,
     types_schema,
 )
-from schemas.layers import halves_equal, quantize_int8
+from schemas.int8_column_chunk import ChunkCodec
+from schemas.layers import halves_equal, quantize_int8, quantize_int8_indices
+from schemas.parquet_assembly import AssembledParquetWriter, is_int8_list
 
 ROW_GROUP_BYTES = 64 << 20  # ~64 MB row groups: large scans for DuckDB/LanceDB, bounded RAM
+PAGE_BYTES = 1 << 20  # int8 data pages of whole rows, about pyarrow's default page size
+INT8_CODEC = ChunkCodec("zstd")  # BENCHMARKS.md, "int8 layer pages": size and speed
+# Who encodes int8 layer pages: "assembled" (schemas.int8_column_chunk, the default) or
+# "pyarrow" (the reference: pyarrow writes every column; tests compare the two).
+ENCODERS = ("assembled", "pyarrow")
 SMALL_TABLES = ("sentences", "documents", "errors")
 
 
@@ -114,8 +121,11 @@ class TokenWriter:
     values and scales, layer 0 moved out) is made here.
     """
 
-    def __init__(self, files: ItemFiles, n_output_layers: int, dim: int, dtype: str) -> None:
-        self.files, self.dim, self.dtype = files, dim, dtype
+    def __init__(self, files: ItemFiles, n_output_layers: int, dim: int, dtype: str,
+                 encoder: str = "assembled") -> None:
+        if encoder not in ENCODERS:
+            raise ValueError(f"encoder {encoder!r}: use one of {', '.join(ENCODERS)}")
+        self.files, self.dim, self.dtype, self.encoder = files, dim, dtype, encoder
         self.schema = token_schema(n_output_layers, dim, dtype)
         self.layer_names = layer_columns(n_output_layers)
         layer_bytes = n_output_layers * dim * {"float16": 2, "float32": 4, "int8": 1}[dtype]
@@ -127,15 +137,41 @@ class TokenWriter:
         self.rows = 0
         self.type_rows: dict[str, int] = {}  # token -> row of the types file
         self.type_vectors: list[np.ndarray] = []
+        self.assembled = (AssembledRowGroups(self.schema, self.rows_per_group)
+                          if dtype == "int8" and encoder == "assembled" else None)
 
     def add(self, table: Any) -> None:
         if self.layer_names and "layer_0" not in self.schema.names:
             self._collect_types(table)
             table = table.drop_columns(["layer_0"])
+        if self.assembled is not None:
+            self._add_assembled(table)
+            return
         self.buffer.append(table)
         self.buffered += table.num_rows
         if self.buffered >= self.rows_per_group:
             self._flush()
+
+    def _add_assembled(self, table: Any) -> None:
+        """Quantize the rows into the row group being filled, writing each full one."""
+        groups = self.assembled
+        assert groups is not None
+        start = 0
+        while start < table.num_rows:
+            taken = groups.add(table, start)
+            start += taken
+            if groups.full:
+                self._write_group()
+
+    def _write_group(self) -> None:
+        groups = self.assembled
+        assert groups is not None
+        if not groups.rows:
+            return
+        if self.writer is None:
+            self.handle = self.files.open("tokens")
+            self.writer = groups.writer(self.handle)
+        self.rows += groups.write(self.writer)
 
     def _collect_types(self, table: Any) -> None:
         """Remember layer 0 of each token string not seen before in this item."""
@@ -178,7 +214,10 @@ class TokenWriter:
         self.buffer, self.buffered = [], 0
 
     def finish(self) -> int:
-        self._flush()
+        if self.assembled is not None:
+            self._write_group()
+        else:
+            self._flush()
         if self.writer is not None:
             self.writer.close()
             self.files.closed("tokens", self.handle)  # type: ignore[arg-type]
@@ -193,16 +232,82 @@ class TokenWriter:
         name = schema.names[1]
         if halved:
             vectors = vectors[:, : self.dim // 2]
-        table = pa.table({"token": pa.array(list(self.type_rows), pa.string()),
-                          **vector_columns_of(name, vectors, self.dtype)}).cast(schema)
         handle = self.files.open("types")
-        pq.write_table(table, handle, **layer_write_options(schema))
+        tokens = pa.array(list(self.type_rows), pa.string())
+        if self.dtype == "int8" and self.encoder == "assembled":
+            groups = AssembledRowGroups(schema, len(vectors))
+            groups.add(pa.table({"token": tokens}), 0, {name: vectors})
+            writer = groups.writer(handle)
+            groups.write(writer)
+            writer.close()
+        else:
+            table = pa.table({"token": tokens, **vector_columns_of(name, vectors, self.dtype)}
+                             ).cast(schema)
+            pq.write_table(table, handle, **layer_write_options(schema))
         self.files.closed("types", handle)
+
+
+class AssembledRowGroups:
+    """The row group being filled of a file with int8 layers, for ``AssembledParquetWriter``:
+    each int8 column quantized as rows arrive, into buffers reused for every group (its
+    dictionary indices and scales), the other columns kept as Arrow slices."""
+
+    def __init__(self, schema: Any, rows_per_group: int) -> None:
+        self.schema, self.capacity = schema, max(1, rows_per_group)
+        self.int8_names = [f.name for f in schema if is_int8_list(f.type)]
+        self.scale_names = {name + SCALE_SUFFIX: name for name in self.int8_names}
+        self.plain_names = [f.name for f in schema
+                            if f.name not in self.int8_names and f.name not in self.scale_names]
+        dims = {name: schema.field(name).type.list_size for name in self.int8_names}
+        self.indices = {n: np.empty((self.capacity, d), np.uint8) for n, d in dims.items()}
+        self.scales = {n: np.empty(self.capacity, np.float32) for n in self.int8_names}
+        self.plain: list[Any] = []
+        self.rows = 0
+
+    @property
+    def full(self) -> bool:
+        return self.rows == self.capacity
+
+    def add(self, table: Any, start: int, vectors: dict[str, np.ndarray] | None = None) -> int:
+        """Take rows of ``table`` from ``start`` until the group is full; returns how many.
+        The int8 columns' float vectors come from ``table`` (fixed-size lists) or, by name,
+        from ``vectors`` (``[rows of table, dim]`` floats)."""
+        take = min(table.num_rows - start, self.capacity - self.rows)
+        part = table.slice(start, take)
+        end = self.rows + take
+        for name in self.int8_names:
+            floats = (vectors[name][start:start + take] if vectors is not None
+                      else _matrix(part.column(name)))
+            quantize_int8_indices(floats, self.indices[name][self.rows:end],
+                                  self.scales[name][self.rows:end])
+        self.plain.append(part.select(self.plain_names))
+        self.rows = end
+        return take
+
+    def writer(self, handle: Any) -> AssembledParquetWriter:
+        others = pa.schema([f for f in self.schema if f.name not in self.int8_names])
+        pages = max(1, PAGE_BYTES // max(1, *(d.shape[1] for d in self.indices.values())))
+        return AssembledParquetWriter(handle, self.schema, layer_write_options(others),
+                                      INT8_CODEC, pages)
+
+    def write(self, writer: AssembledParquetWriter) -> int:
+        """Write the group (then empty it); returns its rows."""
+        rows = self.rows
+        plain = pa.concat_tables(self.plain)
+        columns = {name: (pa.array(self.scales[self.scale_names[name]][:rows], pa.float32())
+                          if name in self.scale_names else plain.column(name))
+                   for name in writer.other_names}
+        writer.write_row_group(pa.table(columns),
+                               {name: self.indices[name][:rows] for name in self.int8_names})
+        self.plain, self.rows = [], 0
+        return rows
 
 
 def _matrix(column: Any) -> np.ndarray:
     """``[n, dim]`` numpy view of a fixed-size-list column without nulls."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(column, pa.ChunkedArray):
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    array = column
     return array.flatten().to_numpy(zero_copy_only=False).reshape(len(array), -1)
 
 
