@@ -25,7 +25,7 @@ The quantized values come as dictionary indices (``schemas.layers.quantize_int8_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -66,7 +66,7 @@ class ChunkCodec:
         return _pyarrow_codec(self.name, self.level).compress(data, asbytes=False)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pyarrow_codec(name: str, level: int | None) -> Any:
     import pyarrow as pa
 
