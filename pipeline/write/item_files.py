@@ -22,7 +22,7 @@ from schemas import (
     token_schema,
     types_schema,
 )
-from schemas.int8_column_chunk import ChunkCodec
+from schemas.int8_column_chunk import INDEX_OFFSET, ChunkCodec
 from schemas.layers import halves_equal, quantize_int8, quantize_int8_indices
 from schemas.parquet_assembly import AssembledParquetWriter, is_int8_list
 
@@ -117,8 +117,10 @@ class TokenWriter:
     """Token rows of one item into one Parquet file, in row groups of ~64 MB, and (from
     schema version 3) each distinct token's ``layer_0`` once, into the ``types`` file.
 
-    ``add`` takes rows with every layer as float (``unit_rows``); the stored form (int8
-    values and scales, layer 0 moved out) is made here.
+    ``add`` takes rows with every layer as float (``unit_rows``), or for int8 already
+    quantized where the model ran (int8 values and their ``_scale`` column, bytewise what
+    quantizing here gives); the stored form (int8 values and scales, layer 0 moved out)
+    is made here.
     """
 
     def __init__(self, files: ItemFiles, n_output_layers: int, dim: int, dtype: str,
@@ -137,13 +139,15 @@ class TokenWriter:
         self.rows = 0
         self.type_rows: dict[str, int] = {}  # token -> row of the types file
         self.type_vectors: list[np.ndarray] = []
+        self.type_scales: list[np.ndarray] = []  # when the layers come quantized
         self.assembled = (AssembledRowGroups(self.schema, self.rows_per_group)
                           if dtype == "int8" and encoder == "assembled" else None)
 
     def add(self, table: Any) -> None:
         if self.layer_names and "layer_0" not in self.schema.names:
             self._collect_types(table)
-            table = table.drop_columns(["layer_0"])
+            table = table.drop_columns([n for n in ("layer_0", "layer_0" + SCALE_SUFFIX)
+                                        if n in table.column_names])
         if self.assembled is not None:
             self._add_assembled(table)
             return
@@ -174,17 +178,22 @@ class TokenWriter:
         self.rows += groups.write(self.writer)
 
     def _collect_types(self, table: Any) -> None:
-        """Remember layer 0 of each token string not seen before in this item."""
+        """Remember layer 0 of each token string not seen before in this item (and its
+        scales when the layers come quantized)."""
         new: dict[str, int] = {}
         for row, token in enumerate(table.column("token").to_pylist()):
             if token not in self.type_rows and token not in new:
                 new[token] = row
         if not new:
             return
-        vectors = _matrix(table.column("layer_0"))[list(new.values())]
+        picked = list(new.values())
+        vectors = _matrix(table.column("layer_0"))[picked]
         for token in new:
             self.type_rows[token] = len(self.type_rows)
         self.type_vectors.append(np.array(vectors))
+        if "layer_0" + SCALE_SUFFIX in table.column_names:
+            scales = table.column("layer_0" + SCALE_SUFFIX).to_numpy()[picked]
+            self.type_scales.append(scales.astype(np.float32))
 
     def _stored(self, table: Any) -> Any:
         """Float layers -> this file's stored columns (int8: values then scale)."""
@@ -194,7 +203,10 @@ class TokenWriter:
         for name in self.schema.names:
             if name.endswith(SCALE_SUFFIX) or name not in table.column_names:
                 continue
-            if name in self.layer_names:
+            if name in self.layer_names and is_int8_list(table.schema.field(name).type):
+                columns[name] = table.column(name)  # quantized where the model ran
+                columns[name + SCALE_SUFFIX] = table.column(name + SCALE_SUFFIX)
+            elif name in self.layer_names:
                 columns.update(vector_columns_of(name, _matrix(table.column(name)),
                                                  self.dtype))
             else:
@@ -232,17 +244,25 @@ class TokenWriter:
         name = schema.names[1]
         if halved:
             vectors = vectors[:, : self.dim // 2]
+        # Quantized where the model ran: equal halves of [x; x] quantize to equal halves
+        # with the vector's scale, so the check on int8 values agrees with the floats'.
+        stored = {name: vectors}
+        if self.type_scales:
+            stored[name + SCALE_SUFFIX] = np.concatenate(self.type_scales)
         handle = self.files.open("types")
         tokens = pa.array(list(self.type_rows), pa.string())
         if self.dtype == "int8" and self.encoder == "assembled":
             groups = AssembledRowGroups(schema, len(vectors))
-            groups.add(pa.table({"token": tokens}), 0, {name: vectors})
+            groups.add(pa.table({"token": tokens}), 0, stored)
             writer = groups.writer(handle)
             groups.write(writer)
             writer.close()
         else:
-            table = pa.table({"token": tokens, **vector_columns_of(name, vectors, self.dtype)}
-                             ).cast(schema)
+            columns = (vector_columns_of(name, vectors, self.dtype) if not self.type_scales
+                       else {name: pa.FixedSizeListArray.from_arrays(pa.array(
+                                np.ascontiguousarray(vectors).reshape(-1)), vectors.shape[1]),
+                             name + SCALE_SUFFIX: pa.array(stored[name + SCALE_SUFFIX])})
+            table = pa.table({"token": tokens, **columns}).cast(schema)
             pq.write_table(table, handle, **layer_write_options(schema))
         self.files.closed("types", handle)
 
@@ -270,16 +290,24 @@ class AssembledRowGroups:
 
     def add(self, table: Any, start: int, vectors: dict[str, np.ndarray] | None = None) -> int:
         """Take rows of ``table`` from ``start`` until the group is full; returns how many.
-        The int8 columns' float vectors come from ``table`` (fixed-size lists) or, by name,
-        from ``vectors`` (``[rows of table, dim]`` floats)."""
+        An int8 column's vectors come from ``table`` (fixed-size lists) or, by name, from
+        ``vectors`` (``[rows of table, dim]``): floats are quantized here; int8 values
+        (quantized where the model ran) come with their ``_scale`` column or entry."""
         take = min(table.num_rows - start, self.capacity - self.rows)
         part = table.slice(start, take)
         end = self.rows + take
+        given = vectors or {}
         for name in self.int8_names:
-            floats = (vectors[name][start:start + take] if vectors is not None
+            values = (given[name][start:start + take] if name in given
                       else _matrix(part.column(name)))
-            quantize_int8_indices(floats, self.indices[name][self.rows:end],
-                                  self.scales[name][self.rows:end])
+            indices, scales = self.indices[name][self.rows:end], self.scales[name][self.rows:end]
+            if values.dtype != np.int8:
+                quantize_int8_indices(values, indices, scales)
+                continue
+            scale_name = name + SCALE_SUFFIX
+            scales[:] = (given[scale_name][start:start + take] if scale_name in given
+                         else part.column(scale_name).to_numpy())
+            np.add(values.view(np.uint8), np.uint8(INDEX_OFFSET), out=indices)  # q + 127
         self.plain.append(part.select(self.plain_names))
         self.rows = end
         return take

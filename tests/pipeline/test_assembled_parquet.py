@@ -232,3 +232,34 @@ def test_thrift_round_trips_pyarrow_footers_and_levels_are_well_formed(tmp_path:
         writer.write_row_group(others.drop_columns(["token"]), {})
     with pytest.raises(ValueError, match="uint8"):
         writer.write_row_group(others, {n: np.zeros((0, 4), np.int8) for n in writer.int8_names})
+
+
+def _quantized(table: pa.Table) -> pa.Table:
+    """``table`` with every layer quantized as a GPU embedder hands it over: int8 values
+    and a ``_scale`` column per layer (schemas.layers.quantize_int8)."""
+    columns = {}
+    for name in table.column_names:
+        if not name.startswith("layer_"):
+            columns[name] = table.column(name)
+            continue
+        floats = table.column(name).combine_chunks()
+        q, scale = quantize_int8(floats.flatten().to_numpy().reshape(len(floats), -1))
+        columns[name] = pa.FixedSizeListArray.from_arrays(pa.array(q.reshape(-1)), q.shape[1])
+        columns[name + "_scale"] = pa.array(scale)
+    return pa.table(columns)
+
+
+@pytest.mark.parametrize("encoder", ["assembled", "pyarrow"])
+def test_layers_quantized_where_the_model_ran_give_the_same_bytes(tmp_path: Path,
+                                                                  encoder: str) -> None:
+    tables = _units(1500, 3, 32, 400)
+    out = {}
+    for kind, units in (("floats", tables), ("int8", [_quantized(t) for t in tables])):
+        files = DirFiles(tmp_path / kind)
+        writer = TokenWriter(files, 3, 32, "int8", encoder=encoder)  # type: ignore[arg-type]
+        for table in units:
+            writer.add(table)
+        writer.finish()
+        out[kind] = {t: (files.folder / f"{t}.parquet").read_bytes() for t in files.sizes}
+    assert out["floats"].keys() == {"tokens", "types"}
+    assert out["floats"] == out["int8"]
