@@ -9,7 +9,9 @@ One command, the first thing to read about the pipeline's host side (issue 36):
 It runs the stages of ``pipeline.work_item.ItemWorker`` one after another in this
 process on one thread (torch too), with the near-free model of the chosen width
 (bench/near_free_models.py: its own cost is small, so the rest stands out), and times
-each with the process's CPU clock:
+each with the process's CPU clock (user + system) and counts its minor page faults
+(fresh memory touched: a worker fixes glibc's mmap threshold, so every block of 1 MiB
+or more is new pages, which is most of the system time at 3 x 1024):
 
 read (text -> documents), tokenize (sentences and windows), char ids (the char CNN's
 input, for each distinct token: what a cold token cache computes), model (``embed`` per
@@ -31,6 +33,7 @@ import argparse
 import contextlib
 import hashlib
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -48,25 +51,33 @@ STAGES = ("read", "tokenize", "char ids", "model", "rows", "quantize", "types", 
           "other columns", "writer, rest", "hash", "write")
 
 
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 class Clock:
-    """CPU seconds per stage (``with clock("stage"):``), nested stages subtracted."""
+    """CPU seconds and minor page faults per stage (``with clock("stage"):``), nested
+    stages subtracted."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.faults: dict[str, int] = defaultdict(int)
         self._stack: list[str] = []
 
     @contextlib.contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
-        t0 = time.process_time()
+        t0, f0 = time.process_time(), _minor_faults()
         self._stack.append(stage)
         try:
             yield
         finally:
             self._stack.pop()
-            spent = time.process_time() - t0
+            spent, faults = time.process_time() - t0, _minor_faults() - f0
             self.seconds[stage] += spent
+            self.faults[stage] += faults
             if self._stack:
                 self.seconds[self._stack[-1]] -= spent
+                self.faults[self._stack[-1]] -= faults
 
 
 class TimedSink:
@@ -161,6 +172,7 @@ def run(args: argparse.Namespace) -> tuple[Clock, int, dict[str, int]]:
 
     from elmo_model.char_ids import token_char_ids
     from pipeline.config import ModelSpec
+    from pipeline.executors import fix_mmap_threshold
     from pipeline.item_files import TokenWriter
     from pipeline.read import LineCounter, read_range
     from pipeline.sources import ReadOptions, list_sources
@@ -168,6 +180,7 @@ def run(args: argparse.Namespace) -> tuple[Clock, int, dict[str, int]]:
     from pipeline.work_item import ItemSettings, cut_units, load_embedder, tokenize_item, unit_rows
 
     torch.set_num_threads(1)
+    fix_mmap_threshold()  # as every worker process does
     clock = Clock()
     work = Path(tempfile.mkdtemp(prefix="host-cost-"))
     model_dir = near_free_model(work / "model", PROJECTIONS[args.width])
@@ -212,12 +225,14 @@ def report(clock: Clock, tokens: int, sizes: dict[str, int], args: argparse.Name
     total = sum(clock.seconds.values())
     print(f"host cost per token: near-free model, width {args.width}, encoder {args.encoder}, "
           f"{tokens:,} tokens of {args.corpus.name}, one thread")
-    print(f"{'stage':<15} {'CPU s':>8} {'us/token':>9} {'share':>6}")
+    print(f"{'stage':<15} {'CPU s':>8} {'us/token':>9} {'share':>6} {'faults/token':>13}")
     for stage in STAGES:
         seconds = clock.seconds.get(stage, 0.0)
         print(f"{stage:<15} {seconds:>8.2f} {seconds / tokens * 1e6:>9.2f} "
-              f"{seconds / total:>6.1%}")
-    print(f"{'total':<15} {total:>8.2f} {total / tokens * 1e6:>9.2f}")
+              f"{seconds / total:>6.1%} {clock.faults.get(stage, 0) / tokens:>13.2f}")
+    faults = sum(clock.faults.values())
+    print(f"{'total':<15} {total:>8.2f} {total / tokens * 1e6:>9.2f} {'':>6} "
+          f"{faults / tokens:>13.2f}")
     model = clock.seconds["model"] + clock.seconds["char ids"]
     host = total - clock.seconds["model"]
     print(f"model only: {tokens / model:,.0f} tokens per CPU second (char ids included); "

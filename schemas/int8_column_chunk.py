@@ -139,18 +139,19 @@ def dictionary_page(codec: ChunkCodec) -> tuple[bytes, bytes]:
     return header, body
 
 
-def _data_page(indices: np.ndarray, max_rep: int, max_def: int, codec: ChunkCodec
-               ) -> tuple[bytes, Any, int]:
-    """One data page of ``indices`` (``[rows, dim]`` uint8): (header, body, raw size)."""
+def _data_page(indices: np.ndarray, max_rep: int, max_def: int, codec: ChunkCodec,
+               scratch: np.ndarray) -> tuple[bytes, Any, int]:
+    """One data page of ``indices`` (``[rows, dim]`` uint8): (header, body, raw size).
+    The uncompressed page is laid out in ``scratch`` (uint8, large enough)."""
     rows, dim = indices.shape
     count = rows * dim
     groups = (count + 7) // 8
     levels = repetition_levels(rows, dim, max_rep) + definition_levels(count, max_def)
-    run_header = bytes([INDEX_BIT_WIDTH]) + _varint(groups << 1 | 1)
-    raw = np.zeros(len(levels) + len(run_header) + groups * 8, np.uint8)
-    head = len(levels) + len(run_header)
-    raw[:head] = np.frombuffer(levels + run_header, np.uint8)
-    raw[head:head + count] = indices.reshape(-1)
+    head = levels + bytes([INDEX_BIT_WIDTH]) + _varint(groups << 1 | 1)
+    raw = scratch[:len(head) + groups * 8]
+    raw[:len(head)] = np.frombuffer(head, np.uint8)
+    raw[len(head):len(head) + count] = indices.reshape(-1)
+    raw[len(head) + count:] = 0  # the last group of 8 is padded
     body = codec.compress(raw)
     header = _page_header(DATA_PAGE, raw.nbytes, len(body), zlib_ng.crc32(body),
                           {1: i32(count), 2: i32(RLE_DICTIONARY), 3: i32(RLE), 4: i32(RLE),
@@ -176,9 +177,11 @@ def encode_chunk(indices: np.ndarray, max_rep: int, max_def: int, codec: ChunkCo
     compressed = dictionary_size
     uncompressed = len(dictionary_header) + DICTIONARY_VALUES.nbytes
     pages = 0
+    # One buffer for every page's uncompressed bytes: levels (a few bytes a row), values.
+    scratch = np.empty(min(rows, page_rows) * (dim + 16) + 64, np.uint8)
     for start in range(0, rows, page_rows):
         header, body, raw_size = _data_page(indices[start:start + page_rows], max_rep,
-                                            max_def, codec)
+                                            max_def, codec, scratch)
         pieces += [header, body]
         compressed += len(header) + len(body)
         uncompressed += len(header) + raw_size
