@@ -81,7 +81,7 @@ class Clock:
 
 
 class TimedSink:
-    """The hashing file of ``pipeline.item_files`` with its hash and write timed apart."""
+    """The hashing file of ``pipeline.write.item_files`` with its hash and write timed apart."""
 
     def __init__(self, path: Path, clock: Clock) -> None:
         self.handle = path.open("wb")
@@ -143,7 +143,7 @@ def timing_hooks(clock: Clock) -> Iterator[None]:
     """Time the writer's inner stages where they are called (restored afterwards)."""
     import pyarrow.parquet as pq
 
-    import pipeline.item_files as item_files
+    import pipeline.write.item_files as item_files
     import schemas.parquet_assembly as assembly
 
     saved = [(assembly, "encode_chunk"), (item_files, "quantize_int8_indices"),
@@ -171,13 +171,19 @@ def run(args: argparse.Namespace) -> tuple[Clock, int, dict[str, int]]:
     from near_free_models import PROJECTIONS, near_free_model
 
     from elmo_model.char_ids import token_char_ids
-    from pipeline.config import ModelSpec
-    from pipeline.executors import fix_mmap_threshold
-    from pipeline.item_files import TokenWriter
-    from pipeline.read import LineCounter, read_range
-    from pipeline.sources import ReadOptions, list_sources
     from pipeline.tokenize import model_tokenizer
-    from pipeline.work_item import ItemSettings, cut_units, load_embedder, tokenize_item, unit_rows
+    from pipeline.write.config import ModelSpec
+    from pipeline.write.executors import fix_mmap_threshold
+    from pipeline.write.inputs import ReadOptions, list_sources
+    from pipeline.write.item_files import TokenWriter
+    from pipeline.write.read import LineCounter, read_range
+    from pipeline.write.work_item import (
+        ItemSettings,
+        cut_units,
+        load_embedder,
+        tokenize_item,
+        unit_rows,
+    )
 
     torch.set_num_threads(1)
     fix_mmap_threshold()  # as every worker process does
@@ -247,7 +253,7 @@ def main() -> None:
     parser.add_argument("--width", choices=("wide", "narrow"), default="wide",
                         help="wide: 3 x 1024 outputs (default); narrow: 3 x 32")
     parser.add_argument("--encoder", choices=("assembled", "pyarrow"), default="assembled",
-                        help="who writes the int8 layer pages (pipeline.item_files.ENCODERS)")
+                        help="who writes the int8 layer pages (pipeline.write.item_files.ENCODERS)")
     args = parser.parse_args()
     if not args.corpus.is_file():
         raise SystemExit(f"no corpus at {args.corpus}: set ELMO_BENCH_CORPORA")

@@ -43,8 +43,8 @@ def layer_values(tokens: int) -> Any:
     from host_cost import CORPORA
     from near_free_models import PROJECTIONS, near_free_model
 
-    from pipeline.config import ModelSpec
-    from pipeline.work_item import load_embedder
+    from pipeline.write.config import ModelSpec
+    from pipeline.write.work_item import load_embedder
 
     torch.set_num_threads(1)
     folder = Path(tempfile.mkdtemp(prefix="int8-pages-"))

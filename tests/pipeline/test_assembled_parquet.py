@@ -20,10 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.item_files as item_files
-from pipeline.item_files import TokenWriter
-from pipeline.lookup.int8_layers import int8_columns, read_int8_values
-from pipeline.lookup.parquet_layers import CorruptPageError
+import pipeline.write.item_files as item_files
+from pipeline.lookup.layers.int8 import int8_columns, read_int8_values
+from pipeline.lookup.layers.parquet import CorruptPageError
+from pipeline.write.item_files import TokenWriter
 from schemas import token_schema
 from schemas.int8_column_chunk import ChunkCodec, definition_levels, repetition_levels
 from schemas.layers import quantize_int8, quantize_int8_indices
@@ -92,7 +92,7 @@ def _write_both(tmp_path: Path, tables: list[pa.Table], n_out: int, dim: int
 
 
 def _own_reader_values(path: Path) -> dict[str, np.ndarray]:
-    """Every int8 column through ``pipeline.lookup.int8_layers`` (the read side's pages)."""
+    """Every int8 column through ``pipeline.lookup.layers.int8`` (the read side's pages)."""
     parquet = pq.ParquetFile(path)
     names = [f.name for f in parquet.schema_arrow if pa.types.is_fixed_size_list(f.type)]
     out = {}
