@@ -52,9 +52,9 @@ def cast_floats(vectors: np.ndarray, dtype: str, out: np.ndarray | None = None) 
     """``vectors`` as float ``dtype`` (``float16`` or ``float32``), rounded to nearest even
     as ``ndarray.astype`` rounds, written into ``out`` (same shape) when given.
 
-    float32 -> float16 goes through torch: numpy casts to float16 one value at a time
-    (2.6 ns a value on the development machine, torch 0.2), which made opening a compact
-    index of 1M x 1024 vectors take 12 s."""
+    float32 -> float16 goes through torch: numpy casts to float16 one value at a time,
+    an order of magnitude slower, which made opening a compact index of 1M x 1024 vectors
+    take seconds (BENCHMARKS.md)."""
     target = np.dtype(dtype)
     src = np.asarray(vectors)
     if out is None:

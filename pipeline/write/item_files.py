@@ -38,11 +38,10 @@ SMALL_TABLES = ("sentences", "documents", "errors")
 def token_file_compression(schema: Any) -> dict[str, str]:
     """Per-column Parquet codecs for a tokens file (keys are leaf paths, as pyarrow wants).
 
-    zstd everywhere except the contextual layers (``layer_1`` .. ``layer_L``), which get
-    snappy: zstd shrinks those activations by only ~9% (464 vs 512 bytes per token for a
-    256-d float16 layer of the default model) yet decodes ~5x slower (1.0 vs 5.5 GB/s
-    per core here), and decoding them is what mixing on read waits for. Layer 0 is
-    context-free, repeated for every occurrence of a word: zstd shrinks it ~5x.
+    zstd everywhere except the float contextual layers (``layer_1`` .. ``layer_L``), which
+    get snappy: zstd shrinks those activations little yet decodes several times slower,
+    and decoding them is what mixing on read waits for. Layer 0 is context-free, repeated
+    for every occurrence of a word: zstd shrinks it well (BENCHMARKS.md, "Storage format").
     """
     codecs = {}
     for field in schema:
@@ -356,16 +355,17 @@ def layer_write_options(schema: Any) -> dict[str, Any]:
 
     int8 values go into INT32 pages (Parquet has no 8-bit physical type). Dictionary
     encoding turns them back into one byte each (at most 255 distinct values: 8-bit
-    indices), which zstd then entropy-codes: 238 bytes per 256-d vector of the default
-    model, against 290 with DELTA_BINARY_PACKED and 356 with PLAIN pages (BENCHMARKS.md),
-    and a standard encoding that DuckDB, pyarrow, polars and Spark decode.
+    indices), which zstd then entropy-codes: fewer bytes than DELTA_BINARY_PACKED or PLAIN
+    pages (BENCHMARKS.md, "int8 layer pages"), and a standard encoding that DuckDB,
+    pyarrow, polars and Spark decode. The assembled writer encodes int8 layer pages itself
+    the same way; these options are pyarrow's for the other columns and the reference.
     """
     int8_leaves = [f"{f.name}.list.element" for f in schema
                    if pa.types.is_fixed_size_list(f.type) and f.type.value_type == pa.int8()]
     keys = [n for n in ("doc_id", "token") if n in schema.names]
     return dict(
         compression=token_file_compression(schema),
-        # Dictionary-encoding float16 lists is 2-4x slower to write and 6-10x to read.
+        # Dictionary-encoding float lists is slower to write and to read (STACK_NOTES).
         use_dictionary=keys + int8_leaves,
         write_statistics=[n for n in ("doc_id", "sent_idx", "tok_idx", "char_start",
                                       "char_end") if n in schema.names],
