@@ -365,7 +365,7 @@ def layer_write_options(schema: Any) -> dict[str, Any]:
     keys = [n for n in ("doc_id", "token") if n in schema.names]
     return dict(
         compression=token_file_compression(schema),
-        # Dictionary-encoding float lists is slower to write and to read (STACK_NOTES).
+        # Dictionary-encoding float lists is slower to write and to read, for no gain.
         use_dictionary=keys + int8_leaves,
         write_statistics=[n for n in ("doc_id", "sent_idx", "tok_idx", "char_start",
                                       "char_end") if n in schema.names],
