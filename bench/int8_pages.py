@@ -116,7 +116,7 @@ def our_rows(indices: Any, repeat: int) -> list[tuple[str, float, float]]:
     for codec_name, level, page_bytes in ways:
         codec = ChunkCodec(codec_name, level)
         page_rows = max(1, page_bytes // dim)
-        size = sum(len(memoryview(p)) for p in encode_chunk(indices, 1, 2, codec,
+        size = sum(memoryview(p).nbytes for p in encode_chunk(indices, 1, 2, codec,
                                                             page_rows).pieces)
         us = cpu_us_per_row(lambda c=codec, p=page_rows: encode_chunk(indices, 1, 2, c, p),
                             rows, repeat)
