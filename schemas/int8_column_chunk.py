@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from zlib_ng import zlib_ng
 
+from schemas.layers import INDEX_OFFSET  # dictionary index of value q: q + 127
 from schemas.thrift_compact import BOOL, I32, I64, STRUCT, Struct, encode_struct, i32, i64, list_of
 
 # parquet.thrift enums
@@ -39,7 +40,6 @@ PLAIN, RLE, RLE_DICTIONARY = 0, 3, 8
 DATA_PAGE, DICTIONARY_PAGE = 0, 2
 CODEC_IDS = {"uncompressed": 0, "snappy": 1, "gzip": 2, "brotli": 4, "zstd": 6, "lz4_raw": 7}
 
-INDEX_OFFSET = 127  # dictionary index of value q: q + 127 (q in -127 .. 127)
 DICTIONARY_VALUES = np.arange(-INDEX_OFFSET, INDEX_OFFSET + 1, dtype="<i4")
 INDEX_BIT_WIDTH = 8  # 255 dictionary entries
 

@@ -10,10 +10,12 @@ _ABS_BITS = np.uint32(0x7FFFFFFF)
 
 
 @numba.njit(nogil=True, cache=True)
-def quantize_rows(vectors: np.ndarray, indices: np.ndarray, scales: np.ndarray) -> None:
+def quantize_rows(vectors: np.ndarray, out: np.ndarray, scales: np.ndarray, offset: int
+                  ) -> None:
     """``quantize_int8``'s rule, row by row in two passes over each row: ``vectors``
-    (float32 ``[n, dim]``, C-contiguous) -> ``indices`` (uint8 ``[n, dim]``: ``q + 127``)
-    and ``scales`` (float32 ``[n]``).
+    (float32 ``[n, dim]``, C-contiguous) -> ``out`` (``[n, dim]``: ``q + offset``, int8
+    with offset 0 or uint8 dictionary indices with offset 127) and ``scales`` (float32
+    ``[n]``).
 
     The absolute maximum is taken over the bit patterns with the sign cleared, which
     order like the magnitudes for every non-NaN float and reduce as integers (the
@@ -33,8 +35,8 @@ def quantize_rows(vectors: np.ndarray, indices: np.ndarray, scales: np.ndarray) 
         scales[r] = scale
         safe = scale if scale > 0 else one
         row = vectors[r]
-        out = indices[r]
+        target = out[r]
         for j in range(dim):
             q = np.rint(row[j] / safe)
             q = min(max(q, -limit), limit)
-            out[j] = np.uint8(np.int32(q) + 127)
+            target[j] = np.int32(q) + offset

@@ -26,7 +26,7 @@ from pipeline.lookup.layers.parquet import CorruptPageError
 from pipeline.write.item_files import TokenWriter
 from schemas import token_schema
 from schemas.int8_column_chunk import ChunkCodec, definition_levels, repetition_levels
-from schemas.layers import quantize_int8, quantize_int8_indices
+from schemas.layers import quantize_int8, quantize_int8_indices, quantize_int8_into
 from schemas.parquet_assembly import AssembledParquetWriter
 from schemas.thrift_compact import encode_struct, read_struct
 
@@ -211,6 +211,11 @@ def test_quantize_to_indices_is_the_reference_rule(dim: int) -> None:
     assert np.array_equal(indices.astype(np.int16) - 127, q)
     strided = np.asfortranarray(x)
     assert np.array_equal(quantize_int8_indices(strided)[0], indices)
+    values, scales_again = quantize_int8_into(x)
+    assert values.dtype == np.int8 and np.array_equal(values, q)
+    assert np.array_equal(scales_again.view(np.uint32), scale.view(np.uint32))
+    with pytest.raises(ValueError, match="uint8"):
+        quantize_int8_indices(x, np.empty(x.shape, np.int8))
 
 
 def test_thrift_round_trips_pyarrow_footers_and_levels_are_well_formed(tmp_path: Path) -> None:
