@@ -147,12 +147,14 @@ def timing_hooks(clock: Clock) -> Iterator[None]:
     import schemas.parquet_assembly as assembly
 
     saved = [(assembly, "encode_chunk"), (item_files, "quantize_int8_indices"),
-             (item_files, "vector_columns_of"), (assembly.AssembledParquetWriter,
+             (item_files, "vector_columns_of"), (item_files, "quantize_int8_into"),
+             (assembly.AssembledParquetWriter,
                                                  "_other_chunks"),
              (pq.ParquetWriter, "write_table"), (item_files.TokenWriter, "_collect_types"),
              (item_files.TokenWriter, "_write_types")]
     originals = [(owner, name, getattr(owner, name)) for owner, name in saved]
     stage = {"encode_chunk": "int8 pages", "quantize_int8_indices": "quantize",
+             "quantize_int8_into": "quantize",
              "vector_columns_of": "quantize", "_other_chunks": "other columns",
              "write_table": "other columns", "_collect_types": "types",
              "_write_types": "types"}

@@ -23,7 +23,12 @@ from schemas import (
     types_schema,
 )
 from schemas.int8_column_chunk import INDEX_OFFSET, ChunkCodec
-from schemas.layers import halves_equal, quantize_int8, quantize_int8_indices
+from schemas.layers import (
+    halves_equal,
+    quantize_int8,
+    quantize_int8_indices,
+    quantize_int8_into,
+)
 from schemas.parquet_assembly import AssembledParquetWriter, is_int8_list
 
 ROW_GROUP_BYTES = 64 << 20  # ~64 MB row groups: large scans for DuckDB/LanceDB, bounded RAM
@@ -328,6 +333,30 @@ class AssembledRowGroups:
                                {name: self.indices[name][:rows] for name in self.int8_names})
         self.plain, self.rows = [], 0
         return rows
+
+
+def quantized_layer_columns(layers: list[np.ndarray], lo: np.ndarray, hi: np.ndarray,
+                            n_out: int, dim: int) -> dict[str, Any]:
+    """``layer_k`` (int8) and ``layer_k_scale`` of a unit's stored tokens, from the model's
+    float ``layers`` (one ``[n_out, n, dim]`` array per window, its tokens ``lo:hi``
+    stored): each window's rows quantized where they lie (``quantize_int8_into``), so
+    the unit is never copied as floats; the writer takes these as it takes layers
+    quantized on a GPU."""
+    total = int(np.sum(hi - lo))
+    values = np.empty((n_out, total, dim), np.int8)
+    scales = np.empty((n_out, total), np.float32)
+    at = 0
+    for window, a, b in zip(layers, lo, hi, strict=True):
+        end = at + int(b - a)
+        for k in range(n_out):
+            quantize_int8_into(window[k, a:b], values[k, at:end], scales[k, at:end])
+        at = end
+    columns: dict[str, Any] = {}
+    for k in range(n_out):
+        columns[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(
+            pa.array(values[k].reshape(-1), pa.int8()), dim)
+        columns[f"layer_{k}{SCALE_SUFFIX}"] = pa.array(scales[k], pa.float32())
+    return columns
 
 
 def _matrix(column: Any) -> np.ndarray:

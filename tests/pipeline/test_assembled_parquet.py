@@ -268,3 +268,28 @@ def test_layers_quantized_where_the_model_ran_give_the_same_bytes(tmp_path: Path
         out[kind] = {t: (files.folder / f"{t}.parquet").read_bytes() for t in files.sizes}
     assert out["floats"].keys() == {"tokens", "types"}
     assert out["floats"] == out["int8"]
+
+
+def test_unit_rows_quantize_each_window_as_the_writer_would() -> None:
+    """int8 units leave ``unit_rows`` quantized window by window (no float copy of the
+    unit): the same values and scales as quantizing the float rows."""
+    from pipeline.write.work_item import WindowRow, unit_rows
+
+    rng = np.random.default_rng(5)
+    rows, layers = [], []
+    for w, n in enumerate((7, 1, 30, 12)):
+        toks = [f"t{w}_{i}" for i in range(n)]
+        rows.append(WindowRow("d", w, 0, 1 if n > 2 else 0, n - 1 if n > 2 else n, toks,
+                              list(range(n)), list(range(1, n + 1))))
+        batch = rng.normal(size=(3, n + 5, 16)).astype(np.float32)
+        layers.append(batch[:, 2:2 + n])  # a view into a batch, as embed returns
+    as_int8 = unit_rows(rows, layers, 3, 16, "int8")
+    as_float = unit_rows(rows, layers, 3, 16, "float32")
+    assert as_int8.num_rows == as_float.num_rows == 7 - 2 + 1 + 30 - 2 + 12 - 2
+    for k in range(3):
+        floats = as_float.column(f"layer_{k}").combine_chunks()
+        q, scale = quantize_int8(floats.flatten().to_numpy().reshape(len(floats), 16))
+        got = as_int8.column(f"layer_{k}").combine_chunks()
+        assert got.type == pa.list_(pa.int8(), 16)
+        assert np.array_equal(got.flatten().to_numpy().reshape(-1, 16), q)
+        assert np.array_equal(as_int8.column(f"layer_{k}_scale").to_numpy(), scale)
