@@ -16,8 +16,8 @@ or more is new pages, which is most of the system time at 3 x 1024):
 read (text -> documents), tokenize (sentences and windows), char ids (the char CNN's
 input, for each distinct token: what a cold token cache computes), model (``embed`` per
 unit, its char ids excluded), rows (``unit_rows``: the Arrow table of a unit), quantize
-(int8 values and scales into the row group; with ``--encoder pyarrow`` also the Arrow
-columns), types (layer 0 of each new token, and the types file), int8 pages (encode and
+(int8 values and scales: each window's rows in ``unit_rows``, or the writer's for float
+input; with ``--encoder pyarrow`` also the Arrow columns), types (layer 0 of each new token, and the types file), int8 pages (encode and
 compress the int8 layers' pages), other columns (pyarrow writes the rest of a row group;
 with ``--encoder pyarrow`` it writes every column), writer, rest (the writer's own
 bookkeeping: buffers, slices, concatenation, casts, the footer), hash (the sha256 of
@@ -146,20 +146,17 @@ def timing_hooks(clock: Clock) -> Iterator[None]:
     import pipeline.write.item_files as item_files
     import schemas.parquet_assembly as assembly
 
-    saved = [(assembly, "encode_chunk"), (item_files, "quantize_int8_indices"),
-             (item_files, "vector_columns_of"), (item_files, "quantize_int8_into"),
-             (assembly.AssembledParquetWriter,
-                                                 "_other_chunks"),
-             (pq.ParquetWriter, "write_table"), (item_files.TokenWriter, "_collect_types"),
-             (item_files.TokenWriter, "_write_types")]
-    originals = [(owner, name, getattr(owner, name)) for owner, name in saved]
-    stage = {"encode_chunk": "int8 pages", "quantize_int8_indices": "quantize",
-             "quantize_int8_into": "quantize",
-             "vector_columns_of": "quantize", "_other_chunks": "other columns",
-             "write_table": "other columns", "_collect_types": "types",
-             "_write_types": "types"}
+    stage = {(assembly, "encode_chunk"): "int8 pages",
+             (item_files, "quantize_int8_indices"): "quantize",
+             (item_files, "quantize_int8_into"): "quantize",  # in unit_rows, per window
+             (item_files, "vector_columns_of"): "quantize",
+             (assembly.AssembledParquetWriter, "_other_chunks"): "other columns",
+             (pq.ParquetWriter, "write_table"): "other columns",
+             (item_files.TokenWriter, "_collect_types"): "types",
+             (item_files.TokenWriter, "_write_types"): "types"}
+    originals = [(owner, name, getattr(owner, name)) for owner, name in stage]
     for owner, name, function in originals:
-        setattr(owner, name, _timed(clock, stage[name], function))
+        setattr(owner, name, _timed(clock, stage[owner, name], function))
     try:
         yield
     finally:
