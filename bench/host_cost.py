@@ -17,11 +17,12 @@ read (text -> documents), tokenize (sentences and windows), char ids (the char C
 input, for each distinct token: what a cold token cache computes), model (``embed`` per
 unit, its char ids excluded), rows (``unit_rows``: the Arrow table of a unit), quantize
 (int8 values and scales: each window's rows in ``unit_rows``, or the writer's for float
-input; with ``--encoder pyarrow`` also the Arrow columns), types (layer 0 of each new token, and the types file), int8 pages (encode and
-compress the int8 layers' pages), other columns (pyarrow writes the rest of a row group;
-with ``--encoder pyarrow`` it writes every column), writer, rest (the writer's own
-bookkeeping: buffers, slices, concatenation, casts, the footer), hash (the sha256 of
-the file bytes), write (the bytes to the local file system).
+input; with ``--encoder pyarrow`` also the Arrow columns), types (layer 0 of each new
+token, and the types file), int8 pages (encode and compress the int8 layers' pages),
+other columns (pyarrow writes the rest of a row group; with ``--encoder pyarrow`` it
+writes every column), writer, rest (the writer's own bookkeeping: buffers, slices,
+concatenation, casts, the footer), hash (the sha256 of the file bytes), write (the bytes
+to the local file system).
 
 The model-only rate is tokens per CPU second of ``embed`` alone. Corpora come from
 ../shared/corpora, or $ELMO_BENCH_CORPORA.
