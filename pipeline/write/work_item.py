@@ -336,6 +336,7 @@ class ItemWorker:
             with self.model_lock:  # one model call at a time; reading and writing overlap it
                 layers = self.embedder.embed([r.tokens for r in rows])
             tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
+            del layers  # not held while this item waits for the model with its next unit
             model_tokens += sum(len(r.tokens) for r in rows)
             self.progress.add(item.index, sum(r.own_end - r.own_start for r in rows))
         content.windows = []
