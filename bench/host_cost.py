@@ -145,11 +145,13 @@ def timing_hooks(clock: Clock) -> Iterator[None]:
     import pyarrow.parquet as pq
 
     import pipeline.write.item_files as item_files
+    import pipeline.write.work_item as work_item
     import schemas.parquet_assembly as assembly
 
     stage = {(assembly, "encode_chunk"): "int8 pages",
              (item_files, "quantize_int8_indices"): "quantize",
-             (item_files, "quantize_int8_into"): "quantize",  # in unit_rows, per window
+             (item_files, "quantize_int8_into"): "quantize",
+             (work_item, "quantized_layer_columns"): "quantize",  # unit_rows, per window
              (item_files, "vector_columns_of"): "quantize",
              (assembly.AssembledParquetWriter, "_other_chunks"): "other columns",
              (pq.ParquetWriter, "write_table"): "other columns",

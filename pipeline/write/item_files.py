@@ -342,6 +342,8 @@ def quantized_layer_columns(layers: list[np.ndarray], lo: np.ndarray, hi: np.nda
     stored): each window's rows quantized where they lie (``quantize_int8_into``), so
     the unit is never copied as floats; the writer takes these as it takes layers
     quantized on a GPU."""
+    from schemas import quantize_kernels  # numba
+
     total = int(np.sum(hi - lo))
     values = np.empty((n_out, total, dim), np.int8)
     scales = np.empty((n_out, total), np.float32)
@@ -349,7 +351,12 @@ def quantized_layer_columns(layers: list[np.ndarray], lo: np.ndarray, hi: np.nda
     for window, a, b in zip(layers, lo, hi, strict=True):
         end = at + int(b - a)
         for k in range(n_out):
-            quantize_int8_into(window[k, a:b], values[k, at:end], scales[k, at:end])
+            rows = window[k, a:b]
+            if rows.dtype == np.float32 and rows.flags.c_contiguous:  # embed's batch views
+                # quantize_int8_into's kernel without its checks: a call per window
+                quantize_kernels.quantize_rows(rows, values[k, at:end], scales[k, at:end], 0)
+            else:
+                quantize_int8_into(rows, values[k, at:end], scales[k, at:end])
         at = end
     columns: dict[str, Any] = {}
     for k in range(n_out):
