@@ -1,6 +1,12 @@
 """An item's Parquet files in staging: written through a hashing file, so the commit
 record carries each file's size and sha256 without reading it back (pipeline/write/commit.py
-checks them), at the final name under a private prefix."""
+checks them), at the final name under a private prefix.
+
+Files with int8 layers are written by ``schemas.parquet_assembly.AssembledParquetWriter``:
+the int8 layer pages by ``schemas.int8_column_chunk`` from dictionary indices quantized
+as rows arrive (``AssembledRowGroups``), every other column by pyarrow. ``encoder=
+"pyarrow"`` writes the same tables with pyarrow alone: the readable reference the fast
+writer is tested against (tests/pipeline/test_assembled_parquet.py)."""
 
 from __future__ import annotations
 
@@ -122,9 +128,9 @@ class TokenWriter:
     schema version 3) each distinct token's ``layer_0`` once, into the ``types`` file.
 
     ``add`` takes rows with every layer as float (``unit_rows``), or for int8 already
-    quantized where the model ran (int8 values and their ``_scale`` column, bytewise what
-    quantizing here gives); the stored form (int8 values and scales, layer 0 moved out)
-    is made here.
+    quantized (int8 values and their ``_scale`` column, bytewise what quantizing here
+    gives: ``unit_rows`` quantizes each window, a GPU model stage each batch); the stored
+    form (int8 dictionary indices and scales, layer 0 moved out) is made here.
     """
 
     def __init__(self, files: ItemFiles, n_output_layers: int, dim: int, dtype: str,
