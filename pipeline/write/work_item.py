@@ -34,7 +34,12 @@ import elmo_model
 from pipeline.tokenize import Sentence, Token, get_tokenizer, windows
 from pipeline.write.config import ModelSpec
 from pipeline.write.inputs import DocError, Document, ReadOptions
-from pipeline.write.item_files import ItemFiles, TokenWriter, write_small_tables
+from pipeline.write.item_files import (
+    ItemFiles,
+    TokenWriter,
+    quantized_layer_columns,
+    write_small_tables,
+)
 from pipeline.write.plan import WorkItem
 from pipeline.write.read import LineCounter, read_range
 from schemas.dataset import open_fs
@@ -225,10 +230,6 @@ def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
     starts, own_start, own_end = (np.array(col, np.int32)
                                   for col in (cols.start, cols.own_start, cols.own_end))
     lo, hi = own_start - starts, own_end - starts
-    # int8 is quantized by the writer (pipeline/write/item_files.py), from float32.
-    np_dtype = np.float16 if dtype == "float16" else np.float32
-    stacked = np.concatenate([arr[:, a:b] for arr, a, b in zip(layers, lo, hi, strict=True)],
-                             axis=1) if layers else np.zeros((n_out, 0, dim), np.float32)
     counts = hi - lo
     doc_ids = np.repeat(np.array(cols.doc_id, dtype=object), counts)
     sent_idx = np.repeat(np.array(cols.sent_idx, np.int32), counts)
@@ -247,6 +248,12 @@ def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
         "char_start": pa.array(pick(cols.char_starts), pa.int32()),
         "char_end": pa.array(pick(cols.char_ends), pa.int32()),
     }
+    if dtype == "int8":  # each window quantized where it lies: no float copy of the unit
+        columns.update(quantized_layer_columns(layers, lo, hi, n_out, dim))
+        return pa.table(columns)
+    np_dtype = np.float16 if dtype == "float16" else np.float32
+    stacked = np.concatenate([arr[:, a:b] for arr, a, b in zip(layers, lo, hi, strict=True)],
+                             axis=1) if layers else np.zeros((n_out, 0, dim), np.float32)
     for k in range(n_out):
         # stacked[k] is a contiguous view: float32 goes to Arrow with no copy
         values = pa.array(stacked[k].astype(np_dtype, copy=False).reshape(-1), value_type)
@@ -329,6 +336,7 @@ class ItemWorker:
             with self.model_lock:  # one model call at a time; reading and writing overlap it
                 layers = self.embedder.embed([r.tokens for r in rows])
             tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
+            del layers  # not held while this item waits for the model with its next unit
             model_tokens += sum(len(r.tokens) for r in rows)
             self.progress.add(item.index, sum(r.own_end - r.own_start for r in rows))
         content.windows = []
