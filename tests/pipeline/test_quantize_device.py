@@ -1,0 +1,114 @@
+"""The torch int8 quantizer (elmo_model/quantize.py), which a GPU runs where its layers
+are, gives byte for byte what the numpy reference (schemas.layers.quantize_int8) gives,
+on CPU tensors: random vectors and the cases where rounding could differ."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from elmo_model.quantize import quantize_int8_torch
+from schemas.layers import INT8_LIMIT, quantize_int8
+
+
+def assert_same_bytes(vectors: torch.Tensor) -> None:
+    """The torch result equals the reference on ``vectors`` widened to float32 (exact for
+    float16 and bfloat16), bitwise: values and scales (a -0.0 scale would differ)."""
+    q, scale = quantize_int8_torch(vectors)
+    flat = vectors.to(torch.float32).reshape(-1, vectors.shape[-1]).numpy()
+    ref_q, ref_scale = quantize_int8(flat)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32
+    assert q.shape == vectors.shape and scale.shape == vectors.shape[:-1]
+    assert np.array_equal(q.reshape(-1, vectors.shape[-1]).numpy(), ref_q)
+    assert scale.reshape(-1).numpy().tobytes() == ref_scale.tobytes()
+
+
+@pytest.mark.parametrize("magnitude", [1e-30, 1e-3, 1.0, 37.0, 1e30])
+def test_random_vectors_match_the_reference(magnitude: float) -> None:
+    gen = torch.Generator().manual_seed(int(np.log10(magnitude)) + 40)
+    # [layers, tokens, dim], as the embedder has them on the device
+    vectors = torch.randn(3, 257, 96, generator=gen) * magnitude
+    assert_same_bytes(vectors)
+    heavy = torch.randn(400, 1024, generator=gen) ** 3 * magnitude  # long tails
+    assert_same_bytes(heavy)
+
+
+def test_ties_round_half_to_even_as_the_reference() -> None:
+    # absmax 127 -> scale exactly 1: x / scale is x, and k + 0.5 is a tie
+    halves = torch.arange(-126, 127, dtype=torch.float32) + 0.5
+    row = torch.cat([halves, torch.tensor([127.0])])
+    # absmax 254 -> scale 2: odd integers divide to ties
+    odd = torch.cat([torch.arange(-253, 254, 2, dtype=torch.float32), torch.tensor([254.0])])
+    assert_same_bytes(row[None])
+    assert_same_bytes(odd[None])
+    q, _ = quantize_int8_torch(torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, 127.0]]))
+    assert q.tolist() == [[0, 2, 2, 0, -2, 127]]
+
+
+def test_zero_vectors_clip_and_tiny_scales_match_the_reference() -> None:
+    rows = torch.zeros(8, 16)
+    rows[1] = -0.0  # scale +0.0, as the reference
+    rows[2, 3] = 1e-40  # a subnormal: absmax / 127 underflows to a smaller subnormal
+    rows[3, 0] = -1e-45  # the smallest subnormal: its scale is 0, the vector stays 0
+    rows[4] = torch.from_numpy(np.linspace(-3.4e38, 3.4e38, 16).astype(np.float32))  # ~max
+    rows[5] = torch.full((16,), -7.25)  # every value at the clip
+    rows[6, ::2] = 1.0  # values exactly at the absmax: q is the limit
+    rows[6, 1::2] = -1.0
+    rows[7] = torch.tensor([np.nextafter(np.float32(1), np.float32(2))] + [1.0] * 15)
+    assert torch.isfinite(rows).all()
+    assert_same_bytes(rows)
+    q, scale = quantize_int8_torch(rows)
+    assert scale[1].item() == 0 and not torch.signbit(scale[:2]).any()
+    assert q.abs().max().item() == INT8_LIMIT
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs_match_the_reference_on_their_float32_values(
+        dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(7)
+    vectors = (torch.randn(64, 512, generator=gen) * 3).to(dtype)
+    assert_same_bytes(vectors)
+    # every bfloat16 / float16 bit pattern of one exponent band, as values of one vector
+    band = torch.arange(0x3F80, 0x4000, dtype=torch.int16).view(torch.bfloat16) if (
+        dtype == torch.bfloat16) else torch.arange(0x3C00, 0x4000, dtype=torch.int16
+                                                   ).view(torch.float16)
+    assert_same_bytes(band.reshape(-1, 64))
+
+
+def test_integer_input_is_refused() -> None:
+    with pytest.raises(TypeError, match="floating-point"):
+        quantize_int8_torch(torch.zeros(2, 4, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("mode", ["stateless", "stateful"])
+def test_embed_int8_gives_the_reference_quantizer_of_embed(
+        tiny_model_dir, one_torch_thread, mode: str, compute_dtype: str) -> None:
+    """The embedder's int8 path (quantize where the model ran, copy to the host through
+    ``HostCopier``) equals quantizing its float32 output with the numpy reference, for
+    every sentence and layer, across several batches; and survives pickling, as a model
+    worker hands it to item workers."""
+    import pickle
+
+    import elmo_model
+    from pipeline.config import ModelSpec
+
+    spec = ModelSpec.resolve(str(tiny_model_dir))
+    embedder = elmo_model.load(spec.options, spec.weights, mode=mode, device="cpu",
+                               dtype=compute_dtype, max_batch_tokens=24)
+    words = "the cat sat on a mat while the old man looked at the river".split()
+    sentences = [words[:4], ["A"], words * 2, words[3:9], words[::-1], ["."]]
+    floats = embedder.embed(sentences)
+    embedder.reset_state()
+    pending = embedder.submit_int8(sentences)
+    assert (len(pending.batches) == 1) == (mode == "stateful")  # stateless: several
+    layers = pickle.loads(pickle.dumps(pending.result()))
+    assert len(layers) == len(sentences)
+    for i, vectors in enumerate(floats):
+        values, scales = layers.sentence(i)
+        n_layers, n, dim = vectors.shape
+        ref_values, ref_scales = quantize_int8(vectors.reshape(-1, dim))
+        assert values.shape == (n_layers, n, dim) and scales.shape == (n_layers, n)
+        assert np.array_equal(values.reshape(-1, dim), ref_values)
+        assert scales.reshape(-1).tobytes() == ref_scales.tobytes()
