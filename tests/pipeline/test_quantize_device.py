@@ -97,7 +97,8 @@ def test_embed_int8_gives_the_reference_quantizer_of_embed(
     spec = ModelSpec.resolve(str(tiny_model_dir))
     embedder = elmo_model.load(spec.options, spec.weights, mode=mode, device="cpu",
                                dtype=compute_dtype, max_batch_tokens=24)
-    words = "the cat sat on a mat while the old man looked at the river".split()
+    words = ["the", "cat", "sat", "on", "a", "mat", "while", "the", "old", "man", "looked",
+             "at", "the", "river"]
     sentences = [words[:4], ["A"], words * 2, words[3:9], words[::-1], ["."]]
     floats = embedder.embed(sentences)
     embedder.reset_state()
