@@ -110,8 +110,10 @@ class TokenWriter:
     """Token rows of one item into one Parquet file, in row groups of ~64 MB, and (from
     schema version 3) each distinct token's ``layer_0`` once, into the ``types`` file.
 
-    ``add`` takes rows with every layer as float (``unit_rows``); the stored form (int8
-    values and scales, layer 0 moved out) is made here.
+    ``add`` takes rows with every layer as float (``unit_rows``), or for int8 already
+    quantized where the model ran (int8 values and their ``_scale`` column, bytewise what
+    quantizing here gives: they pass through); the stored form (int8 values and scales,
+    layer 0 moved out) is made here.
     """
 
     def __init__(self, files: ItemFiles, n_output_layers: int, dim: int, dtype: str) -> None:
@@ -127,11 +129,13 @@ class TokenWriter:
         self.rows = 0
         self.type_rows: dict[str, int] = {}  # token -> row of the types file
         self.type_vectors: list[np.ndarray] = []
+        self.type_scales: list[np.ndarray] = []  # with type_vectors already int8
 
     def add(self, table: Any) -> None:
         if self.layer_names and "layer_0" not in self.schema.names:
             self._collect_types(table)
-            table = table.drop_columns(["layer_0"])
+            table = table.drop_columns([n for n in ("layer_0", "layer_0" + SCALE_SUFFIX)
+                                        if n in table.column_names])
         self.buffer.append(table)
         self.buffered += table.num_rows
         if self.buffered >= self.rows_per_group:
@@ -145,10 +149,14 @@ class TokenWriter:
                 new[token] = row
         if not new:
             return
-        vectors = _matrix(table.column("layer_0"))[list(new.values())]
+        picked = list(new.values())
+        vectors = _matrix(table.column("layer_0"))[picked]
         for token in new:
             self.type_rows[token] = len(self.type_rows)
         self.type_vectors.append(np.array(vectors))
+        if "layer_0" + SCALE_SUFFIX in table.column_names:
+            self.type_scales.append(
+                table.column("layer_0" + SCALE_SUFFIX).to_numpy()[picked].astype(np.float32))
 
     def _stored(self, table: Any) -> Any:
         """Float layers -> this file's stored columns (int8: values then scale)."""
@@ -158,7 +166,10 @@ class TokenWriter:
         for name in self.schema.names:
             if name.endswith(SCALE_SUFFIX) or name not in table.column_names:
                 continue
-            if name in self.layer_names:
+            if name in self.layer_names and _is_int8(table.schema.field(name).type):
+                columns[name] = table.column(name)  # quantized where the model ran
+                columns[name + SCALE_SUFFIX] = table.column(name + SCALE_SUFFIX)
+            elif name in self.layer_names:
                 columns.update(vector_columns_of(name, _matrix(table.column(name)),
                                                  self.dtype))
             else:
@@ -188,16 +199,28 @@ class TokenWriter:
 
     def _write_types(self) -> None:
         vectors = np.concatenate(self.type_vectors)
+        # Pre-quantized int8: equal halves of [x; x] quantize to equal halves with the
+        # vector's scale, so the check on int8 values agrees with the one on floats.
         halved = halves_equal(vectors)
         schema = types_schema(self.dim, self.dtype, halved)
         name = schema.names[1]
         if halved:
             vectors = vectors[:, : self.dim // 2]
+        if self.type_scales:
+            stored = {name: pa.FixedSizeListArray.from_arrays(
+                          pa.array(np.ascontiguousarray(vectors).reshape(-1)), vectors.shape[1]),
+                      name + SCALE_SUFFIX: pa.array(np.concatenate(self.type_scales))}
+        else:
+            stored = vector_columns_of(name, vectors, self.dtype)
         table = pa.table({"token": pa.array(list(self.type_rows), pa.string()),
-                          **vector_columns_of(name, vectors, self.dtype)}).cast(schema)
+                          **stored}).cast(schema)
         handle = self.files.open("types")
         pq.write_table(table, handle, **layer_write_options(schema))
         self.files.closed("types", handle)
+
+
+def _is_int8(vector_type: Any) -> bool:
+    return pa.types.is_fixed_size_list(vector_type) and vector_type.value_type == pa.int8()
 
 
 def _matrix(column: Any) -> np.ndarray:
