@@ -78,7 +78,8 @@ def cpu_workers_per_actor(cfg: EmbedConfig, nodes: list[dict], gpus: float) -> i
     own items as before. With GPUs, every core of a GPU node but the one that drives each
     model: ``cores / actors on the node - 1`` per actor, at least 1, on the GPU node
     with the fewest (so every actor's workers fit next to it). An autoscaling cluster
-    whose GPU nodes are not up yet has no node to count: 1 then; give ``--cpu-workers``.
+    whose GPU nodes are not up yet has no node to count: 0 then (each actor works its own
+    items, as without a GPU); give ``--cpu-workers`` (ray_cluster.yaml's job spec does).
     """
     if cfg.cpu_workers is not None:
         return cfg.cpu_workers
@@ -89,8 +90,8 @@ def cpu_workers_per_actor(cfg: EmbedConfig, nodes: list[dict], gpus: float) -> i
         have = node.get("Resources", {})
         if node.get("Alive", True) and have.get("GPU", 0) >= gpus:
             actors_here = math.floor(have["GPU"] / gpus + 1e-9)
-            per_actor.append(int(have.get("CPU", 0) // actors_here) - 1)
-    return max(1, min(per_actor, default=1))
+            per_actor.append(max(1, int(have.get("CPU", 0) // actors_here) - 1))
+    return min(per_actor, default=0)
 
 
 def _preflight_local(cfg: EmbedConfig) -> None:

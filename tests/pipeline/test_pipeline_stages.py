@@ -120,6 +120,6 @@ def test_cpu_workers_default_from_the_gpu_nodes_cores(tiny_model_dir: Path) -> N
     assert cpu_workers_per_actor(cfg, [gpu_node, cpu_node], gpus=1) == 15
     assert cpu_workers_per_actor(cfg, [gpu_node, eight], gpus=1) == 7  # the tightest node
     assert cpu_workers_per_actor(cfg, [gpu_node], gpus=0.125) == 1  # 8 actors, 2 cores each
-    assert cpu_workers_per_actor(cfg, [cpu_node], gpus=1) == 1  # GPU nodes not up yet
+    assert cpu_workers_per_actor(cfg, [cpu_node], gpus=1) == 0  # GPU nodes not up yet
     given = config(tiny_model_dir, ["x"], "out", cpu_workers=3)
     assert cpu_workers_per_actor(given, [gpu_node], gpus=1) == 3
