@@ -52,17 +52,24 @@ def run_once(name: str, tree: str | None, args: list[str], corpus: str, work: Pa
         command = ["/usr/bin/time", "-f", "%M", *command]
     before = os.times()
     t0 = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    after = os.times()
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        after = os.times()
+        if group is not None:
+            user = int((group / "cpuacct.usage_user").read_text()) / 1e9
+            system = int((group / "cpuacct.usage_sys").read_text()) / 1e9
+    finally:
+        if group is not None:
+            for _ in range(20):  # Ray's last processes leave the group
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.5)
     if done.returncode:
         raise SystemExit(f"{name} failed:\n{done.stderr[-2000:]}")
-    if group is not None:
-        user = int((group / "cpuacct.usage_user").read_text()) / 1e9
-        system = int((group / "cpuacct.usage_sys").read_text()) / 1e9
-        time.sleep(0.5)  # Ray's last processes leave the group
-        group.rmdir()
-    else:
+    if group is None:
         user = after.children_user - before.children_user
         system = after.children_system - before.children_system
     rate = re.search(r"\(([\d,]+) tokens/s", done.stdout)

@@ -26,7 +26,13 @@ from typing import Any
 
 from elmo_model.errors import ElmoUserError
 from pipeline.write.plan import WorkItem
-from pipeline.write.work_item import CommitRecord, ItemSettings, ItemWorker, load_embedder
+from pipeline.write.work_item import (
+    CommitRecord,
+    ItemSettings,
+    ItemWorker,
+    load_embedder,
+    quantizes_on_device,
+)
 
 MODEL_CALLS_AT_ONCE = 3  # one computing, the others copying out or waiting their turn
 
@@ -75,10 +81,10 @@ class ModelActor:
         return ray.get_runtime_context().get_node_id()
 
     def embed(self, sentences: list[list[str]]) -> Any:
-        """A unit's layers: ``Int8Layers`` for int8 storage, else float arrays."""
+        """A unit's layers: ``Int8Layers`` quantized here (on a GPU), else float arrays."""
         self._load()
         with self.lock:
-            if self.settings.dtype != "int8":
+            if not quantizes_on_device(self.embedder, self.settings.dtype):
                 return self.embedder.embed(sentences)
             pending = self.embedder.submit_int8(sentences)
         return pending.result()  # waits for the copies with the lock free

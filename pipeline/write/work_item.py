@@ -325,10 +325,17 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def quantizes_on_device(embedder: Any, dtype: str) -> bool:
+    """Whether the model quantizes its int8 layers where it ran (``embed_int8``): on a GPU,
+    so a quarter of the bytes cross to the host. On the CPU the writer quantizes, in the
+    same pass as its encoding (pipeline/item_files.py). The bytes are the same either way
+    (tests/pipeline/test_quantize_device.py)."""
+    return dtype == "int8" and embedder.device.type == "cuda"
+
+
 class InProcessModel:
     """The model stage in the item worker's own process: one call at a time (``lock``),
-    so one item's reading and writing overlap another item's model call. int8 layers are
-    quantized where the model runs (``ElmoEmbedder.embed_int8``)."""
+    so one item's reading and writing overlap another item's model call."""
 
     def __init__(self, embedder: Any, int8: bool) -> None:
         self.embedder, self.int8 = embedder, int8
@@ -365,7 +372,7 @@ class ItemWorker:
         get_tokenizer(s.tokenizer)
         if self.model is None:
             embedder = load_embedder(s.model, s.batch_tokens, s.compute_dtype, s.device)
-            self.model = InProcessModel(embedder, s.dtype == "int8")
+            self.model = InProcessModel(embedder, quantizes_on_device(embedder, s.dtype))
 
     def process(self, item: WorkItem) -> CommitRecord:
         with self.progress.tracking(item.index):

@@ -18,12 +18,26 @@ from pipeline.write.embed import embed_corpus
 pytestmark = pytest.mark.slow
 
 
-def kill_the_model_once(armed: Path, fired: Path) -> Callable[[], None]:
-    """A Ray ``worker_process_setup_hook``: once ``armed`` exists, the first model call
-    kills its model actor's process (an OOM kill, a lost GPU); ``fired`` records it."""
+def fault_and_device_hooks(faults: Path) -> Callable[[], None]:
+    """A Ray ``worker_process_setup_hook``: once ``faults/armed`` exists, the first model
+    call kills its model actor's process (an OOM kill, a lost GPU; ``faults/fired``
+    records it); while ``faults/on_device`` exists, the model quantizes int8 layers
+    itself and sends them to the item workers, as on a GPU."""
+    armed, fired, on_device = faults / "armed", faults / "fired", faults / "on_device"
 
     def install() -> None:
+        from pipeline.write import stages, work_item
         from pipeline.write.stages import ModelActor
+
+        real_rule = work_item.quantizes_on_device
+
+        def quantizes_on_device(embedder: object, dtype: str) -> bool:
+            if dtype == "int8" and on_device.exists():
+                (faults / "quantized_on_device").touch()
+                return True
+            return real_rule(embedder, dtype)
+
+        stages.quantizes_on_device = quantizes_on_device  # type: ignore[assignment]
 
         real = ModelActor.embed
 
@@ -53,8 +67,7 @@ def ray_two_cpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     faults = tmp_path_factory.mktemp("faults")
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING,
              log_to_driver=False, _temp_dir=str(temp),
-             runtime_env={"worker_process_setup_hook": kill_the_model_once(
-                 faults / "armed", faults / "fired")})
+             runtime_env={"worker_process_setup_hook": fault_and_device_hooks(faults)})
     yield faults
     ray.shutdown()
 
@@ -78,12 +91,24 @@ def test_every_executor_writes_the_same_bytes(ray_two_cpus: Path, tiny_model_dir
                                       **kw, **extra))
         assert summary.documents == 9 and summary.executor == (extra.get("executor")
                                                                or "local")
-    tables = {name: dataset_files(tmp_path / name) for name in RUNS}
+    runs = list(RUNS)
+    if dtype == "int8":  # and the GPU's path: int8 from the model, through Ray's store
+        (ray_two_cpus / "on_device").touch()
+        try:
+            embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "on_device",
+                                **kw, **RUNS["stages"]))
+        finally:
+            (ray_two_cpus / "on_device").unlink()
+        assert (ray_two_cpus / "quantized_on_device").exists(), "the model did not quantize"
+        runs.append("on_device")
+    tables = {name: dataset_files(tmp_path / name) for name in runs}
     assert tables["local"] and any("tokens" in key for key in tables["local"])
-    for name in ("ray", "stages"):
+    for name in runs[1:]:
         assert tables[name].keys() == tables["local"].keys()
         for key, table in tables["local"].items():
             assert tables[name][key].equals(table), (name, key)
+            assert (tmp_path / name / key).read_bytes() == (tmp_path / "local" / key
+                                                            ).read_bytes(), (name, key)
 
 
 def test_a_killed_model_worker_costs_a_retry_not_a_row(ray_two_cpus: Path,

@@ -92,7 +92,7 @@ def test_embed_int8_gives_the_reference_quantizer_of_embed(
     import pickle
 
     import elmo_model
-    from pipeline.config import ModelSpec
+    from pipeline.write.config import ModelSpec
 
     spec = ModelSpec.resolve(str(tiny_model_dir))
     embedder = elmo_model.load(spec.options, spec.weights, mode=mode, device="cpu",
@@ -113,3 +113,33 @@ def test_embed_int8_gives_the_reference_quantizer_of_embed(
         assert values.shape == (n_layers, n, dim) and scales.shape == (n_layers, n)
         assert np.array_equal(values.reshape(-1, dim), ref_values)
         assert scales.reshape(-1).tobytes() == ref_scales.tobytes()
+
+
+def test_a_dataset_does_not_depend_on_where_its_layers_were_quantized(
+        tiny_model_dir, one_torch_thread, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole device path on the CPU: the model quantizes each batch and hands the
+    writer int8 values and scales (as on a GPU), against the writer quantizing float32
+    layers (the CPU's default): the same files, byte for byte."""
+    from helpers import config, dataset_files, write_corpus
+
+    from pipeline.write import work_item
+    from pipeline.write.embed import embed_corpus
+
+    corpus = write_corpus(tmp_path / "corpus")
+    kw = {"n_shards": 3, "batch_tokens": 8}
+    embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "writer", **kw))
+    asked = []
+
+    def on_device(embedder, dtype: str) -> bool:
+        asked.append(dtype)
+        return dtype == "int8"
+
+    monkeypatch.setattr(work_item, "quantizes_on_device", on_device)
+    embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "model", **kw))
+    assert asked == ["int8"]
+    by_writer, by_model = dataset_files(tmp_path / "writer"), dataset_files(tmp_path / "model")
+    assert by_writer.keys() == by_model.keys() and any("types" in k for k in by_writer)
+    for key, table in by_writer.items():
+        assert by_model[key].equals(table), key
+        assert (tmp_path / "model" / key).read_bytes() == (tmp_path / "writer" / key
+                                                            ).read_bytes(), key
