@@ -72,8 +72,8 @@ def run_once(name: str, tree: str | None, args: list[str], corpus: str, work: Pa
     if group is None:
         user = after.children_user - before.children_user
         system = after.children_system - before.children_system
-    rate = re.search(r"\(([\d,]+) tokens/s", done.stdout)
-    tokens = re.search(r"sentences, (\d+) tokens in", done.stdout)
+    rate = re.search(r"\(([\d,]+) tokens/s", done.stderr)  # `elmo embed`'s summary
+    tokens = re.search(r"sentences, (\d+) tokens in", done.stderr)
     shutil.rmtree(out, ignore_errors=True)
     return {"wall": wall, "user": user, "sys": system, "cpu": user + system,
             "peak_mib": int(done.stderr.strip().splitlines()[-1]) / 1024,
