@@ -70,7 +70,7 @@ def gpus_per_actor(cfg: EmbedConfig, cluster_gpus: float) -> float:
 
 
 def cpu_workers_per_actor(cfg: EmbedConfig, nodes: list[dict], gpus: float) -> int:
-    """Item worker processes that feed each actor's model (pipeline/stages.py).
+    """Item worker processes that feed each actor's model (pipeline/write/stages.py).
 
     ``--cpu-workers`` when given. Else, without a GPU, 0: the model computes on the same
     cores as the reading and writing, and handing layers to other processes only adds

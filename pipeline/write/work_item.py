@@ -255,7 +255,7 @@ def unit_rows(rows: list[WindowRow], layers: Any, n_out: int, dim: int, dtype: s
     if isinstance(layers, Int8Layers):
         columns.update(_int8_columns(layers, lo, hi, n_out, dim))
         return pa.table(columns)
-    # float layers: int8 is quantized by the writer (pipeline/item_files.py), from float32
+    # float layers: int8 is quantized by the writer (pipeline/write/item_files.py), from float32
     np_dtype = np.float16 if dtype == "float16" else np.float32
     stacked = np.concatenate([arr[:, a:b] for arr, a, b in zip(layers, lo, hi, strict=True)],
                              axis=1) if layers else np.zeros((n_out, 0, dim), np.float32)
@@ -328,7 +328,7 @@ def peak_rss_bytes() -> int:
 def quantizes_on_device(embedder: Any, dtype: str) -> bool:
     """Whether the model quantizes its int8 layers where it ran (``embed_int8``): on a GPU,
     so a quarter of the bytes cross to the host. On the CPU the writer quantizes, in the
-    same pass as its encoding (pipeline/item_files.py). The bytes are the same either way
+    same pass as its encoding (pipeline/write/item_files.py). The bytes are the same either way
     (tests/pipeline/test_quantize_device.py)."""
     return dtype == "int8" and embedder.device.type == "cuda"
 

@@ -1,4 +1,4 @@
-"""Stage processes (pipeline/stages.py) on a real local Ray: a model actor fed by item
+"""Stage processes (pipeline/write/stages.py) on a real local Ray: a model actor fed by item
 worker processes writes the same bytes as the local executor and as actors that work
 their own items, and a killed model worker costs a retry, not a row."""
 
