@@ -9,7 +9,8 @@ run reuses the same few blocks instead of pinning new memory per batch.
 
 On the CPU the same calls run with plain host buffers and synchronous copies (torch has no
 pinned memory, side streams or events there): the buffers, the copies and the slicing
-below are the code a GPU runs; the stream, the event and ``record_stream`` are not.
+below are the code a GPU runs; pinning, the stream, the event and ``record_stream`` are
+not (they have not run anywhere yet: no GPU was lent while they were written).
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ class HostCopier:
         self.device = device
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def to_device(self, array: np.ndarray) -> torch.Tensor:
+        """A small host array on the device; on CUDA from pinned memory with a
+        ``non_blocking`` copy, so the host does not wait for the kernels queued before."""
+        tensor = torch.from_numpy(array)
+        if not self.cuda:
+            return tensor.to(self.device)
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
     def to_host(self, values: torch.Tensor, scales: torch.Tensor) -> HostBatch:
         tensors = (values, scales)

@@ -235,12 +235,13 @@ class ElmoEmbedder:
         their way to host memory (``copier``)."""
         from elmo_model.quantize import quantize_int8_torch  # imports pyarrow: int8 runs only
 
-        layers = self._batch_layers(sentences)
         keep, start = [], 0
         for sentence in sentences:  # drop <S> and </S> on the device: fewer bytes to copy
             keep.append(np.arange(start + 1, start + 1 + len(sentence)))
             start += len(sentence) + 2
-        rows = torch.from_numpy(np.concatenate(keep)).to(self.device)
+        # Sent before the batch's kernels are queued, without waiting for them.
+        rows = copier.to_device(np.concatenate(keep))
+        layers = self._batch_layers(sentences)
         values, scales = quantize_int8_torch(layers.index_select(1, rows))
         return copier.to_host(values, scales)
 
