@@ -104,8 +104,15 @@ class RemoteModel:
 
     def collect(self, ref: Any) -> Any:
         import ray
+        from ray.exceptions import RayTaskError
 
-        return ray.get(ref)
+        try:
+            return ray.get(ref)
+        except RayTaskError as error:  # the user's one line, not the model actor's traceback
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, ElmoUserError):
+                raise ElmoUserError(str(cause)) from None
+            raise
 
 
 class ItemStageActor:

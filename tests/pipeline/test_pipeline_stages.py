@@ -21,9 +21,11 @@ pytestmark = pytest.mark.slow
 def fault_and_device_hooks(faults: Path) -> Callable[[], None]:
     """A Ray ``worker_process_setup_hook``: once ``faults/armed`` exists, the first model
     call kills its model actor's process (an OOM kill, a lost GPU; ``faults/fired``
-    records it); while ``faults/on_device`` exists, the model quantizes int8 layers
-    itself and sends them to the item workers, as on a GPU."""
+    records it); while ``faults/broken`` exists, a restarted model actor cannot load its
+    model; while ``faults/on_device`` exists, the model quantizes int8 layers itself and
+    sends them to the item workers, as on a GPU."""
     armed, fired, on_device = faults / "armed", faults / "fired", faults / "on_device"
+    broken = faults / "broken"  # a restarted model actor cannot load its model
 
     def install() -> None:
         from pipeline.write import stages, work_item
@@ -52,6 +54,18 @@ def fault_and_device_hooks(faults: Path) -> Callable[[], None]:
             return real(self, sentences)
 
         ModelActor.embed = embed  # type: ignore[method-assign]
+        real_load = ModelActor._load
+
+        def load(self: ModelActor) -> None:
+            import ray
+
+            from elmo_model.errors import ElmoUserError
+
+            if broken.exists() and ray.get_runtime_context().was_current_actor_reconstructed:
+                raise ElmoUserError("the GPU fell off the bus; check nvidia-smi")
+            real_load(self)
+
+        ModelActor._load = load  # type: ignore[method-assign]
 
     return install
 
@@ -148,3 +162,28 @@ def test_cpu_workers_default_from_the_gpu_nodes_cores(tiny_model_dir: Path) -> N
     assert cpu_workers_per_actor(cfg, [cpu_node], gpus=1) == 0  # GPU nodes not up yet
     given = config(tiny_model_dir, ["x"], "out", cpu_workers=3)
     assert cpu_workers_per_actor(given, [gpu_node], gpus=1) == 3
+
+
+def test_a_model_worker_that_cannot_come_back_stops_the_run_in_one_line(
+        ray_two_cpus: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Fail fast, not hang: the model actor dies mid-run and its restart cannot load the
+    model; the run stops with that reason, in one line, within seconds."""
+    import time
+
+    from elmo_model.errors import ElmoUserError
+
+    corpus = write_corpus(tmp_path / "corpus")
+    (ray_two_cpus / "fired").unlink(missing_ok=True)
+    (ray_two_cpus / "broken").touch()
+    (ray_two_cpus / "armed").touch()
+    began = time.monotonic()
+    try:
+        with pytest.raises(ElmoUserError) as caught:
+            embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "ds",
+                                n_shards=3, batch_tokens=8, **RUNS["stages"]))
+    finally:
+        (ray_two_cpus / "armed").unlink()
+        (ray_two_cpus / "broken").unlink()
+    assert (ray_two_cpus / "fired").exists(), "the fault hook did not fire"
+    assert str(caught.value) == "the GPU fell off the bus; check nvidia-smi"
+    assert time.monotonic() - began < 120
