@@ -13,10 +13,16 @@ flat because every queue is bounded: the driver gives each item worker at most
 ``IN_FLIGHT_PER_ACTOR`` items, an item asks for at most ``RemoteModel.lookahead`` + 1
 units at a time, so the model worker holds at most that many calls per item in its queue.
 
+On a GPU the layers cross as int8 quantized on the device (a quarter of float32's bytes);
+on the CPU, where the stages are not the default (BENCHMARKS.md, "All of a node's cores
+feed its GPUs"), as float32 for the item worker's writer to quantize.
+
 Failures: a dead item worker's items run again elsewhere (the driver, as for any actor);
-a dead model worker fails the calls in flight, so the items waiting on it fail and run
-again once Ray has restarted it. Nothing hangs on a dead process: Ray fails a call to a
-dead actor instead of waiting for it.
+a dead model worker fails the calls in flight, so the items waiting on it fail, and the
+driver asks their workers to wait for the model to be back (``ItemStageActor.ready``)
+before giving them items again; a model that cannot come back stops the run with its
+reason. Nothing hangs on a dead process: Ray fails a call to a dead actor instead of
+waiting for it, and when every worker waits, the driver's wait is bounded.
 """
 
 from __future__ import annotations
