@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
+from elmo_model.device_copy import HostBatch, HostCopier, Int8Layers, PendingInt8
 from elmo_model.errors import ElmoUserError
 from elmo_model.lstm_steps import choose_step
 from elmo_model.model import BiLM, BiLMConfig, LstmState, LstmStep, PackPlan, reference_step
@@ -165,6 +166,7 @@ class ElmoEmbedder:
         )
         self.initial_state = "warm" if warm_state else "zeros"
         self._carried: LstmState | None = None  # stateful mode: per row, grown on demand
+        self._copier = HostCopier(self.device)
 
     @property
     def config(self) -> BiLMConfig:
@@ -196,7 +198,9 @@ class ElmoEmbedder:
             return [(h[:, :batch_size], c[:, :batch_size]) for h, c in self._carried]
         return expand_state(self.warm_state, batch_size)
 
-    def _run_batch(self, sentences: list[list[str]]) -> list[np.ndarray]:
+    def _batch_layers(self, sentences: list[list[str]]) -> torch.Tensor:
+        """``[L + 1, N, 2P]`` float32 on the device, sentence after sentence with their
+        ``<S>`` and ``</S>`` rows (carries the stateful mode's state)."""
         flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
         plan = PackPlan.build(np.array([len(s) + 2 for s in sentences]), self.device)
         n_layers = self.model.config.n_layers
@@ -215,7 +219,10 @@ class ElmoEmbedder:
         width = tokens.shape[1]
         layers[0, :, :width] = tokens
         layers[0, :, width:] = tokens
-        array = layers.cpu().numpy()
+        return layers
+
+    def _run_batch(self, sentences: list[list[str]]) -> list[np.ndarray]:
+        array = self._batch_layers(sentences).cpu().numpy()
         out, start = [], 0
         for sentence in sentences:
             n = len(sentence)
@@ -223,24 +230,62 @@ class ElmoEmbedder:
             start += n + 2
         return out
 
+    def _quantize_batch(self, sentences: list[list[str]], copier: HostCopier) -> HostBatch:
+        """One batch's real-token rows quantized on the device (stored int8 rule), on
+        their way to host memory (``copier``)."""
+        from elmo_model.quantize import quantize_int8_torch  # imports pyarrow: int8 runs only
+
+        keep, start = [], 0
+        for sentence in sentences:  # drop <S> and </S> on the device: fewer bytes to copy
+            keep.append(np.arange(start + 1, start + 1 + len(sentence)))
+            start += len(sentence) + 2
+        # Sent before the batch's kernels are queued, without waiting for them.
+        rows = copier.to_device(np.concatenate(keep))
+        layers = self._batch_layers(sentences)
+        values, scales = quantize_int8_torch(layers.index_select(1, rows))
+        return copier.to_host(values, scales)
+
+    def _batches(self, sentences: list[list[str]]) -> list[list[int]]:
+        """Sentence indices per model batch: one batch in stateful mode; stateless results
+        do not depend on grouping, so there by a token budget over length-sorted
+        sentences (similar lengths together, little padding anywhere)."""
+        if not isinstance(sentences, list) or any(not isinstance(s, list) for s in sentences):
+            raise ElmoUserError("embed() takes a list of sentences, each a list of token strings")
+        if self.mode == "stateful":
+            return [list(range(len(sentences)))] if sentences else []
+        rows = [len(sentence) + 2 for sentence in sentences]  # with <S> and </S>
+        return stateless_batches(rows, self.max_batch_tokens)
+
     @torch.inference_mode()
     def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
         """All layers for each tokenized sentence, ``[L + 1, n, 2P]`` float32 each."""
-        if not isinstance(sentences, list) or any(not isinstance(s, list) for s in sentences):
-            raise ElmoUserError("embed() takes a list of sentences, each a list of token strings")
-        if not sentences:
-            return []
-        if self.mode == "stateful":
-            return self._run_batch(sentences)
-        # Stateless: results do not depend on grouping, so batch by a token budget over
-        # length-sorted sentences (similar lengths together, little padding anywhere).
         results: list[np.ndarray | None] = [None] * len(sentences)
-        rows = [len(sentence) + 2 for sentence in sentences]  # with <S> and </S>
-        for batch in stateless_batches(rows, self.max_batch_tokens):
+        for batch in self._batches(sentences):
             for i, vectors in zip(batch, self._run_batch([sentences[i] for i in batch]),
                                   strict=True):
                 results[i] = vectors
         return results  # type: ignore[return-value]
+
+    @torch.inference_mode()
+    def submit_int8(self, sentences: list[list[str]]) -> PendingInt8:
+        """Start ``embed_int8``: every batch is quantized where it was computed and its
+        copy to the host queued (on a GPU it overlaps the next batch); returns without
+        waiting for the copies, so the caller can start the next call."""
+        host: list[HostBatch] = []
+        where: list[tuple[int, int, int]] = [(0, 0, 0)] * len(sentences)
+        for batch in self._batches(sentences):
+            start = 0
+            for i in batch:
+                where[i] = (len(host), start, len(sentences[i]))
+                start += len(sentences[i])
+            host.append(self._quantize_batch([sentences[i] for i in batch], self._copier))
+        return PendingInt8(host, where)
+
+    def embed_int8(self, sentences: list[list[str]]) -> Int8Layers:
+        """``embed``'s layers as the int8 storage stores them (``schemas.layers``: int8
+        values and a float32 scale per vector), bytewise what quantizing ``embed``'s
+        float32 output gives, but quantized on the model's device."""
+        return self.submit_int8(sentences).result()
 
 
 # A fixed, neutral warm-up text of our own. The original models were trained with state

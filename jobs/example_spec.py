@@ -26,6 +26,8 @@ format = "jsonl"
 address = "auto"                       # empty: in-process, or local Ray for actors > 1
 actors = 4
 num_gpus = 1                           # per actor
+cpu_workers = 3                        # per actor: processes that read, tokenize, write
+                                       # (default: the GPU node's cores per actor - 1)
 wait_for_resources = 900               # seconds an autoscaling cluster gets to add nodes
 
 [storage_options]                      # passed to fsspec for source and output

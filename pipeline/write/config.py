@@ -129,6 +129,11 @@ class EmbedConfig:
         flag="--gpus-per-actor", job_key="ray.num_gpus", minimum=0, metavar="N",
         help="Ray GPUs per actor, a fraction to share one (default: 1 when --device cuda or "
              "the cluster has GPUs, 0 with --device cpu)"))
+    cpu_workers: int | None = field(default=None, metadata=exposed(
+        flag="--cpu-workers", job_key="ray.cpu_workers", minimum=0, metavar="N",
+        help="item worker processes (read, tokenize, write) feeding each Ray actor's model "
+             "(default: with a GPU, its node's cores per actor less the one that drives the "
+             "GPU; 0 without one: each actor then works its own items, two at a time)"))
     dtype: str = field(default="int8", metadata=exposed(
         flag="--dtype", job_key="dtype", choices=STORAGE_DTYPES,
         help="storage dtype of the layers (default %(default)s): int8 (one float32 scale "

@@ -2,13 +2,16 @@
 ``(item, CommitRecord)`` pairs as items finish, in any order; the driver commits them.
 
 - ``LocalExecutor``: the item worker in this process (laptops), two items at a time.
-- ``RayExecutor``: a pool of Ray actors, each holding the model and running two items
-  at a time (the model under a lock, so one item's read/tokenize/write overlaps the
-  other's model time). At most ``IN_FLIGHT_PER_ACTOR`` items per actor are submitted:
-  the driver never holds more than that many items, whatever the corpus size. A dead
-  actor (killed process, removed node) is restarted by Ray, on another node if need be;
-  its items run again elsewhere, and since a worker only writes to a private staging
-  prefix, an attempt that never reported back is never committed.
+- ``RayExecutor``: ``--actors`` models on Ray actors. Each model either works its own
+  items, two at a time (the model under a lock, so one item's read/tokenize/write
+  overlaps the other's model time: the default without a GPU), or feeds ``--cpu-workers``
+  item worker processes on its node, which read, tokenize and write while the model
+  computes (pipeline/write/stages.py: the default with a GPU, one worker per spare core). At
+  most ``IN_FLIGHT_PER_ACTOR`` items per item-taking actor are submitted: the driver
+  never holds more than that many items, whatever the corpus size. A dead actor (killed
+  process, removed node) is restarted by Ray, on another node if need be; its items run
+  again elsewhere, and since a worker only writes to a private staging prefix, an
+  attempt that never reported back is never committed.
 
 Progress: while items run, both executors pass ``on_progress`` the stored tokens done so
 far of each running item (``ItemProgress``, updated per model unit), every
@@ -34,7 +37,14 @@ from typing import Any
 from elmo_model.errors import ElmoUserError
 from pipeline.write.config import EmbedConfig
 from pipeline.write.plan import WorkItem
-from pipeline.write.ray_setup import actors_that_fit, choose_executor, connect_ray, gpus_per_actor
+from pipeline.write.ray_setup import (
+    actors_that_fit,
+    choose_executor,
+    connect_ray,
+    cpu_workers_per_actor,
+    gpus_per_actor,
+)
+from pipeline.write.stages import MODEL_CALLS_AT_ONCE, ItemStageActor, ModelActor, model_problem
 from pipeline.write.work_item import CommitRecord, ItemSettings, ItemWorker
 
 IN_FLIGHT_PER_ACTOR = 2
@@ -124,13 +134,7 @@ class ItemActor:
 
     def ready(self) -> str | None:
         """None once the model is loaded; else the reason it cannot be, in one line."""
-        try:
-            self.worker.load()
-        except ElmoUserError as error:
-            return str(error)
-        except Exception as error:  # e.g. a torch error on a broken device
-            return f"{type(error).__name__}: {error}"
-        return None
+        return model_problem(self.worker.load)
 
     def process(self, item: WorkItem) -> CommitRecord:
         return self.worker.process(item)
@@ -146,10 +150,12 @@ class RayExecutor:
 
     def __init__(self, cfg: EmbedConfig, settings: ItemSettings) -> None:
         self.cfg, self.settings = cfg, settings
-        self.actors: list[Any] = []
+        self.actors: list[Any] = []  # what the driver gives items to
+        self.model_actors: list[Any] = []  # with item workers: the models they feed
         self.started_ray = False
-        self.cpus = 1.0
+        self.cpus = 1.0  # per model actor
         self.gpus = 0.0
+        self.workers = 0  # item worker processes per model actor (0: it works its items)
 
     # ---------------------------------------------------------------- start
 
@@ -160,22 +166,50 @@ class RayExecutor:
 
         resources = ray.cluster_resources()
         self.gpus = gpus_per_actor(cfg, resources.get("GPU", 0))
+        self.workers = cpu_workers_per_actor(cfg, ray.nodes(), self.gpus)
         if cfg.cpus_per_actor is not None:
             self.cpus = cfg.cpus_per_actor
         elif self.gpus:
             self.cpus = 1.0
-        else:
-            self.cpus = max(1.0, float(int(resources.get("CPU", 1) // cfg.actors)))
+        else:  # the node's share of each actor, less its item workers' CPUs
+            share = int(resources.get("CPU", 1) // cfg.actors)
+            self.cpus = max(1.0, float(share - self.workers))
         self._wait_for_capacity()
-        remote_cls = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=-1,
-                                max_task_retries=0,
-                                max_concurrency=IN_FLIGHT_PER_ACTOR + 1)(ItemActor)
-        self.actors = [remote_cls.remote(self.settings, max(1, int(self.cpus)))
-                       for _ in range(cfg.actors)]
-        self._wait_ready()
+        model_threads = max(1, int(self.cpus))
+        if not self.workers:
+            remote_cls = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=-1,
+                                    max_task_retries=0,
+                                    max_concurrency=IN_FLIGHT_PER_ACTOR + 1)(ItemActor)
+            self.actors = [remote_cls.remote(self.settings, model_threads)
+                           for _ in range(cfg.actors)]
+            self._wait_ready(self.actors)
+            return
+        model_cls = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=-1,
+                               max_task_retries=0,
+                               max_concurrency=MODEL_CALLS_AT_ONCE)(ModelActor)
+        self.model_actors = [model_cls.remote(self.settings, model_threads)
+                             for _ in range(cfg.actors)]
+        self._wait_ready(self.model_actors)
+        self._start_item_workers()
+
+    def _start_item_workers(self) -> None:
+        """``self.workers`` item worker processes per model actor, on its node when it has
+        room (their layers then come through the node's shared memory)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = ray.get([model.node.remote() for model in self.model_actors])
+        item_cls = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0,
+                              max_concurrency=IN_FLIGHT_PER_ACTOR + 1)(ItemStageActor)
+        self.actors = [
+            item_cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True)
+                             ).remote(self.settings, model)
+            for model, node in zip(self.model_actors, nodes, strict=True)
+            for _ in range(self.workers)]
+        self._wait_ready(self.actors)
 
     def _need(self) -> str:
-        parts = [f"{self.cpus:g} CPU"]
+        parts = [f"{self.cpus + self.workers:g} CPU"]
         if self.gpus:
             parts.append(f"{self.gpus:g} GPU")
         return " + ".join(parts)
@@ -188,7 +222,7 @@ class RayExecutor:
         asked = False
         while True:
             nodes = ray.nodes()
-            fits = actors_that_fit(nodes, self.cpus, self.gpus)
+            fits = actors_that_fit(nodes, self.cpus + self.workers, self.gpus)
             if fits >= cfg.actors:
                 return
             if time.monotonic() >= deadline:
@@ -197,7 +231,8 @@ class RayExecutor:
                 try:
                     from ray.autoscaler.sdk import request_resources
 
-                    bundle = {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+                    bundle = {"CPU": self.cpus + self.workers,
+                              **({"GPU": self.gpus} if self.gpus else {})}
                     request_resources(bundles=[bundle] * cfg.actors)
                 except Exception:  # no autoscaler here: just wait and look again
                     pass
@@ -213,6 +248,8 @@ class RayExecutor:
             fixes.append("--device cpu")
         elif self.cpus > 1 and cfg.cpus_per_actor:
             fixes.append("a smaller --cpus-per-actor")
+        if self.workers:
+            fixes.append("fewer --cpu-workers")
         fixes.append("--wait-for-resources SECONDS if the cluster autoscales")
         waited = (f" after waiting {cfg.wait_for_resources_s:g} s"
                   if cfg.wait_for_resources_s else "")
@@ -221,10 +258,10 @@ class RayExecutor:
             f"it has {have_cpu:g} CPUs and {have_gpu:g} GPUs on {len(alive)} nodes "
             f"(room for {fits}); pass {', or '.join(fixes)}")
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, actors: list[Any]) -> None:
         import ray
 
-        refs = [actor.ready.remote() for actor in self.actors]
+        refs = [actor.ready.remote() for actor in actors]
         timeout = self.cfg.wait_for_resources_s + READY_GRACE_S
         done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         if pending:
@@ -314,6 +351,9 @@ class RayExecutor:
                 if isinstance(cause, ElmoUserError):
                     raise ElmoUserError(str(cause)) from None
                 failed(item, str(cause or error).strip().splitlines()[-1][:300])
+                if isinstance(cause, RayError) and a not in probing.values():
+                    # the model actor this item worker feeds on died: wait until it is back
+                    probing[self.actors[a].ready.remote()] = a
                 continue
             except (RayActorError, RayError) as error:  # the actor or its node died
                 failed(item, type(error).__name__)
@@ -363,10 +403,10 @@ class RayExecutor:
     def close(self) -> None:
         import ray
 
-        for actor in self.actors:
+        for actor in self.actors + self.model_actors:
             with contextlib.suppress(Exception):  # already gone with its node
                 ray.kill(actor)
-        self.actors = []
+        self.actors, self.model_actors = [], []
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False

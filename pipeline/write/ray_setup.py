@@ -69,6 +69,31 @@ def gpus_per_actor(cfg: EmbedConfig, cluster_gpus: float) -> float:
     return 1.0 if cfg.device == "cuda" or cluster_gpus >= 1 else 0.0
 
 
+def cpu_workers_per_actor(cfg: EmbedConfig, nodes: list[dict], gpus: float) -> int:
+    """Item worker processes that feed each actor's model (pipeline/write/stages.py).
+
+    ``--cpu-workers`` when given. Else, without a GPU, 0: the model computes on the same
+    cores as the reading and writing, and handing layers to other processes only adds
+    copies (BENCHMARKS.md, "All of a node's cores feed its GPUs"); each actor works its
+    own items as before. With GPUs, every core of a GPU node but the one that drives each
+    model: ``cores / actors on the node - 1`` per actor, at least 1, on the GPU node
+    with the fewest (so every actor's workers fit next to it). An autoscaling cluster
+    whose GPU nodes are not up yet has no node to count: 0 then (each actor works its own
+    items, as without a GPU); give ``--cpu-workers`` (ray_cluster.yaml's job spec does).
+    """
+    if cfg.cpu_workers is not None:
+        return cfg.cpu_workers
+    if not gpus:
+        return 0
+    per_actor = []
+    for node in nodes:
+        have = node.get("Resources", {})
+        if node.get("Alive", True) and have.get("GPU", 0) >= gpus:
+            actors_here = math.floor(have["GPU"] / gpus + 1e-9)
+            per_actor.append(max(1, int(have.get("CPU", 0) // actors_here) - 1))
+    return min(per_actor, default=0)
+
+
 def _preflight_local(cfg: EmbedConfig) -> None:
     """A Ray started here has this machine's GPUs: refuse a GPU request it cannot serve
     before paying for Ray's start-up."""

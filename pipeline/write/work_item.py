@@ -13,11 +13,18 @@ resumed run or a run with another actor count writes the same bytes.
 
 ``ItemWorker.process`` is safe to call from several threads at once: the model runs
 under a lock, so one item's reading, tokenizing and writing overlap another's model
-time (Ray actors run two items at a time; see pipeline/write/executors.py).
+time (Ray actors run two items at a time; see pipeline/write/executors.py). The model may
+also live in another process (a GPU worker serving several item workers,
+pipeline/write/stages.py): the worker then asks it for one unit ahead of the one it writes.
+
+With int8 storage the layers are quantized where the model runs (on a GPU, before they
+are copied to the host), by the same rule, to the same bytes as quantizing here
+(elmo_model/quantize.py): a dataset does not depend on the device that wrote it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import json
@@ -219,12 +226,15 @@ def cut_units(window_rows: list[WindowRow], unit_tokens: int) -> Iterator[list[W
 # --------------------------------------------------------------------------- embed
 
 
-def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
-              dtype: str) -> Any:
-    """The stored rows of a unit's windows given the model's ``layers`` (one array per
-    window)."""
+def unit_rows(rows: list[WindowRow], layers: Any, n_out: int, dim: int, dtype: str) -> Any:
+    """The stored rows of a unit's windows given the model's ``layers``: one float array
+    ``[L + 1, n, dim]`` per window (``embed``), or, for int8, ``Int8Layers`` quantized
+    where the model ran (``embed_int8``), which become the stored int8 values and scales
+    as they are."""
     import numpy as np
     import pyarrow as pa
+
+    from elmo_model.device_copy import Int8Layers
 
     cols = WindowRow(*zip(*rows, strict=True))
     starts, own_start, own_end = (np.array(col, np.int32)
@@ -239,7 +249,6 @@ def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
     def pick(col: tuple) -> list:
         return [v for vals, a, b in zip(col, lo, hi, strict=True) for v in vals[a:b]]
 
-    value_type = pa.float16() if dtype == "float16" else pa.float32()
     columns: dict[str, Any] = {
         "doc_id": pa.array(doc_ids, pa.string()),
         "sent_idx": pa.array(sent_idx, pa.int32()),
@@ -248,17 +257,41 @@ def unit_rows(rows: list[WindowRow], layers: list[Any], n_out: int, dim: int,
         "char_start": pa.array(pick(cols.char_starts), pa.int32()),
         "char_end": pa.array(pick(cols.char_ends), pa.int32()),
     }
+    if isinstance(layers, Int8Layers):  # quantized where the model ran
+        columns.update(_int8_columns(layers, lo, hi, n_out, dim))
+        return pa.table(columns)
     if dtype == "int8":  # each window quantized where it lies: no float copy of the unit
         columns.update(quantized_layer_columns(layers, lo, hi, n_out, dim))
         return pa.table(columns)
     np_dtype = np.float16 if dtype == "float16" else np.float32
     stacked = np.concatenate([arr[:, a:b] for arr, a, b in zip(layers, lo, hi, strict=True)],
                              axis=1) if layers else np.zeros((n_out, 0, dim), np.float32)
+    value_type = pa.float16() if dtype == "float16" else pa.float32()
     for k in range(n_out):
         # stacked[k] is a contiguous view: float32 goes to Arrow with no copy
         values = pa.array(stacked[k].astype(np_dtype, copy=False).reshape(-1), value_type)
         columns[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(values, dim)
     return pa.table(columns)
+
+
+def _int8_columns(layers: Any, lo: Any, hi: Any, n_out: int, dim: int) -> dict[str, Any]:
+    """``layer_k`` (int8 values) and ``layer_k_scale`` of the windows' stored tokens."""
+    import numpy as np
+    import pyarrow as pa
+
+    from schemas import SCALE_SUFFIX
+
+    parts = [layers.sentence(i) for i in range(len(layers))]
+    values = np.concatenate([v[:, a:b] for (v, _), a, b in zip(parts, lo, hi, strict=True)],
+                            axis=1) if parts else np.zeros((n_out, 0, dim), np.int8)
+    scales = np.concatenate([s[:, a:b] for (_, s), a, b in zip(parts, lo, hi, strict=True)],
+                            axis=1) if parts else np.zeros((n_out, 0), np.float32)
+    columns = {}
+    for k in range(n_out):
+        columns[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(
+            pa.array(values[k].reshape(-1), pa.int8()), dim)
+        columns[f"layer_{k}{SCALE_SUFFIX}"] = pa.array(scales[k], pa.float32())
+    return columns
 
 
 # --------------------------------------------------------------------------- worker
@@ -299,13 +332,43 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-class ItemWorker:
-    """Holds the model and turns items into staged files; one per process (or actor)."""
+def quantizes_on_device(embedder: Any, dtype: str) -> bool:
+    """Whether the model quantizes its int8 layers where it ran (``embed_int8``): on a GPU,
+    so a quarter of the bytes cross to the host. On the CPU the writer quantizes, in the
+    same pass as its encoding (pipeline/write/item_files.py). The bytes are the same either way
+    (tests/pipeline/test_quantize_device.py)."""
+    return dtype == "int8" and embedder.device.type == "cuda"
 
-    def __init__(self, settings: ItemSettings) -> None:
+
+class InProcessModel:
+    """The model stage in the item worker's own process: one call at a time (``lock``),
+    so one item's reading and writing overlap another item's model call."""
+
+    def __init__(self, embedder: Any, int8: bool) -> None:
+        self.embedder, self.int8 = embedder, int8
+        self.lock = threading.Lock()
+        # On a GPU the next unit is computed while this one is written (its copies to the
+        # host overlap); on the CPU, where model and writer share the cores, no unit is
+        # held ahead: less memory, the same work.
+        self.lookahead = 1 if embedder.device.type == "cuda" else 0
+
+    def submit(self, sentences: list[list[str]]) -> Any:
+        with self.lock:
+            if self.int8:
+                return self.embedder.submit_int8(sentences)
+            return self.embedder.embed(sentences)
+
+    def collect(self, handle: Any) -> Any:
+        return handle.result() if self.int8 else handle
+
+
+class ItemWorker:
+    """Turns items into staged files; holds the model stage: by default the model in this
+    process (``InProcessModel``), or a model in another process (pipeline/write/stages.py)."""
+
+    def __init__(self, settings: ItemSettings, model: Any = None) -> None:
         self.settings = settings
-        self.embedder: Any = None
-        self.model_lock = threading.Lock()
+        self.model: Any = model
         self.lines = LineCounter()
         self.node_id: str | None = None
         self.progress = ItemProgress()
@@ -314,8 +377,9 @@ class ItemWorker:
         """Load the model now (a bad model fails here, before any item is read)."""
         s = self.settings
         get_tokenizer(s.tokenizer)
-        if self.embedder is None:
-            self.embedder = load_embedder(s.model, s.batch_tokens, s.compute_dtype, s.device)
+        if self.model is None:
+            embedder = load_embedder(s.model, s.batch_tokens, s.compute_dtype, s.device)
+            self.model = InProcessModel(embedder, quantizes_on_device(embedder, s.dtype))
 
     def process(self, item: WorkItem) -> CommitRecord:
         with self.progress.tracking(item.index):
@@ -332,13 +396,15 @@ class ItemWorker:
         files = ItemFiles(fs, root, s.run_id, s.part, item.index)
         tokens = TokenWriter(files, s.n_output_layers, s.dim, s.dtype)
         model_tokens = 0
+        # Units in order; up to ``lookahead`` of them asked of the model before the oldest
+        # is written, so a model in another process works while this one writes.
+        pending: collections.deque[tuple[list[WindowRow], Any]] = collections.deque()
         for rows in cut_units(content.windows, s.unit_tokens):
-            with self.model_lock:  # one model call at a time; reading and writing overlap it
-                layers = self.embedder.embed([r.tokens for r in rows])
-            tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
-            del layers  # not held while this item waits for the model with its next unit
-            model_tokens += sum(len(r.tokens) for r in rows)
-            self.progress.add(item.index, sum(r.own_end - r.own_start for r in rows))
+            pending.append((rows, self.model.submit([r.tokens for r in rows])))
+            while len(pending) > self.model.lookahead:
+                model_tokens += self._store_unit(item.index, tokens, *pending.popleft())
+        while pending:
+            model_tokens += self._store_unit(item.index, tokens, *pending.popleft())
         content.windows = []
         counts = {"tokens": tokens.finish(), "types": len(tokens.type_rows),
                   "sentences": len(content.sentences),
@@ -352,3 +418,13 @@ class ItemWorker:
             worker={"host": socket.gethostname(), "pid": os.getpid(), "node": self.node_id},
             peak_rss=peak_rss_bytes(),
         )
+
+    def _store_unit(self, item: int, tokens: TokenWriter, rows: list[WindowRow],
+                    handle: Any) -> int:
+        """Write one unit's rows once the model's answer is there; its model tokens."""
+        s = self.settings
+        layers = self.model.collect(handle)
+        tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
+        del layers  # not held while this item waits for the model with its next unit
+        self.progress.add(item, sum(r.own_end - r.own_start for r in rows))
+        return sum(len(r.tokens) for r in rows)

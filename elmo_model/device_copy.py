@@ -1,0 +1,106 @@
+"""Quantized layers on their way from the device to the host, and what a caller gets.
+
+On CUDA each batch's int8 values and scales are copied into pinned host buffers on a side
+stream, with ``non_blocking`` copies: the copy engine moves them while the compute stream
+runs the next batch, and a CUDA event recorded after the copies says when the bytes are
+there (``HostBatch.wait``). The device tensors are kept from reuse until the copy ends
+(``record_stream``). Pinned buffers come from torch's caching host allocator, so a steady
+run reuses the same few blocks instead of pinning new memory per batch.
+
+On the CPU the same calls run with plain host buffers and synchronous copies (torch has no
+pinned memory, side streams or events there): the buffers, the copies and the slicing
+below are the code a GPU runs; pinning, the stream, the event and ``record_stream`` are
+not (they have not run anywhere yet: no GPU was lent while they were written).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class HostBatch:
+    """One batch's quantized real-token rows in host memory once ``wait`` returns."""
+
+    values: torch.Tensor  # [L + 1, n, 2P] int8
+    scales: torch.Tensor  # [L + 1, n] float32
+    done: Any = None  # a CUDA event recorded after the copies; None: copied already
+
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+            self.done = None
+
+
+class HostCopier:
+    """Copies device tensors into fresh host buffers without waiting for them (above)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def to_device(self, array: np.ndarray) -> torch.Tensor:
+        """A small host array on the device; on CUDA from pinned memory with a
+        ``non_blocking`` copy, so the host does not wait for the kernels queued before."""
+        tensor = torch.from_numpy(array)
+        if not self.cuda:
+            return tensor.to(self.device)
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
+    def to_host(self, values: torch.Tensor, scales: torch.Tensor) -> HostBatch:
+        tensors = (values, scales)
+        hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=self.cuda) for t in tensors]
+        if not self.cuda:
+            for host, tensor in zip(hosts, tensors, strict=True):
+                host.copy_(tensor)
+            return HostBatch(hosts[0], hosts[1])
+        assert self.stream is not None
+        # The copies start once the quantizing kernels (on the compute stream) are done.
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            for host, tensor in zip(hosts, tensors, strict=True):
+                host.copy_(tensor, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        for tensor in tensors:  # not reused by the compute stream before the copy is done
+            tensor.record_stream(self.stream)
+        return HostBatch(hosts[0], hosts[1], done)
+
+
+@dataclass
+class Int8Layers:
+    """A call's quantized layers in host memory: per batch one block of rows, and where
+    each sentence's rows are. Small to pickle (a few large arrays), so a model worker
+    hands it to another process through Ray's object store as is."""
+
+    values: list[np.ndarray] = field(default_factory=list)  # per batch [L + 1, n, 2P] int8
+    scales: list[np.ndarray] = field(default_factory=list)  # per batch [L + 1, n] float32
+    where: list[tuple[int, int, int]] = field(default_factory=list)  # per sentence
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def sentence(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sentence ``i``'s (values ``[L + 1, n, 2P]``, scales ``[L + 1, n]``), views."""
+        batch, start, n = self.where[i]
+        return (self.values[batch][:, start:start + n],
+                self.scales[batch][:, start:start + n])
+
+
+class PendingInt8:
+    """An ``embed_int8`` call whose copies may still be running: ``result`` waits for
+    them. The model can start the next call meanwhile."""
+
+    def __init__(self, batches: list[HostBatch], where: list[tuple[int, int, int]]) -> None:
+        self.batches, self.where = batches, where
+
+    def result(self) -> Int8Layers:
+        for batch in self.batches:
+            batch.wait()
+        return Int8Layers([b.values.numpy() for b in self.batches],
+                          [b.scales.numpy() for b in self.batches], self.where)

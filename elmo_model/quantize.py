@@ -1,0 +1,38 @@
+"""The stored int8 rule (``schemas.layers.quantize_int8``, the numpy reference) on torch
+tensors, so a GPU quantizes its layers where they are and copies a quarter of the bytes
+to the host. The same function runs on CPU tensors and gives the same bytes as the
+reference there and on CUDA (tests/pipeline/test_quantize_device.py): a dataset does
+not depend on the device that wrote it.
+
+Why each step is written as it is (bit-exactness, not style):
+
+- inputs are widened to float32 first (exact for float16 and bfloat16), as the reference
+  does with ``np.asarray(x, np.float32)``;
+- ``absmax / 127`` divides by a 0-dim tensor on the vectors' device, never by a Python
+  number: CUDA turns division by a host scalar into a multiplication by its reciprocal,
+  which rounds differently from IEEE division (the reference);
+- ``+ 0.0`` turns the scale of an all-zero vector from -0.0 into +0.0, as the reference;
+- ``x / scale`` is a true division per element (IEEE on CPU and on CUDA, where torch is
+  built without fast math), ``torch.round`` rounds half to even like ``np.rint``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from schemas.layers import INT8_LIMIT
+
+
+def quantize_int8_torch(vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[..., dim]`` floats on any device -> (``[..., dim]`` int8 values, ``[...]``
+    float32 scales) on the same device, byte for byte ``schemas.layers.quantize_int8``."""
+    if not vectors.is_floating_point():
+        raise TypeError(f"quantize_int8_torch takes floating-point vectors, not {vectors.dtype}")
+    x = vectors.to(torch.float32)
+    absmax = torch.maximum(x.amax(dim=-1), x.amin(dim=-1).neg())
+    limit = torch.full((), INT8_LIMIT, dtype=torch.float32, device=x.device)
+    scale = absmax.div_(limit).add_(0.0)
+    safe = torch.where(scale > 0, scale, torch.ones((), dtype=torch.float32, device=x.device))
+    q = x.div(safe.unsqueeze(-1))
+    q.round_().clamp_(-INT8_LIMIT, INT8_LIMIT)
+    return q.to(torch.int8), scale

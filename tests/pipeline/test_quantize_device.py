@@ -1,0 +1,155 @@
+"""The torch int8 quantizer (elmo_model/quantize.py), which a GPU runs where its layers
+are, gives byte for byte what the numpy reference (schemas.layers.quantize_int8) gives,
+on CPU tensors (and CUDA ones where there is a GPU): random vectors and the cases where
+rounding could differ."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from elmo_model.quantize import quantize_int8_torch
+from schemas.layers import INT8_LIMIT, quantize_int8
+
+# The CPU always; a GPU too where there is one (bench/gpu_stages.sh runs this file there).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def assert_same_bytes(vectors: torch.Tensor, device: str = "cpu") -> None:
+    """The torch result on ``device`` equals the reference on ``vectors`` widened to
+    float32 (exact for float16 and bfloat16), bitwise: values and scales (a -0.0 scale
+    would differ)."""
+    q, scale = (t.cpu() for t in quantize_int8_torch(vectors.to(device)))
+    flat = vectors.to(torch.float32).reshape(-1, vectors.shape[-1]).numpy()
+    ref_q, ref_scale = quantize_int8(flat)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32
+    assert q.shape == vectors.shape and scale.shape == vectors.shape[:-1]
+    assert np.array_equal(q.reshape(-1, vectors.shape[-1]).numpy(), ref_q)
+    assert scale.reshape(-1).numpy().tobytes() == ref_scale.tobytes()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("magnitude", [1e-30, 1e-3, 1.0, 37.0, 1e30])
+def test_random_vectors_match_the_reference(magnitude: float, device: str) -> None:
+    gen = torch.Generator().manual_seed(int(np.log10(magnitude)) + 40)
+    # [layers, tokens, dim], as the embedder has them on the device
+    vectors = torch.randn(3, 257, 96, generator=gen) * magnitude
+    assert_same_bytes(vectors, device)
+    heavy = torch.randn(400, 1024, generator=gen) ** 3 * magnitude  # long tails
+    assert_same_bytes(heavy, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ties_round_half_to_even_as_the_reference(device: str) -> None:
+    # absmax 127 -> scale exactly 1: x / scale is x, and k + 0.5 is a tie
+    halves = torch.arange(-126, 127, dtype=torch.float32) + 0.5
+    row = torch.cat([halves, torch.tensor([127.0])])
+    # absmax 254 -> scale 2: odd integers divide to ties
+    odd = torch.cat([torch.arange(-253, 254, 2, dtype=torch.float32), torch.tensor([254.0])])
+    assert_same_bytes(row[None], device)
+    assert_same_bytes(odd[None], device)
+    q, _ = quantize_int8_torch(torch.tensor([[0.5, 1.5, 2.5, -0.5, -1.5, 127.0]], device=device))
+    assert q.tolist() == [[0, 2, 2, 0, -2, 127]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_vectors_clip_and_tiny_scales_match_the_reference(device: str) -> None:
+    rows = torch.zeros(8, 16)
+    rows[1] = -0.0  # scale +0.0, as the reference
+    rows[2, 3] = 1e-40  # a subnormal: absmax / 127 underflows to a smaller subnormal
+    rows[3, 0] = -1e-45  # the smallest subnormal: its scale is 0, the vector stays 0
+    rows[4] = torch.from_numpy(np.linspace(-3.4e38, 3.4e38, 16).astype(np.float32))  # ~max
+    rows[5] = torch.full((16,), -7.25)  # every value at the clip
+    rows[6, ::2] = 1.0  # values exactly at the absmax: q is the limit
+    rows[6, 1::2] = -1.0
+    rows[7] = torch.tensor([np.nextafter(np.float32(1), np.float32(2))] + [1.0] * 15)
+    assert torch.isfinite(rows).all()
+    assert_same_bytes(rows, device)
+    q, scale = (t.cpu() for t in quantize_int8_torch(rows.to(device)))
+    assert scale[1].item() == 0 and not torch.signbit(scale[:2]).any()
+    assert q.abs().max().item() == INT8_LIMIT
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs_match_the_reference_on_their_float32_values(
+        dtype: torch.dtype, device: str) -> None:
+    gen = torch.Generator().manual_seed(7)
+    vectors = (torch.randn(64, 512, generator=gen) * 3).to(dtype)
+    assert_same_bytes(vectors, device)
+    # every bfloat16 / float16 bit pattern of one exponent band, as values of one vector
+    band = torch.arange(0x3F80, 0x4000, dtype=torch.int16).view(torch.bfloat16) if (
+        dtype == torch.bfloat16) else torch.arange(0x3C00, 0x4000, dtype=torch.int16
+                                                   ).view(torch.float16)
+    assert_same_bytes(band.reshape(-1, 64), device)
+
+
+def test_integer_input_is_refused() -> None:
+    with pytest.raises(TypeError, match="floating-point"):
+        quantize_int8_torch(torch.zeros(2, 4, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("mode", ["stateless", "stateful"])
+def test_embed_int8_gives_the_reference_quantizer_of_embed(
+        tiny_model_dir, one_torch_thread, mode: str, compute_dtype: str, device: str) -> None:
+    """The embedder's int8 path (quantize where the model ran, copy to the host through
+    ``HostCopier``) equals quantizing its float32 output with the numpy reference, for
+    every sentence and layer, across several batches; and survives pickling, as a model
+    worker hands it to item workers."""
+    import pickle
+
+    import elmo_model
+    from pipeline.write.config import ModelSpec
+
+    spec = ModelSpec.resolve(str(tiny_model_dir))
+    embedder = elmo_model.load(spec.options, spec.weights, mode=mode, device=device,
+                               dtype=compute_dtype, max_batch_tokens=24)
+    words = ["the", "cat", "sat", "on", "a", "mat", "while", "the", "old", "man", "looked",
+             "at", "the", "river"]
+    sentences = [words[:4], ["A"], words * 2, words[3:9], words[::-1], ["."]]
+    floats = embedder.embed(sentences)
+    embedder.reset_state()
+    pending = embedder.submit_int8(sentences)
+    assert (len(pending.batches) == 1) == (mode == "stateful")  # stateless: several
+    layers = pickle.loads(pickle.dumps(pending.result()))
+    assert len(layers) == len(sentences)
+    for i, vectors in enumerate(floats):
+        values, scales = layers.sentence(i)
+        n_layers, n, dim = vectors.shape
+        ref_values, ref_scales = quantize_int8(vectors.reshape(-1, dim))
+        assert values.shape == (n_layers, n, dim) and scales.shape == (n_layers, n)
+        assert np.array_equal(values.reshape(-1, dim), ref_values)
+        assert scales.reshape(-1).tobytes() == ref_scales.tobytes()
+
+
+def test_a_dataset_does_not_depend_on_where_its_layers_were_quantized(
+        tiny_model_dir, one_torch_thread, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole device path on the CPU: the model quantizes each batch and hands the
+    writer int8 values and scales (as on a GPU), against the writer quantizing float32
+    layers (the CPU's default): the same files, byte for byte."""
+    from helpers import config, dataset_files, write_corpus
+
+    from pipeline.write import work_item
+    from pipeline.write.embed import embed_corpus
+
+    corpus = write_corpus(tmp_path / "corpus")
+    kw = {"n_shards": 3, "batch_tokens": 8}
+    embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "writer", **kw))
+    asked = []
+
+    def on_device(embedder, dtype: str) -> bool:
+        asked.append(dtype)
+        return dtype == "int8"
+
+    monkeypatch.setattr(work_item, "quantizes_on_device", on_device)
+    embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "model", **kw))
+    assert asked == ["int8"]
+    by_writer, by_model = dataset_files(tmp_path / "writer"), dataset_files(tmp_path / "model")
+    assert by_writer.keys() == by_model.keys() and any("types" in k for k in by_writer)
+    for key, table in by_writer.items():
+        assert by_model[key].equals(table), key
+        assert (tmp_path / "model" / key).read_bytes() == (tmp_path / "writer" / key
+                                                            ).read_bytes(), key
