@@ -50,8 +50,9 @@ from pipeline.lookup.index.sense_index import (
     stem_words,
 )
 from pipeline.lookup.index.sentences import SENTENCE_KEY, SENTENCES_TABLE
-from pipeline.lookup.index.vectors import vectors_from_dataset
 from pipeline.lookup.index.words import WordSelection, read_selected, resolve, write_selected
+from pipeline.lookup.index.ivf_shards import held_folders, shards_current
+from pipeline.lookup.index.ivf_shards_build import build_shards
 from schemas.dataset import Dataset, open_dataset, open_fs
 from schemas.mix_specs import Mix
 
@@ -291,17 +292,20 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
     fs, root = open_fs(out, storage_options)
     if meta.built == "flat":
         meta.held = None
+    elif meta.compact:
+        if not shards_current(fs, root, meta.held, meta.indexed):
+            ds = open_dataset(meta.dataset, storage_options)
+            meta.held = summary.held = build_shards(
+                table, fs, root, meta, ds, dict(ds.shard_files("tokens")), show_progress)
+        meta.held["table_version"] = table.version
     elif not (current(meta.held, table.version) and present(fs, root, meta.held)):
-        # The table changed (or never had one): the in-memory IVF follows it. A compact
-        # index's vectors are read from the dataset, as its readers will read them.
-        vectors_of = vectors_from_dataset(meta, out, storage_options) if meta.compact \
-            else None
-        meta.held = summary.held = build_held(table, fs, root, show_progress, vectors_of,
-                                              meta.dim, previous=meta.held)
+        # The table changed (or never had one): the in-memory IVF follows it.
+        meta.held = summary.held = build_held(table, fs, root, show_progress,
+                                              previous=meta.held)
     summary.seconds_index = time.perf_counter() - t0
     summary.rows, summary.built = meta.rows, meta.built
     _write_meta(out, meta, storage_options)
-    drop_other_folders(fs, root, meta.held["folder"] if meta.held else None)
+    drop_other_folders(fs, root, held_folders(meta.held))
     return summary
 
 

@@ -271,6 +271,12 @@ class HeldIvf:
             sims[start:start + RANK_BLOCK_ROWS] = ((block @ query) / norms).numpy()
         return sims
 
+    def take_rows(self, columns: Sequence[str], positions: np.ndarray) -> pa.Table:
+        """``columns`` of the rows at ``positions``, in their order."""
+        import pyarrow as pa
+
+        return self.rows.select(list(columns)).take(pa.array(positions))
+
     def positions_of(self, row_ids: np.ndarray) -> np.ndarray:
         """The positions of the rows whose LanceDB row ids are ``row_ids`` (a compact
         index keeps them: ``ROW_ID``), in their order."""
@@ -328,7 +334,7 @@ class HeldIvf:
         else:
             positions, sims = self.search(queries, k, among=among)
         keep = positions >= 0
-        taken = self.rows.select(list(columns)).take(pa.array(positions[keep]))
+        taken = self.take_rows(columns, positions[keep])
         taken = taken.append_column(DISTANCE_COLUMN,
                                     pa.array((1.0 - sims[keep]).astype(np.float32)))
         if len(positions) > 1:
@@ -636,13 +642,14 @@ def exact_nearest(vectors: np.ndarray, queries: np.ndarray, k: int,
     return best_rows
 
 
-def drop_other_folders(fs: Any, root: str, keep: str | None) -> None:
+def drop_other_folders(fs: Any, root: str, keep: str | Sequence[str] | None) -> None:
     """Remove IVF folders other than ``keep`` (older builds, or ones a stopped build left)."""
+    keep = {keep} if isinstance(keep, str) else set(keep or ())
     base = f"{root}/{HELD_DIR}"
     try:
         names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(base, detail=False)]
     except FileNotFoundError:
         return
     for name in names:
-        if name != keep:
+        if name not in keep:
             fs.rm(f"{base}/{name}", recursive=True)

@@ -47,6 +47,10 @@ class BuildSummary:
             f"; in-memory IVF: {self.held['nprobe']} of {self.held['lists']} lists probed, "
             f"recall@10 {self.held['recall_at_10']:.3f} on "
             f"{self.held['calibration_queries']} stored rows")
+        if self.held is not None and self.held["recall_at_10"] < RECALL_PROMISED:
+            ivf += (f". That is below {RECALL_PROMISED}: more probes found no more of the "
+                    "exact neighbours; searches that must find them all pass exact=True "
+                    "(`elmo senses search --exact`), which ranks every row")
         return (f"index {self.out}: +{self.added_rows} rows from {self.added_files} shard "
                 f"files ({self.skipped_files} already in, {self.removed_files} removed), "
                 f"{self.rows} rows, vector index {self.built}; {total:.1f} s (mix+read "
@@ -78,6 +82,8 @@ def shard_filter(key: str) -> str:
     return f"part = {quote(part)} AND shard = {shard}"
 
 
+# What a search's recall@10 is promised to reach; a build that measures less says so.
+RECALL_PROMISED = 0.95
 ADD_BYTES = 256 << 20  # float32 vectors per LanceDB add: bounds memory for any shard size
 
 

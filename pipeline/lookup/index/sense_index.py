@@ -64,6 +64,7 @@ from pipeline.lookup.doc_fields import (
     quote,
 )
 from pipeline.lookup.index.held_ivf import HELD_DIR, HeldIvf, HeldSearch, current
+from pipeline.lookup.index.ivf_shards import ShardedIvf, is_sharded
 from pipeline.lookup.index.sentences import (
     SENTENCE_KEY,
     SENTENCES_TABLE,
@@ -231,6 +232,11 @@ class SenseIndex:
         self.storage_options = storage_options
         db = lancedb.connect(uri, storage_options=lance_options(storage_options))
         self.table = db.open_table(TABLE)
+        made = (meta.held or {}).get("table_version") if is_sharded(meta.held) else None
+        if made is not None and self.table.version != made:
+            # A build stopped after changing the table, before its metadata: the table
+            # as the IVF was made from it.
+            self.table.checkout(made)
         # Layout 2 keeps each sentence once, in a table of its own; layout 1 in every row.
         self.sentences = db.open_table(SENTENCES_TABLE) if meta.layout >= 2 else None
         self._held_texts: dict[tuple[str, int], str] | None = None
@@ -273,7 +279,12 @@ class SenseIndex:
 
             held, rebuild = self.meta.held, (
                 f"`elmo index build {self.meta.dataset} --mix {self.meta.mix_name} --out "
-                f"{self.uri}` makes it again")
+                f"{self.uri}`")
+            if is_sharded(held):
+                fs, root = open_fs(self.uri, self.storage_options)
+                self._held = ShardedIvf.load(fs, root, held, rebuild)
+                return self._held
+            rebuild += " makes it again"
             if held is None or not current(held, self.table.version):
                 raise ElmoUserError(f"{self.uri}: the compact index's IVF is missing or older "
                                     f"than its table (a build stopped half way); {rebuild}")
@@ -290,9 +301,14 @@ class SenseIndex:
     def _compact_positions(self, where: str) -> np.ndarray:
         """Positions in the compact IVF of the rows that pass ``where``."""
         # One small column: an empty selection would read them all.
+        ivf = self._compact_ivf()
+        if isinstance(ivf, ShardedIvf):
+            keys = (self.table.search().where(where).select(["part", "shard", "row"])
+                    .limit(max(1, self.meta.rows)).to_arrow())
+            return ivf.positions_of_keys(keys)
         rows = (self.table.search().where(where).select(["shard"]).with_row_id(True)
                 .limit(max(1, self.meta.rows)).to_arrow())
-        return self._compact_ivf().positions_of(rows.column("_rowid").to_numpy())
+        return ivf.positions_of(rows.column("_rowid").to_numpy())
 
     def stored(self, columns: Sequence[str]) -> list[str]:
         """``columns`` the token rows hold (``sentence`` comes from the sentences table)."""
@@ -514,10 +530,18 @@ class SenseIndex:
         the IVF's (the dataset's), as a ``vector`` column of the dataset's dtype."""
         import pyarrow as pa
 
-        rows = (self.table.search().where(where).select(list(columns)).with_row_id(True)
-                .limit(limit).to_arrow())
         held = self._compact_ivf()
-        vectors = held.vectors[held.positions_of(rows.column("_rowid").to_numpy())]
-        return rows.drop_columns(["_rowid"]).append_column(
+        if isinstance(held, ShardedIvf):
+            keys = [c for c in ("part", "shard", "row") if c not in columns]
+            rows = (self.table.search().where(where).select([*columns, *keys])
+                    .limit(limit).to_arrow())
+            vectors = held.vectors[held.positions_of_keys(rows)]
+            rows = rows.drop_columns(keys)
+        else:
+            rows = (self.table.search().where(where).select(list(columns))
+                    .with_row_id(True).limit(limit).to_arrow())
+            vectors = held.vectors[held.positions_of(rows.column("_rowid").to_numpy())]
+            rows = rows.drop_columns(["_rowid"])
+        return rows.append_column(
             "vector", pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)),
                                                         held.dim))
