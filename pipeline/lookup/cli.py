@@ -54,14 +54,14 @@ again adds only the shard files committed since, and drops those no longer commi
 dataset when the index is created): later builds and job refreshes keep that choice,
 --rebuild makes it again.
 
-A new index is compact: no vectors in it, only quantized codes (one byte per 2 dimensions)
-and each token's row in the dataset, whose vectors are read again when the index is opened
-to rank the candidates exactly (0.3-0.4x the dataset's bytes). The dataset must stay
-readable, opening takes longer (about 1 s for the `make run` data, 5-7 s at 1M x 1024
-tokens) and a search process holds the vectors in memory (2 bytes a value). --full keeps
-the vectors in the index instead, with LanceDB's IVF_HNSW_SQ (tuned by --index, --nprobes,
---ef, --refine-factor): it opens in about a second whatever the size and needs only itself,
-at about 3.5x the dataset's bytes for the same recall. An index keeps its kind on later
+A new index is compact: its IVF is stored in shards (one per dataset file) holding each
+row's vector (float16), a 64-byte code and a sketch; a search process holds only the codes
+and sketches (88 bytes a row) and reads a query's candidates' vectors from the mapped
+files, so it opens in seconds whatever the size and needs only itself to search. The build
+trains on a bounded sample and streams the rest, so its memory follows the codes, not the
+vectors; it says before it starts if this machine cannot hold it. --full keeps the vectors
+in LanceDB instead, with its IVF_HNSW_SQ (tuned by --index, --nprobes, --ef,
+--refine-factor), at about 3.5x the dataset's bytes. An index keeps its kind on later
 builds and --rebuild; --full or --compact with --rebuild changes it.
 
 examples:
@@ -348,7 +348,7 @@ def run_index_info(args: argparse.Namespace) -> int:
     fields = ", ".join(f"{name} ({kind})" for name, kind in ix.indexed_fields().items())
     if m.doc_fields is None:
         fields += " (others are filtered on a join; a rebuild stores them)"
-    vectors = "compact: codes, vectors read from the dataset" if m.compact \
+    vectors = "compact: codes in memory, vectors in its shards" if m.compact \
         else f"{m.vector_dtype} vectors"
     held = m.held or {}
     search = (f"in-memory, {held.get('codes')} codes trained on {held.get('trained_rows')} "
