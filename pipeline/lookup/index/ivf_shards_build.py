@@ -72,6 +72,9 @@ TRAIN_ROWS_PER_LIST = 48
 TRAIN_MAX_ROWS = 131_072
 # ... and so the lists' bound: a list trains on at least 32 rows.
 MAX_LISTS = TRAIN_MAX_ROWS // 32
+# Rows encoded at a time: faiss's product quantizer computes a table of rows x 256 x
+# sub-quantizers floats (4.3 GB for 65,536 rows of 64 bytes).
+ENCODE_BATCH_ROWS = 4_096
 # What a build's process holds besides the training sample and the codes it measures
 # probes with (the interpreter, torch, LanceDB, a batch being mixed).
 BASE_BYTES = 900 << 20
@@ -231,8 +234,8 @@ def encode(train_folder: str, source: str, folder: str, rows: int, dim: int,
     codes = np.empty((rows, index.code_size), np.uint8)
     lists = np.empty(rows, np.int32)
     sketch = np.empty((rows, SKETCH_BITS // 8), np.uint8)
-    for start in range(0, rows, READ_BATCH_ROWS):
-        unit = unit_rows(vectors.read(start, start + READ_BATCH_ROWS))
+    for start in range(0, rows, ENCODE_BATCH_ROWS):
+        unit = unit_rows(vectors.read(start, start + ENCODE_BATCH_ROWS))
         both = index.sa_encode(unit)
         stop = start + len(unit)
         lists[start:stop] = sum(both[:, i].astype(np.int32) << (8 * i) for i in range(coarse))
