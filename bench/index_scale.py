@@ -61,6 +61,7 @@ def exact_truth(vectors, queries: np.ndarray, k: int, block: int = 65_536) -> np
 
 def cmd_search(args: argparse.Namespace) -> dict:
     from pipeline.lookup.held_ivf import unit_rows
+
     from pipeline.lookup.index import SenseIndex
 
     t0 = time.perf_counter()
@@ -107,8 +108,8 @@ def cmd_lance_pq(args: argparse.Namespace) -> dict:
     import lancedb
     import pyarrow as pa
     from lancedb.index import IvfPq
-
     from pipeline.lookup.held_ivf import unit_rows
+
     from pipeline.lookup.index import SenseIndex
 
     ivf = SenseIndex(args.index).held_ivf()

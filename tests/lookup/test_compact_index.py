@@ -19,7 +19,7 @@ from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.held_ivf import HELD_DIR, PQ_MIN_ROWS, HeldSearch
 from pipeline.lookup.index.ivf_shards import CODE_BYTES, SHARD_FILES, SHARDS_FORMAT, ShardedIvf
-from pipeline.lookup.index.sense_index import INDEX_META, SenseIndex, read_meta
+from pipeline.lookup.index.sense_index import SenseIndex, read_meta
 from pipeline.lookup.index.vectors import KEY_COLUMNS, vectors_from_dataset
 from pipeline.lookup.layers.mixes import iter_mixed
 from schemas.dataset import open_dataset

@@ -23,6 +23,8 @@ from pipeline.lookup.index.held_ivf import (
     drop_other_folders,
     present,
 )
+from pipeline.lookup.index.ivf_shards import held_folders, shards_current
+from pipeline.lookup.index.ivf_shards_build import build_shards
 from pipeline.lookup.index.progress import phase, rows_bar
 from pipeline.lookup.index.rows import (
     BuildSummary,
@@ -51,8 +53,6 @@ from pipeline.lookup.index.sense_index import (
 )
 from pipeline.lookup.index.sentences import SENTENCE_KEY, SENTENCES_TABLE
 from pipeline.lookup.index.words import WordSelection, read_selected, resolve, write_selected
-from pipeline.lookup.index.ivf_shards import held_folders, shards_current
-from pipeline.lookup.index.ivf_shards_build import build_shards
 from schemas.dataset import Dataset, open_dataset, open_fs
 from schemas.mix_specs import Mix
 

@@ -64,8 +64,8 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from schemas.dataset import Dataset
     from pipeline.lookup.index.sense_index import IndexMeta
+    from schemas.dataset import Dataset
 
 TRAIN_ROWS_PER_LIST = 48
 # The training sample's bound (float32 rows): what keeps a build's memory flat in rows.
@@ -190,7 +190,8 @@ def sample_rows(vectors: Any, rows: int, take: int, rng: np.random.Generator) ->
     picks = np.sort(rng.choice(rows, take, replace=False))
     out = np.empty((take, vectors.shape[1]), np.float32)
     for start in range(0, take, READ_BATCH_ROWS):
-        out[start:start + READ_BATCH_ROWS] = unit_rows(vectors[picks[start:start + READ_BATCH_ROWS]])
+        block = picks[start:start + READ_BATCH_ROWS]
+        out[start:start + len(block)] = unit_rows(vectors.read_rows(block))
     return out
 
 
@@ -261,8 +262,8 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
     The caller commits it by writing the metadata, then calls ``drop_other_folders``."""
     import numpy as np
 
-    from schemas.dataset import is_local
     from pipeline.lookup.index.progress import phase, rows_bar
+    from schemas.dataset import is_local
 
     previous = meta.held if is_sharded(meta.held) else None
     local = is_local(fs)
@@ -343,8 +344,8 @@ def _train_or_keep(previous: dict[str, Any] | None, base: str, shards: dict[str,
     one trained on a sample of the shards' vectors."""
     import numpy as np
 
-    from pipeline.lookup.index.progress import phase
     from pipeline.lookup.index.ivf_shards import ShardVectors
+    from pipeline.lookup.index.progress import phase
 
     codes = codes_for(rows, dim)
     if previous is not None and previous.get("codes") == codes and previous.get("dim") == dim \
