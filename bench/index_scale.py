@@ -54,19 +54,19 @@ def rss_gb() -> float:
 
 def exact_truth(vectors, queries: np.ndarray, k: int, block: int = 65_536) -> np.ndarray:
     """Positions of each unit query's ``k`` nearest rows by exact cosine, a block at a time."""
-    from pipeline.lookup.held_ivf import exact_nearest
+    from pipeline.lookup.index.ivf_build import exact_nearest
 
     return exact_nearest(vectors, queries, k, np.full(len(queries), -1, np.int64))
 
 
 def cmd_search(args: argparse.Namespace) -> dict:
-    from pipeline.lookup.held_ivf import unit_rows
+    from pipeline.lookup.index.ivf_search import unit_rows
 
-    from pipeline.lookup.index import SenseIndex
+    from pipeline.lookup.index.sense_index import SenseIndex
 
     t0 = time.perf_counter()
     ix = SenseIndex(args.index)
-    ivf = ix.held_ivf()
+    ivf = ix.ivf()
     rows = len(ivf.vectors)
     picks = np.sort(np.random.default_rng(args.seed).choice(rows, args.queries, replace=False))
     queries = unit_rows(ivf.vectors[picks])
@@ -88,11 +88,11 @@ def cmd_search(args: argparse.Namespace) -> dict:
 
 def cmd_open(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
-    from pipeline.lookup.index import SenseIndex
+    from pipeline.lookup.index.sense_index import SenseIndex
 
     imported = time.perf_counter()
     ix = SenseIndex(args.index)
-    ivf = ix.held_ivf()
+    ivf = ix.ivf()
     opened = time.perf_counter()
     query = np.asarray(ivf.vectors[[0]], np.float32)
     ix.vector_query(query, k=10).to_arrow()
@@ -108,11 +108,11 @@ def cmd_lance_pq(args: argparse.Namespace) -> dict:
     import lancedb
     import pyarrow as pa
     from lancedb.index import IvfPq
-    from pipeline.lookup.held_ivf import unit_rows
+    from pipeline.lookup.index.ivf_search import unit_rows
 
-    from pipeline.lookup.index import SenseIndex
+    from pipeline.lookup.index.sense_index import SenseIndex
 
-    ivf = SenseIndex(args.index).held_ivf()
+    ivf = SenseIndex(args.index).ivf()
     rows, dim = ivf.vectors.shape
     db = lancedb.connect(args.out)
     t0 = time.perf_counter()

@@ -300,7 +300,7 @@ def run_sql(args: argparse.Namespace) -> int:
 def run_index_build(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
     from pipeline.lookup.index.build import build_index
-    from pipeline.lookup.index.sense_index import SearchParams
+    from pipeline.lookup.index.meta import SearchParams
     from pipeline.lookup.index.words import WordSelection, parse_words
 
     search = None

@@ -14,10 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from helpers import bench_lookup, moto_fs, uncommit_shard_1
+from pipeline.lookup.index.ivf_build import PQ_MIN_ROWS
+from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.build import build_index
-from pipeline.lookup.index.held_ivf import HELD_DIR, PQ_MIN_ROWS, HeldSearch
 from pipeline.lookup.index.ivf_shards import CODE_BYTES, SHARD_FILES, SHARDS_FORMAT, ShardedIvf
 from pipeline.lookup.index.sense_index import SenseIndex, read_meta
 from pipeline.lookup.index.vectors import KEY_COLUMNS, vectors_from_dataset
@@ -78,13 +79,13 @@ def test_holds_codes_and_keys_its_vectors_beside_it(built: Path) -> None:
     index = SenseIndex(str(built / "ix"))
     meta = index.meta
     assert meta.compact and meta.built == "ivf" and meta.rows == ROWS >= PQ_MIN_ROWS
-    held = meta.held
+    held = meta.ivf
     assert held is not None and held["format"] == SHARDS_FORMAT
     assert held["codes"] == f"PQ{min(DIM, CODE_BYTES)}"
     # Reached, or the point after which more probes gain nothing (CALIBRATION_PLATEAU).
     assert held["recall_at_10"] >= 0.95
     for shard in held["shards"].values():
-        folder = built / "ix" / HELD_DIR / shard["folder"]
+        folder = built / "ix" / IVF_DIR / shard["folder"]
         assert sorted(p.name for p in folder.iterdir()) == sorted(SHARD_FILES)
     columns = index.table.schema.names
     assert "vector" not in columns and "row" in columns
@@ -97,7 +98,7 @@ def test_searches_rank_with_the_datasets_vectors(built: Path, truth: tuple) -> N
     keys, words, vectors = truth
     index = SenseIndex(str(built / "ix"))
     q = _queries(vectors, 40)
-    assert isinstance(index.vector_query(q[:1], k=10, columns=KEYS), HeldSearch)
+    assert isinstance(index.vector_query(q[:1], k=10, columns=KEYS), IvfSearch)
     recall = []
     for query in q:
         got = index.search(query, k=10, columns=KEYS)
@@ -133,13 +134,13 @@ def test_a_filter_leaving_many_rows_searches_the_lists(built: Path, truth: tuple
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Above EXACT_FILTER_ROWS the filtered rows are searched through the lists and the
     sketches, restricted to them: only those rows come back, nearly the exact ones."""
-    from pipeline.lookup.index import held_ivf
+    from pipeline.lookup.index import ivf_search
 
     keys, words, vectors = truth
     index = SenseIndex(str(built / "ix"))
     common = max(set(words), key=words.count)
     same = np.array([i for i, w in enumerate(words) if w == common])
-    monkeypatch.setattr(held_ivf, "EXACT_FILTER_ROWS", len(same) - 1)
+    monkeypatch.setattr(ivf_search, "EXACT_FILTER_ROWS", len(same) - 1)
     recall = []
     for query in _queries(vectors, 20, seed=5):
         got = index.search(query, k=10, words=[common], columns=[*KEYS, "token"])
@@ -147,7 +148,7 @@ def test_a_filter_leaving_many_rows_searches_the_lists(built: Path, truth: tuple
         want, _ = _exact(vectors, query, 10, same)
         recall.append(len(set(_keys(got)) & {keys[i] for i in want}) / 10)
     assert np.mean(recall) >= 0.9
-    monkeypatch.setattr(held_ivf, "EXACT_FILTER_ROWS", len(same))
+    monkeypatch.setattr(ivf_search, "EXACT_FILTER_ROWS", len(same))
     exact = index.search(query, k=10, words=[common], columns=KEYS)
     assert _keys(exact) == [keys[i] for i in want]
 
@@ -193,11 +194,11 @@ def test_grown_past_scalar_codes_it_trains_product_codes(built: Path, tmp_path: 
     record, kept = uncommit_shard_1(ds)
     ix = tmp_path / "ix"
     build_index(str(ds), "top", str(ix), compact=True)
-    first = SenseIndex(str(ix)).meta.held
+    first = SenseIndex(str(ix)).meta.ivf
     assert first["codes"] == "SQ8" and first["rows"] < PQ_MIN_ROWS
     record.write_bytes(kept)
     build_index(str(ds), "top", str(ix))
-    again = SenseIndex(str(ix)).meta.held
+    again = SenseIndex(str(ix)).meta.ivf
     assert again["rows"] == ROWS and again["codes"] == f"PQ{min(DIM, CODE_BYTES)}"
     assert again["trained_rows"] == ROWS
 
@@ -287,7 +288,7 @@ def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyP
     index = SenseIndex(str(built / "ix"))
     ds = open_dataset(index.meta.dataset)
     meta = read_meta(str(built / "ix"))
-    meta.held = None
+    meta.ivf = None
     held = build_shards(index.table, fs, "compact-bucket/ix", meta, ds,
                         dict(ds.shard_files("tokens")))
     for shard in held["shards"].values():
@@ -295,7 +296,7 @@ def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyP
         assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(folder, detail=False)) \
             == sorted(SHARD_FILES)
     remote = ShardedIvf.load(fs, "compact-bucket/ix", held, "`elmo index build`")
-    local = index.held_ivf()
+    local = index.ivf()
     assert local is not None
     q = _queries(truth[2], 5)
     got, want = remote.nearest_rows(q, 10, KEYS), local.nearest_rows(q, 10, KEYS)

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import bench_lookup, uncommit_shard_1
+from pipeline.lookup.index.ivf_search import IVF_DIR
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index import ivf_shards_build
 from pipeline.lookup.index.build import build_index
-from pipeline.lookup.index.held_ivf import HELD_DIR
 from pipeline.lookup.index.ivf_shards import (
     CODE_BYTES,
-    HELD_BYTES_PER_ROW,
+    MEMORY_BYTES_PER_ROW,
     SHARD_FILES,
     VECTORS_FILE,
     ShardedIvf,
@@ -45,27 +45,27 @@ def _keys(table) -> list[tuple]:
 
 def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
     index = SenseIndex(str(built / "ix"))
-    held = index.meta.held
+    held = index.meta.ivf
     assert held["format"] == 2 and list(held["shards"]) == index.meta.indexed
     assert held["codes"] == f"PQ{min(CODE_BYTES, DIM)}" and held["rows"] == ROWS
     assert sum(s["rows"] for s in held["shards"].values()) == ROWS
     assert held["recall_at_10"] >= 0.95
     for shard in held["shards"].values():
-        folder = built / "ix" / HELD_DIR / shard["folder"]
+        folder = built / "ix" / IVF_DIR / shard["folder"]
         assert sorted(p.name for p in folder.iterdir()) == sorted(SHARD_FILES)
-    ivf = index.held_ivf()
+    ivf = index.ivf()
     assert isinstance(ivf, ShardedIvf)
     # Opening it read no vectors and no codes: the vectors are mapped, the codes wait.
     assert all(isinstance(m, np.memmap) for m in ivf.vectors.maps)
     assert ivf._index is None
     ivf.search(np.ones((1, DIM), np.float32), 3)
     # What it holds per row: the code, faiss's id, the sketch.
-    assert ivf.index.code_size + 8 + ivf.sketch.codes.shape[1] <= HELD_BYTES_PER_ROW
+    assert ivf.index.code_size + 8 + ivf.sketch.codes.shape[1] <= MEMORY_BYTES_PER_ROW
 
 
 def test_search_matches_the_exact_answer(built: Path) -> None:
     index = SenseIndex(str(built / "ix"))
-    ivf = index.held_ivf()
+    ivf = index.ivf()
     rng = np.random.default_rng(4)
     recall = []
     for query in rng.standard_normal((20, DIM)).astype(np.float32) + \
@@ -95,7 +95,7 @@ def test_a_grown_dataset_adds_a_shard_and_keeps_the_others(
     assert again["train"] == first["train"] and len(again["shards"]) == 2
     (key, shard), = first["shards"].items()
     assert again["shards"][key] == shard
-    assert sorted(p.name for p in (ix / HELD_DIR).iterdir()) == sorted(
+    assert sorted(p.name for p in (ix / IVF_DIR).iterdir()) == sorted(
         [again["train"], *(s["folder"] for s in again["shards"].values())])
 
 
@@ -119,7 +119,7 @@ def test_a_build_killed_half_way_leaves_the_previous_index(built: Path, tmp_path
     # The table took the new file's rows; the index reads it as the IVF was made.
     index = SenseIndex(str(ix))
     assert index.search(query, k=5, words=["w1"], columns=KEYS).equals(before)
-    assert len(index.meta.held["shards"]) == 1
+    assert len(index.meta.ivf["shards"]) == 1
     monkeypatch.undo()
     build_index(str(ds), "top", str(ix))
     assert SenseIndex(str(ix)).meta.rows == ROWS
@@ -129,7 +129,7 @@ def test_a_missing_shard_names_the_build_that_makes_it(built: Path, tmp_path: Pa
     ix = Path(shutil.copytree(built / "ix", tmp_path / "ix"))
     held = read_meta(str(ix)).held
     key, shard = next(iter(held["shards"].items()))
-    (ix / HELD_DIR / shard["folder"] / VECTORS_FILE).unlink()
+    (ix / IVF_DIR / shard["folder"] / VECTORS_FILE).unlink()
     with pytest.raises(ElmoUserError, match=rf"index shard {key} .*lacks vectors.npy; "
                                             r"`elmo index build .* makes it again"):
         SenseIndex(str(ix)).search(np.ones(DIM, np.float32), k=3)
@@ -146,15 +146,15 @@ def test_a_build_that_would_not_fit_says_so_first(built: Path, tmp_path: Path,
     with pytest.raises(ElmoUserError, match=r"12,000 rows needs about .* GiB of memory.*"
                                             r"GiB are free.*--words"):
         build_index(str(built / "ds"), "top", str(tmp_path / "ix"))
-    assert not (tmp_path / "ix" / HELD_DIR).exists() or \
-        not any((tmp_path / "ix" / HELD_DIR).iterdir())
+    assert not (tmp_path / "ix" / IVF_DIR).exists() or \
+        not any((tmp_path / "ix" / IVF_DIR).iterdir())
 
 
 def test_memory_bound_follows_the_sample_not_the_rows() -> None:
     """The training sample stops growing at TRAIN_MAX_ROWS: what a build needs beyond
-    it is the codes, HELD_BYTES_PER_ROW a row."""
+    it is the codes, MEMORY_BYTES_PER_ROW a row."""
     from pipeline.lookup.index.ivf_shards_build import TRAIN_MAX_ROWS, bytes_needed, train_rows_for
 
     assert train_rows_for(10**8, 4096, "PQ64") == TRAIN_MAX_ROWS
     big, bigger = bytes_needed(10**7, 1024), bytes_needed(2 * 10**7, 1024)
-    assert bigger - big == 2 * 10**7 * HELD_BYTES_PER_ROW
+    assert bigger - big == 2 * 10**7 * MEMORY_BYTES_PER_ROW

@@ -8,7 +8,7 @@ centroids and product quantizer every shard was encoded with, and the sketches' 
   memory-mapped: a query's re-rank reads only its candidates' rows;
 - ``codes.npy`` ``[n, code bytes]`` and ``lists.npy`` ``[n]``: each row's product-quantized
   code and its list (``CODE_BYTES`` bytes a row whatever the width);
-- ``sketch.npy`` ``[n, 16]``: each row's 128-bit sketch (``held_ivf.Sketch``);
+- ``sketch.npy`` ``[n, 16]``: each row's 128-bit sketch (``ivf_search.Sketch``);
 - ``rows.arrow``: the LanceDB rows of that file in the same order (an Arrow IPC file,
   memory-mapped: a result takes its columns from there), ``row`` ascending.
 
@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.index.held_ivf import (
+from pipeline.lookup.index.ivf_search import (
     CANDIDATES_PER_RESULT,
-    HELD_DIR,
-    HeldIvf,
+    IVF_DIR,
+    MemoryIvf,
     Sketch,
 )
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-SHARDS_FORMAT = 2  # IndexMeta.held["format"] of an IVF in shards
+SHARDS_FORMAT = 2  # IndexMeta.ivf["format"] of an IVF in shards
 TRAIN_FILE = "trained.faiss"
 PLANES_FILE = "sketch_planes.npz"
 CODES_FILE = "codes.npy"
@@ -56,7 +56,7 @@ TRAIN_FILES = (TRAIN_FILE, PLANES_FILE)
 CODE_BYTES = 64
 SHARD_CANDIDATES_PER_RESULT = 30
 # Per row in a process: the code, faiss's id, the sketch.
-HELD_BYTES_PER_ROW = CODE_BYTES + 8 + 16
+MEMORY_BYTES_PER_ROW = CODE_BYTES + 8 + 16
 
 
 def is_sharded(record: dict[str, Any] | None) -> bool:
@@ -64,7 +64,7 @@ def is_sharded(record: dict[str, Any] | None) -> bool:
 
 
 def shard_missing(fs: Any, base: str, shard: dict[str, Any]) -> str | None:
-    """The first file of ``shard`` (a record of ``held["shards"]``) missing in its folder
+    """The first file of ``shard`` (a record of ``ivf["shards"]``) missing in its folder
     under ``base`` (the index's ``_ivf``), or None."""
     for name in SHARD_FILES:
         if not fs.exists(f"{base}/{shard['folder']}/{name}"):
@@ -182,8 +182,8 @@ class ShardRows:
         return self.tables[s].column("row").to_numpy()
 
 
-class ShardedIvf(HeldIvf):
-    """A compact index's IVF in shards (``load``): the search of ``HeldIvf`` over codes
+class ShardedIvf(MemoryIvf):
+    """A compact index's IVF in shards (``load``): the search of ``MemoryIvf`` over codes
     loaded on first use, vectors and rows read from mapped files."""
 
     def __init__(self, folder: str, record: dict[str, Any], folders: Sequence[str],
@@ -210,13 +210,13 @@ class ShardedIvf(HeldIvf):
     @classmethod
     def load(cls, fs: Any, root: str, record: dict[str, Any], rebuild: str,
              cache: str | None = None) -> ShardedIvf:
-        """The IVF ``record`` (``IndexMeta.held``) describes, its folders under
+        """The IVF ``record`` (``IndexMeta.ivf``) describes, its folders under
         ``root/_ivf``; a folder missing or damaged is an error naming the shard and
         ``rebuild`` (the command that makes it again). On an object store the folders are
         copied to ``cache`` (a local folder) first."""
         from schemas.dataset import is_local
 
-        base = f"{root}/{HELD_DIR}"
+        base = f"{root}/{IVF_DIR}"
         if not is_local(fs):
             base = _local_copy(fs, base, record, cache)
         return cls.from_folders(base, record, rebuild)
@@ -227,7 +227,7 @@ class ShardedIvf(HeldIvf):
         for key, shard in record["shards"].items():
             gone = shard_missing(local_fs(), base, shard)
             if gone is not None:
-                raise ElmoUserError(f"index shard {key} ({HELD_DIR}/{shard['folder']}) lacks "
+                raise ElmoUserError(f"index shard {key} ({IVF_DIR}/{shard['folder']}) lacks "
                                     f"{gone}; {rebuild} makes it again")
         try:
             return cls(f"{base}/{record['train']}", record,
@@ -343,8 +343,8 @@ def _local_copy(fs: Any, base: str, record: dict[str, Any], cache: str | None) -
     return local
 
 
-def held_folders(record: dict[str, Any] | None) -> list[str]:
-    """The folders under ``_ivf`` that ``record`` (``IndexMeta.held``) uses."""
+def ivf_folders(record: dict[str, Any] | None) -> list[str]:
+    """The folders under ``_ivf`` that ``record`` (``IndexMeta.ivf``) uses."""
     if record is None:
         return []
     if not is_sharded(record):
@@ -361,5 +361,5 @@ def shards_current(fs: Any, root: str, record: dict[str, Any] | None,
     shards = record["shards"]
     return list(shards) == list(indexed) \
         and all(s.get("train") == record["train"] for s in shards.values()) \
-        and all(fs.exists(f"{root}/{HELD_DIR}/{record['train']}/{n}") for n in TRAIN_FILES) \
-        and all(shard_missing(fs, f"{root}/{HELD_DIR}", s) is None for s in shards.values())
+        and all(fs.exists(f"{root}/{IVF_DIR}/{record['train']}/{n}") for n in TRAIN_FILES) \
+        and all(shard_missing(fs, f"{root}/{IVF_DIR}", s) is None for s in shards.values())

@@ -10,7 +10,7 @@ that does not grow with the rows.
 3. **Codes.** Each shard not encoded with this training is read in blocks and encoded
    into a new folder (its vectors and rows linked, not copied).
 4. **Probes**, measured on a held sample of stored rows against their exact neighbours
-   (a scan of every shard's vectors in blocks), as ``held_ivf.calibrate`` does.
+   (a scan of every shard's vectors in blocks), as ``ivf_build.calibrate`` does.
 
 A folder is never changed once written: a build writes new ones and ``_elmo_index.json``
 names them (the commit), so a build killed at any point leaves the previous index as it
@@ -27,24 +27,26 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.index.held_ivf import (
-    HELD_DIR,
+from pipeline.lookup.index.ivf_build import (
     PQ_MIN_ROWS,
     PQ_TRAIN_POINTS_PER_CENTROID,
     PQ_TRAIN_ROUNDS,
-    READ_BATCH_ROWS,
     RETRAIN_GROWTH,
-    SKETCH_BITS,
-    Sketch,
     calibrate,
     list_count,
+)
+from pipeline.lookup.index.ivf_search import (
+    IVF_DIR,
+    READ_BATCH_ROWS,
+    SKETCH_BITS,
+    Sketch,
     unit_rows,
 )
 from pipeline.lookup.index.ivf_shards import (
     CODE_BYTES,
     CODES_FILE,
-    HELD_BYTES_PER_ROW,
     LISTS_FILE,
+    MEMORY_BYTES_PER_ROW,
     PLANES_FILE,
     ROWS_FILE,
     SHARD_FILES,
@@ -64,7 +66,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from pipeline.lookup.index.sense_index import IndexMeta
+    from pipeline.lookup.index.meta import IndexMeta
     from schemas.dataset import Dataset
 
 TRAIN_ROWS_PER_LIST = 48
@@ -103,7 +105,7 @@ def train_rows_for(rows: int, lists: int, codes: str) -> int:
 def bytes_needed(rows: int, dim: int) -> int:
     """Peak memory of a build (and of a process that searches every row's codes)."""
     sample = train_rows_for(rows, lists_for(rows), codes_for(rows, dim))
-    return BASE_BYTES + 3 * sample * dim * 4 + 2 * rows * HELD_BYTES_PER_ROW
+    return BASE_BYTES + 3 * sample * dim * 4 + 2 * rows * MEMORY_BYTES_PER_ROW
 
 
 def free_memory() -> int:
@@ -126,7 +128,7 @@ def check_fits(rows: int, new_rows: int, dim: int, itemsize: int, work: str) -> 
     if need > free:
         raise ElmoUserError(
             f"an index of {rows:,} rows needs about {need / 2**30:.1f} GiB of memory here "
-            f"({HELD_BYTES_PER_ROW} bytes a row of codes, twice, plus a training sample); "
+            f"({MEMORY_BYTES_PER_ROW} bytes a row of codes, twice, plus a training sample); "
             f"{free / 2**30:.1f} GiB are free. Index fewer rows (--words, --min-count / "
             f"--max-count), or search it across a Ray cluster (docs/index_sizing.md)")
     disk = new_rows * dim * itemsize
@@ -203,7 +205,7 @@ def train(folder: str, sample: np.ndarray, lists: int, codes: str) -> None:
     dim = sample.shape[1]
     index = faiss.index_factory(dim, f"IVF{lists},{codes}", faiss.METRIC_INNER_PRODUCT)
     if hasattr(index, "do_polysemous_training"):
-        index.do_polysemous_training = False  # unused here (held_ivf has the figures)
+        index.do_polysemous_training = False  # unused here (ivf_build)
         index.pq.cp.max_points_per_centroid = PQ_TRAIN_POINTS_PER_CENTROID
         index.pq.cp.niter = PQ_TRAIN_ROUNDS
     index.cp.min_points_per_centroid = 1  # small tables: no warning on stderr
@@ -258,20 +260,20 @@ def _link(source: str, target: str) -> None:
 def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
                  files: dict[str, str], show_progress: bool = False) -> dict[str, Any]:
     """Bring the sharded IVF of ``meta`` (a compact index) to the files ``meta.indexed``
-    names (``files``: key -> the dataset's path); returns what ``IndexMeta.held`` records.
+    names (``files``: key -> the dataset's path); returns what ``IndexMeta.ivf`` records.
     The caller commits it by writing the metadata, then calls ``drop_other_folders``."""
     import numpy as np
 
     from pipeline.lookup.index.progress import phase, rows_bar
     from schemas.dataset import is_local
 
-    previous = meta.held if is_sharded(meta.held) else None
+    previous = meta.ivf if is_sharded(meta.ivf) else None
     local = is_local(fs)
-    base = f"{root}/{HELD_DIR}" if local else tempfile.mkdtemp(prefix="elmo-ivf-")
+    base = f"{root}/{IVF_DIR}" if local else tempfile.mkdtemp(prefix="elmo-ivf-")
     made: list[str] = []
     try:
         if previous is not None and not local:
-            _local_copy(fs, f"{root}/{HELD_DIR}", previous, base)
+            _local_copy(fs, f"{root}/{IVF_DIR}", previous, base)
         kept = {key: s for key, s in (previous or {}).get("shards", {}).items()
                 if key in files and shard_missing(fs if local else local_fs(), base, s) is None}
         new = [key for key in meta.indexed if key not in kept]
@@ -319,7 +321,7 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
                 for name in names:
                     if os.path.exists(f"{base}/{folder}/{name}"):
                         fs.put_file(f"{base}/{folder}/{name}",
-                                    f"{root}/{HELD_DIR}/{folder}/{name}")
+                                    f"{root}/{IVF_DIR}/{folder}/{name}")
     except BaseException:
         if local:
             for folder in made:
