@@ -61,7 +61,6 @@ def exact_truth(vectors, queries: np.ndarray, k: int, block: int = 65_536) -> np
 
 def cmd_search(args: argparse.Namespace) -> dict:
     from pipeline.lookup.index.ivf_search import unit_rows
-
     from pipeline.lookup.index.sense_index import SenseIndex
 
     t0 = time.perf_counter()
@@ -108,8 +107,8 @@ def cmd_lance_pq(args: argparse.Namespace) -> dict:
     import lancedb
     import pyarrow as pa
     from lancedb.index import IvfPq
-    from pipeline.lookup.index.ivf_search import unit_rows
 
+    from pipeline.lookup.index.ivf_search import unit_rows
     from pipeline.lookup.index.sense_index import SenseIndex
 
     ivf = SenseIndex(args.index).ivf()

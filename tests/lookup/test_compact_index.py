@@ -14,11 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from helpers import bench_lookup, moto_fs, uncommit_shard_1
-from pipeline.lookup.index.ivf_build import PQ_MIN_ROWS
-from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.build import build_index
+from pipeline.lookup.index.ivf_build import PQ_MIN_ROWS
+from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch
 from pipeline.lookup.index.ivf_shards import CODE_BYTES, SHARD_FILES, SHARDS_FORMAT, ShardedIvf
 from pipeline.lookup.index.sense_index import SenseIndex, read_meta
 from pipeline.lookup.index.vectors import KEY_COLUMNS, vectors_from_dataset

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import bench_lookup, uncommit_shard_1
-from pipeline.lookup.index.ivf_search import IVF_DIR
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index import ivf_shards_build
 from pipeline.lookup.index.build import build_index
+from pipeline.lookup.index.ivf_search import IVF_DIR
 from pipeline.lookup.index.ivf_shards import (
     CODE_BYTES,
     MEMORY_BYTES_PER_ROW,

@@ -113,9 +113,8 @@ def test_an_index_with_an_in_memory_ivf_answers_from_it(data: Served, tmp_path: 
     """An hnsw index also has the in-memory IVF: the server loads it at start, answers
     searches without a word from it as the CLI function does, and batched answers equal
     one-at-a-time ones."""
-    from pipeline.lookup.index.ivf_search import IvfSearch
-
     from pipeline.lookup.index.build import build_index
+    from pipeline.lookup.index.ivf_search import IvfSearch
     from pipeline.lookup.index.sense_index import SenseIndex
     from pipeline.lookup.senses.search import search_senses
 
