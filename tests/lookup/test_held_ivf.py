@@ -1,7 +1,7 @@
 """The in-memory IVF beside a full sense index (``pipeline/lookup/index/ivf_search.py``,
 ``ivf_build.py``): built by ``build_index`` from the LanceDB table, calibrated on its own
-rows, used for searches without a prefilter, checked against exact search, rebuilt when the table changes, ignored when it is
-stale, and stored on S3 (moto) as on local disk.
+rows, used for searches without a prefilter, checked against exact search, rebuilt when
+the table changes, ignored when it is stale, and stored on S3 (moto) as on local disk.
 """
 
 from __future__ import annotations
