@@ -21,7 +21,7 @@ import posixpath
 import shutil
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline.lookup.index.ivf_search import (
@@ -213,9 +213,11 @@ def _trained(vectors: np.ndarray, rows: int, dim: int, lists: int,
     return index
 
 
-def calibrate(ivf: MemoryIvf, rng: np.random.Generator) -> tuple[int, float, int]:
+def calibrate(ivf: MemoryIvf, rng: np.random.Generator,
+              on_rows: Callable[[int], Any] | None = None) -> tuple[int, float, int]:
     """The fewest probes whose recall@10 reaches CALIBRATION_RECALL on stored rows used as
-    queries (each left out of its own answer): ``(nprobe, recall, queries)``."""
+    queries (each left out of its own answer): ``(nprobe, recall, queries)``;
+    ``on_rows``: told the rows the exact scan has done (progress)."""
     import numpy as np
 
     rows = len(ivf.vectors)
@@ -225,7 +227,7 @@ def calibrate(ivf: MemoryIvf, rng: np.random.Generator) -> tuple[int, float, int
         return lists, 1.0, 0
     picks = np.sort(rng.choice(rows, min(rows, CALIBRATION_QUERIES), replace=False))
     queries = unit_rows(ivf.vectors[picks])
-    truth = exact_nearest(ivf.vectors, queries, k, picks)
+    truth = exact_nearest(ivf.vectors, queries, k, picks, on_rows)
 
     def recall(nprobe: int) -> float:
         found, _ = ivf.search(queries, k, nprobe=nprobe, leave_out=picks)
@@ -246,7 +248,8 @@ def calibrate(ivf: MemoryIvf, rng: np.random.Generator) -> tuple[int, float, int
 
 
 def exact_nearest(vectors: np.ndarray, queries: np.ndarray, k: int,
-                  leave_out: np.ndarray) -> np.ndarray:
+                  leave_out: np.ndarray, on_rows: Callable[[int], Any] | None = None
+                  ) -> np.ndarray:
     """Positions of the ``k`` rows of ``vectors`` with the highest cosine to each query
     (unit vectors), ``leave_out[i]`` excluded for query i: a scan in blocks."""
     import numpy as np
@@ -265,6 +268,8 @@ def exact_nearest(vectors: np.ndarray, queries: np.ndarray, k: int,
         top = np.argpartition(-both_sims, k - 1, axis=1)[:, :k]
         best_sims = np.take_along_axis(both_sims, top, axis=1)
         best_rows = np.take_along_axis(both_rows, top, axis=1)
+        if on_rows is not None:
+            on_rows(len(part))
     return best_rows
 
 

@@ -264,7 +264,7 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
     The caller commits it by writing the metadata, then calls ``drop_other_folders``."""
     import numpy as np
 
-    from pipeline.lookup.index.progress import phase, rows_bar
+    from pipeline.lookup.index.progress import rows_bar
     from schemas.dataset import is_local
 
     previous = meta.ivf if is_sharded(meta.ivf) else None
@@ -310,9 +310,10 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
         record["shards"] = shards
         record["rows"] = rows
         ivf = ShardedIvf.from_folders(base, {**record, "nprobe": 1}, "`elmo index build`")
-        with phase(f"index: measure probes for recall@10 ({record['lists']} lists; an exact "
-                   f"scan of {rows:,} rows)", show_progress):
-            nprobe, recall, queries = calibrate(ivf, np.random.default_rng(1))
+        with rows_bar(rows, show_progress) as bar:
+            bar.set_description("index: probes for recall@10: exact neighbours of held rows",
+                                refresh=False)
+            nprobe, recall, queries = calibrate(ivf, np.random.default_rng(1), bar.update)
         record |= {"nprobe": nprobe, "recall_at_10": round(recall, 4),
                    "calibration_queries": queries}
         if not local:
