@@ -6,6 +6,7 @@ p50 and recall@10, each in a fresh process so that peak RSS is the phase's own.
     .venv/bin/python bench/index_scale.py search --index IX --queries 200  # p50, recall@10
     .venv/bin/python bench/index_scale.py cli --index IX --word the        # elmo senses search
     .venv/bin/python bench/index_scale.py lance-pq --index IX --out T      # LanceDB IVF_PQ
+    .venv/bin/python bench/index_scale.py serve --index IX                 # elmo serve
 
 ``build`` and ``cli`` run the product's command as a child and report its peak RSS and
 CPU seconds (``getrusage`` of the children). ``search`` takes stored rows as queries (each
@@ -32,11 +33,11 @@ ELMO = str(Path(sys.executable).with_name("elmo"))
 KEYS = ["part", "shard", "row"]
 
 
-def child(cmd: list[str]) -> dict[str, float]:
+def child(cmd: list[str], quiet: bool = False) -> dict[str, float]:
     """Run ``cmd``; its wall seconds, CPU seconds and peak RSS (GB)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if quiet else None)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -102,6 +103,50 @@ def cmd_open(args: argparse.Namespace) -> dict:
                                  2)}
 
 
+def cmd_serve(args: argparse.Namespace) -> dict:
+    """``elmo serve DATASET --index IX``: seconds from start to its first sense search
+    answered, and its RSS then and after ``--queries`` more."""
+    import httpx
+
+    from pipeline.lookup.index.meta import read_meta
+
+    dataset = read_meta(args.index).dataset
+    t0 = time.perf_counter()
+    server = subprocess.Popen([ELMO, "serve", dataset, "--index", args.index, "--port",
+                               str(args.port), "--no-verify"], stderr=subprocess.DEVNULL)
+    ask = {"sentence": "It was a truth universally acknowledged", "word": args.word, "k": 10}
+    try:
+        while True:
+            try:
+                answer = httpx.post(f"http://127.0.0.1:{args.port}/senses/search", json=ask,
+                                    timeout=60)
+                if answer.status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.perf_counter() - t0 > 300:
+                raise RuntimeError("the server stopped or never answered")
+            time.sleep(0.1)
+        first = time.perf_counter() - t0
+        rss_first = _rss_of(server.pid)
+        for _ in range(args.queries):
+            httpx.post(f"http://127.0.0.1:{args.port}/senses/search",
+                       json={**ask, "any_word": True}, timeout=60)
+        return {"first_answer_s": round(first, 1), "rss_gb_first": rss_first,
+                "rss_gb_after": _rss_of(server.pid)}
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def _rss_of(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 2**20, 2)
+    return 0.0
+
+
 def cmd_lance_pq(args: argparse.Namespace) -> dict:
     """LanceDB's IVF_PQ over the same vectors, on disk: build, p50 and recall@10."""
     import lancedb
@@ -153,7 +198,7 @@ def main() -> None:
     build.add_argument("--dataset", required=True)
     build.add_argument("--out", required=True)
     build.add_argument("--mix", default="top")
-    for name in ("open", "search", "cli", "lance-pq"):
+    for name in ("open", "search", "cli", "lance-pq", "serve"):
         each = sub.add_parser(name)
         each.add_argument("--index", required=True)
         each.add_argument("--queries", type=int, default=200)
@@ -164,15 +209,18 @@ def main() -> None:
         each.add_argument("--nprobes", type=int, default=20)
         each.add_argument("--refine", type=int, default=10)
         each.add_argument("--sub-vectors", type=int, default=64)
+        each.add_argument("--port", type=int, default=8391)
     args = parser.parse_args()
     if args.what == "build":
         result = child([ELMO, "index", "build", args.dataset, "--mix", args.mix, "--out",
                         args.out, "--no-progress"])
     elif args.what == "cli":
         result = child([ELMO, "senses", "search", "It was a truth universally acknowledged",
-                        "--word", args.word, "--index", args.index, "-k", "10"])
+                        "--word", args.word, "--index", args.index, "-k", "10"],
+                       quiet=True)
     else:
-        result = {"open": cmd_open, "search": cmd_search, "lance-pq": cmd_lance_pq}[
+        result = {"open": cmd_open, "search": cmd_search, "lance-pq": cmd_lance_pq,
+                  "serve": cmd_serve}[
             args.what](args)
     print(json.dumps({"what": args.what, **result}))
 
