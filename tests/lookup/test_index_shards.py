@@ -26,9 +26,18 @@ from pipeline.lookup.index.ivf_shards import (
 )
 from pipeline.lookup.index.sense_index import SenseIndex, read_meta
 
-DIM = 128
-ROWS = 12_000  # over PQ_MIN_ROWS: product-quantized codes
+DIM = 64
+ROWS = 4_000
 KEYS = ("doc_id", "sent_idx", "tok_idx")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def product_codes_from_few_rows() -> object:
+    """Product-quantized codes from 1,000 rows on (the product asks 9,984: 39 points for
+    each of 256 centroids), so that small tables test them."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ivf_shards_build, "PQ_MIN_ROWS", 1_000)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +88,8 @@ def test_search_matches_the_exact_answer(built: Path) -> None:
     assert set(got["token"].to_pylist()) == {"w1"} and got.num_rows == 5
 
 
-def test_a_grown_dataset_adds_a_shard_and_keeps_the_others(
-        built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Product codes from the first build's half of the rows on: the same kind of codes.
-    monkeypatch.setattr(ivf_shards_build, "PQ_MIN_ROWS", 2_000)
+def test_a_grown_dataset_adds_a_shard_and_keeps_the_others(built: Path, tmp_path: Path
+                                                           ) -> None:
     ds = Path(shutil.copytree(built / "ds", tmp_path / "ds"))
     record, kept = uncommit_shard_1(ds)
     ix = tmp_path / "ix"
@@ -116,11 +123,11 @@ def test_a_build_killed_half_way_leaves_the_previous_index(built: Path, tmp_path
     monkeypatch.setattr(ivf_shards_build, "calibrate", killed)
     with pytest.raises(KeyboardInterrupt):
         build_index(str(ds), "top", str(ix))
+    monkeypatch.undo()
     # The table took the new file's rows; the index reads it as the IVF was made.
     index = SenseIndex(str(ix))
     assert index.search(query, k=5, words=["w1"], columns=KEYS).equals(before)
     assert len(index.meta.ivf["shards"]) == 1
-    monkeypatch.undo()
     build_index(str(ds), "top", str(ix))
     assert SenseIndex(str(ix)).meta.rows == ROWS
 
@@ -143,7 +150,7 @@ def test_a_missing_shard_names_the_build_that_makes_it(built: Path, tmp_path: Pa
 def test_a_build_that_would_not_fit_says_so_first(built: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ivf_shards_build, "free_memory", lambda: 1 << 20)
-    with pytest.raises(ElmoUserError, match=r"12,000 rows needs about .* GiB of memory.*"
+    with pytest.raises(ElmoUserError, match=r"4,000 rows needs about .* GiB of memory.*"
                                             r"GiB are free.*--words"):
         build_index(str(built / "ds"), "top", str(tmp_path / "ix"))
     assert not (tmp_path / "ix" / IVF_DIR).exists() or \

@@ -209,6 +209,8 @@ def train(folder: str, sample: np.ndarray, lists: int, codes: str) -> None:
         index.pq.cp.max_points_per_centroid = PQ_TRAIN_POINTS_PER_CENTROID
         index.pq.cp.niter = PQ_TRAIN_ROUNDS
     index.cp.min_points_per_centroid = 1  # small tables: no warning on stderr
+    if hasattr(index, "pq"):
+        index.pq.cp.min_points_per_centroid = 1
     index.train(sample)
     os.makedirs(folder, exist_ok=True)
     faiss.write_index(index, f"{folder}/{TRAIN_FILE}")
