@@ -350,9 +350,9 @@ def run_index_info(args: argparse.Namespace) -> int:
         fields += " (others are filtered on a join; a rebuild stores them)"
     vectors = "compact: codes in memory, vectors in its shards" if m.compact \
         else f"{m.vector_dtype} vectors"
-    held = m.held or {}
-    search = (f"in-memory, {held.get('codes')} codes trained on {held.get('trained_rows')} "
-              f"rows, {held.get('nprobe')} of {held.get('lists')} lists probed") \
+    ivf = m.ivf or {}
+    search = (f"in-memory, {ivf.get('codes')} codes trained on {ivf.get('trained_rows')} "
+              f"rows, {ivf.get('nprobe')} of {ivf.get('lists')} lists probed") \
         if m.compact else (
         f"nprobes {m.search.nprobes}, ef {m.search.ef}, refine {m.search.refine_factor}")
     print(f"index {args.uri}\n  dataset {m.dataset}\n  mix {ix.mix.describe()}\n"

@@ -94,10 +94,10 @@ def test_a_grown_dataset_adds_a_shard_and_keeps_the_others(built: Path, tmp_path
     record, kept = uncommit_shard_1(ds)
     ix = tmp_path / "ix"
     build_index(str(ds), "top", str(ix))
-    first = read_meta(str(ix)).held
+    first = read_meta(str(ix)).ivf
     record.write_bytes(kept)
     build_index(str(ds), "top", str(ix))
-    again = read_meta(str(ix)).held
+    again = read_meta(str(ix)).ivf
     # Training kept (within RETRAIN_GROWTH), the first shard's folder kept as it was.
     assert again["train"] == first["train"] and len(again["shards"]) == 2
     (key, shard), = first["shards"].items()
@@ -134,7 +134,7 @@ def test_a_build_killed_half_way_leaves_the_previous_index(built: Path, tmp_path
 
 def test_a_missing_shard_names_the_build_that_makes_it(built: Path, tmp_path: Path) -> None:
     ix = Path(shutil.copytree(built / "ix", tmp_path / "ix"))
-    held = read_meta(str(ix)).held
+    held = read_meta(str(ix)).ivf
     key, shard = next(iter(held["shards"].items()))
     (ix / IVF_DIR / shard["folder"] / VECTORS_FILE).unlink()
     with pytest.raises(ElmoUserError, match=rf"index shard {key} .*lacks vectors.npy; "
@@ -142,7 +142,7 @@ def test_a_missing_shard_names_the_build_that_makes_it(built: Path, tmp_path: Pa
         SenseIndex(str(ix)).search(np.ones(DIM, np.float32), k=3)
     # The build makes that shard again, and only that one.
     build_index(str(built / "ds"), "top", str(ix))
-    again = read_meta(str(ix)).held
+    again = read_meta(str(ix)).ivf
     assert again["shards"][key]["folder"] != shard["folder"]
     assert SenseIndex(str(ix)).search(np.ones(DIM, np.float32), k=3).num_rows == 3
 
