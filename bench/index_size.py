@@ -96,9 +96,9 @@ def main() -> None:
     print(f"dataset {args.dataset}: {data_bytes / 1e6:.1f} MB, {len(keys)} tokens")
     runs = [(name, ix, True) for name, ix in opened]
     if args.without_ivf:
-        runs += [(f"{name}/lance", ix, False) for name, ix in opened if ix.held_ivf()]
-    for name, ix, use_held in runs:
-        ix.use_held = use_held
+        runs += [(f"{name}/lance", ix, False) for name, ix in opened if ix.ivf()]
+    for name, ix, use_ivf in runs:
+        ix.use_ivf = use_ivf
         size = dir_bytes(ix.uri)
         # Warm the caches (index files, sentences table) before timing.
         measure(ix, keys, tokens, unit, picks[:5], args.k)

@@ -48,7 +48,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.lookup.index.build import build_index
-from pipeline.lookup.index.sense_index import SearchParams, SenseIndex
+from pipeline.lookup.index.meta import SearchParams
+from pipeline.lookup.index.sense_index import SenseIndex
 from pipeline.lookup.layers.mixes import iter_mixed
 from pipeline.lookup.senses.search import nearest_distinct
 from pipeline.write.item_files import TokenWriter
@@ -411,7 +412,7 @@ def bench_index(ds_uri: str, out_uri: str, data: dict, n_queries: int,
     # proactive reclaim evicts an idle multi-GB index from the page cache).
     for q in queries:
         plain(max(20, p.nprobes), p.ef, p.refine_factor)(q)
-    held = ix.held_ivf()
+    held = ix.ivf()
     if held is not None:
         for q in queries:  # the same unmeasured first pass
             ix.vector_query(q.reshape(1, -1), 10, columns=cols).to_arrow()
@@ -421,7 +422,7 @@ def bench_index(ds_uri: str, out_uri: str, data: dict, n_queries: int,
         result["held_ivf"] = {"recall": r, "p50_ms": p50, "p95_ms": p95,
                               "nprobe": held.nprobe, "lists": held.index.nlist}
     # The LanceDB rows: the product path with the in-memory IVF set aside.
-    ix.use_held = False
+    ix.use_ivf = False
     grid = [(p.nprobes, p.ef, p.refine_factor), *grid]
     for nprobes, ef, refine in grid:
         label = f"nprobes={nprobes} ef={ef} refine={refine}"
@@ -433,7 +434,7 @@ def bench_index(ds_uri: str, out_uri: str, data: dict, n_queries: int,
                               truth)
         result[f"plain_{nprobes}_{ef}_{refine}"] = {"recall": r, "p50_ms": p50,
                                                     "p95_ms": p95}
-    ix.use_held = True
+    ix.use_ivf = True
     result.update(bench_batched(ix, queries, truth, keys, cols, batch))
     if flat:  # a flat scan takes seconds per query at 1M x 1024: 20 queries say enough
         r, p50, p95 = measure("exact (LanceDB flat scan, 20 queries)",

@@ -24,19 +24,13 @@ from typing import Any
 from elmo_model.errors import ElmoUserError
 from jobs.spec import JobSpec
 from jobs.state import jobs_root
+from pipeline.lookup.doc_fields import quote
 from pipeline.lookup.index.build import build_index, finish_index
-from pipeline.lookup.index.rows import BuildSummary, IndexTables, documents_of, shard_filter
 
 # The index's own building blocks: how a token file becomes index rows, which rows a
 # shard owns, and how LanceDB is opened.
-from pipeline.lookup.index.sense_index import (
-    LAYOUT,
-    STEMMER,
-    TABLE,
-    lance_options,
-    quote,
-    read_meta,
-)
+from pipeline.lookup.index.meta import LAYOUT, STEMMER, TABLE, lance_options, read_meta
+from pipeline.lookup.index.rows import BuildSummary, IndexTables, documents_of, shard_filter
 from pipeline.lookup.index.words import read_selected
 from schemas.dataset import (
     Dataset,

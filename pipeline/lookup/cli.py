@@ -54,14 +54,14 @@ again adds only the shard files committed since, and drops those no longer commi
 dataset when the index is created): later builds and job refreshes keep that choice,
 --rebuild makes it again.
 
-A new index is compact: no vectors in it, only quantized codes (one byte per 2 dimensions)
-and each token's row in the dataset, whose vectors are read again when the index is opened
-to rank the candidates exactly (0.3-0.4x the dataset's bytes). The dataset must stay
-readable, opening takes longer (about 1 s for the `make run` data, 5-7 s at 1M x 1024
-tokens) and a search process holds the vectors in memory (2 bytes a value). --full keeps
-the vectors in the index instead, with LanceDB's IVF_HNSW_SQ (tuned by --index, --nprobes,
---ef, --refine-factor): it opens in about a second whatever the size and needs only itself,
-at about 3.5x the dataset's bytes for the same recall. An index keeps its kind on later
+A new index is compact: its IVF is stored in shards (one per dataset file) holding each
+row's vector (float16), a 64-byte code and a sketch; a search process holds only the codes
+and sketches (88 bytes a row) and reads a query's candidates' vectors from the mapped
+files, so it opens in seconds whatever the size and needs only itself to search. The build
+trains on a bounded sample and streams the rest, so its memory follows the codes, not the
+vectors; it says before it starts if this machine cannot hold it. --full keeps the vectors
+in LanceDB instead, with its IVF_HNSW_SQ (tuned by --index, --nprobes, --ef,
+--refine-factor), at about 3.5x the dataset's bytes. An index keeps its kind on later
 builds and --rebuild; --full or --compact with --rebuild changes it.
 
 examples:
@@ -301,7 +301,7 @@ def run_sql(args: argparse.Namespace) -> int:
 def run_index_build(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
     from pipeline.lookup.index.build import build_index
-    from pipeline.lookup.index.sense_index import SearchParams
+    from pipeline.lookup.index.meta import SearchParams
     from pipeline.lookup.index.words import WordSelection, parse_words
 
     search = None
@@ -337,8 +337,8 @@ def compact_hint(dataset: str, out: str) -> str | None:
     if index_bytes <= data_bytes:
         return None
     return (f"  the index is {index_bytes / data_bytes:.1f}x the dataset's bytes; --compact "
-            "--rebuild makes one of about 0.3-0.4x at the same recall (it ranks with the "
-            "dataset's vectors, read when it opens)")
+            "--rebuild makes one of about a third of that at the same recall, which a "
+            "searching process holds at 88 bytes a token (its vectors stay on disk, mapped)")
 
 
 def run_index_info(args: argparse.Namespace) -> int:
@@ -349,11 +349,11 @@ def run_index_info(args: argparse.Namespace) -> int:
     fields = ", ".join(f"{name} ({kind})" for name, kind in ix.indexed_fields().items())
     if m.doc_fields is None:
         fields += " (others are filtered on a join; a rebuild stores them)"
-    vectors = "compact: codes, vectors read from the dataset" if m.compact \
+    vectors = "compact: codes in memory, vectors in its shards" if m.compact \
         else f"{m.vector_dtype} vectors"
-    held = m.held or {}
-    search = (f"in-memory, {held.get('codes')} codes trained on {held.get('trained_rows')} "
-              f"rows, {held.get('nprobe')} of {held.get('lists')} lists probed") \
+    ivf = m.ivf or {}
+    search = (f"in-memory, {ivf.get('codes')} codes trained on {ivf.get('trained_rows')} "
+              f"rows, {ivf.get('nprobe')} of {ivf.get('lists')} lists probed") \
         if m.compact else (
         f"nprobes {m.search.nprobes}, ef {m.search.ef}, refine {m.search.refine_factor}")
     print(f"index {args.uri}\n  dataset {m.dataset}\n  mix {ix.mix.describe()}\n"

@@ -17,19 +17,10 @@ from helpers import bench_lookup, moto_fs, uncommit_shard_1
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.build import build_index
-from pipeline.lookup.index.held_ivf import (
-    HELD_DIR,
-    PQ_DIMS_PER_BYTE,
-    PQ_MIN_ROWS,
-    ROW_ID,
-    VECTORS_FILE,
-    HeldIvf,
-    HeldSearch,
-    build_held,
-    held_files,
-    trained_index,
-)
-from pipeline.lookup.index.sense_index import INDEX_META, SenseIndex, read_meta
+from pipeline.lookup.index.ivf_build import PQ_MIN_ROWS
+from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch
+from pipeline.lookup.index.ivf_shards import CODE_BYTES, SHARD_FILES, SHARDS_FORMAT, ShardedIvf
+from pipeline.lookup.index.sense_index import SenseIndex, read_meta
 from pipeline.lookup.index.vectors import KEY_COLUMNS, vectors_from_dataset
 from pipeline.lookup.layers.mixes import iter_mixed
 from schemas.dataset import open_dataset
@@ -84,36 +75,30 @@ def _queries(vectors: np.ndarray, n: int, seed: int = 3) -> np.ndarray:
     return vectors[picks] + 0.3 * rng.standard_normal((n, vectors.shape[1])).astype(np.float32)
 
 
-def test_holds_codes_and_keys_not_vectors(built: Path) -> None:
+def test_holds_codes_and_keys_its_vectors_beside_it(built: Path) -> None:
     index = SenseIndex(str(built / "ix"))
     meta = index.meta
     assert meta.compact and meta.built == "ivf" and meta.rows == ROWS >= PQ_MIN_ROWS
-    held = meta.held
-    assert held is not None and held["vectors"] == "dataset"
-    assert held["codes"] == f"PQ{DIM // PQ_DIMS_PER_BYTE}"
+    held = meta.ivf
+    assert held is not None and held["format"] == SHARDS_FORMAT
+    assert held["codes"] == f"PQ{min(DIM, CODE_BYTES)}"
     # Reached, or the point after which more probes gain nothing (CALIBRATION_PLATEAU).
     assert held["recall_at_10"] >= 0.95
-    folder = built / "ix" / HELD_DIR / held["folder"]
-    assert sorted(p.name for p in folder.iterdir()) == sorted(held_files(held))
-    assert not (folder / VECTORS_FILE).exists()
+    for shard in held["shards"].values():
+        folder = built / "ix" / IVF_DIR / shard["folder"]
+        assert sorted(p.name for p in folder.iterdir()) == sorted(SHARD_FILES)
     columns = index.table.schema.names
     assert "vector" not in columns and "row" in columns
     # The table has no vector index of LanceDB's: the IVF beside it is the only one.
     assert not any(ix.columns == ["vector"] for ix in index.table.list_indices())
-    # Per row: DIM / PQ_DIMS_PER_BYTE bytes of codes and faiss's 8-byte id; then the coarse
-    # centroids and the product quantizer's (256 a sub-vector). The whole index's share of
-    # the dataset at the product's sizes is in BENCHMARKS.md ("Compact indexes").
-    lists = held["lists"]
-    assert (folder / "ivf.faiss").stat().st_size \
-        <= ROWS * (DIM // PQ_DIMS_PER_BYTE + 8) + (lists + 256) * DIM * 4 + lists * 64 + 4096
-    assert _dir_bytes(built / "ix") < _dir_bytes(built / "ds")
+    assert _dir_bytes(built / "ix") < 2 * _dir_bytes(built / "ds")
 
 
 def test_searches_rank_with_the_datasets_vectors(built: Path, truth: tuple) -> None:
     keys, words, vectors = truth
     index = SenseIndex(str(built / "ix"))
     q = _queries(vectors, 40)
-    assert isinstance(index.vector_query(q[:1], k=10, columns=KEYS), HeldSearch)
+    assert isinstance(index.vector_query(q[:1], k=10, columns=KEYS), IvfSearch)
     recall = []
     for query in q:
         got = index.search(query, k=10, columns=KEYS)
@@ -149,13 +134,13 @@ def test_a_filter_leaving_many_rows_searches_the_lists(built: Path, truth: tuple
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Above EXACT_FILTER_ROWS the filtered rows are searched through the lists and the
     sketches, restricted to them: only those rows come back, nearly the exact ones."""
-    from pipeline.lookup.index import held_ivf
+    from pipeline.lookup.index import ivf_search
 
     keys, words, vectors = truth
     index = SenseIndex(str(built / "ix"))
     common = max(set(words), key=words.count)
     same = np.array([i for i, w in enumerate(words) if w == common])
-    monkeypatch.setattr(held_ivf, "EXACT_FILTER_ROWS", len(same) - 1)
+    monkeypatch.setattr(ivf_search, "EXACT_FILTER_ROWS", len(same) - 1)
     recall = []
     for query in _queries(vectors, 20, seed=5):
         got = index.search(query, k=10, words=[common], columns=[*KEYS, "token"])
@@ -163,7 +148,7 @@ def test_a_filter_leaving_many_rows_searches_the_lists(built: Path, truth: tuple
         want, _ = _exact(vectors, query, 10, same)
         recall.append(len(set(_keys(got)) & {keys[i] for i in want}) / 10)
     assert np.mean(recall) >= 0.9
-    monkeypatch.setattr(held_ivf, "EXACT_FILTER_ROWS", len(same))
+    monkeypatch.setattr(ivf_search, "EXACT_FILTER_ROWS", len(same))
     exact = index.search(query, k=10, words=[common], columns=KEYS)
     assert _keys(exact) == [keys[i] for i in want]
 
@@ -178,7 +163,7 @@ def test_occurrences_carry_the_datasets_vectors(built: Path, truth: tuple) -> No
     np.testing.assert_array_equal(got, vectors[[found[k] for k in _keys(rows)]])
 
 
-def test_a_changed_dataset_is_refused_until_built_again(built: Path, tmp_path: Path,
+def test_a_changed_dataset_is_followed_by_the_next_build(built: Path, tmp_path: Path,
                                                         truth: tuple) -> None:
     keys, _, vectors = truth
     ds = Path(shutil.copytree(built / "ds", tmp_path / "ds"))
@@ -189,11 +174,11 @@ def test_a_changed_dataset_is_refused_until_built_again(built: Path, tmp_path: P
     assert SenseIndex(str(ix)).meta.compact
     with pytest.raises(ElmoUserError, match=r"is a compact index.*--rebuild"):
         build_index(str(ds), "top", str(ix), compact=False)
-    # One of the shards the index holds is committed no more.
+    # One of the shards the index holds is committed no more: the index answers from its
+    # own vectors as it was built, until a build drops that shard.
     manifest = next((ds / "_manifest").iterdir())
     (next(manifest.glob("shard=1*"))).unlink()
-    with pytest.raises(ElmoUserError, match=r"dataset changed.*elmo index build"):
-        SenseIndex(str(ix)).search(vectors[0], k=3)
+    assert _keys(SenseIndex(str(ix)).search(vectors[0], k=1, columns=KEYS)) == [keys[0]]
     summary = build_index(str(ds), "top", str(ix))
     assert summary.removed_files == 1
     index = SenseIndex(str(ix))
@@ -209,24 +194,13 @@ def test_grown_past_scalar_codes_it_trains_product_codes(built: Path, tmp_path: 
     record, kept = uncommit_shard_1(ds)
     ix = tmp_path / "ix"
     build_index(str(ds), "top", str(ix), compact=True)
-    first = SenseIndex(str(ix)).meta.held
+    first = SenseIndex(str(ix)).meta.ivf
     assert first["codes"] == "SQ8" and first["rows"] < PQ_MIN_ROWS
     record.write_bytes(kept)
     build_index(str(ds), "top", str(ix))
-    again = SenseIndex(str(ix)).meta.held
-    assert again["rows"] == ROWS and again["codes"] == f"PQ{DIM // PQ_DIMS_PER_BYTE}"
+    again = SenseIndex(str(ix)).meta.ivf
+    assert again["rows"] == ROWS and again["codes"] == f"PQ{min(DIM, CODE_BYTES)}"
     assert again["trained_rows"] == ROWS
-
-
-def test_a_stale_ivf_is_an_error_naming_the_build(built: Path, tmp_path: Path) -> None:
-    import json
-
-    ix = Path(shutil.copytree(built / "ix", tmp_path / "ix"))
-    meta = json.loads((ix / INDEX_META).read_text())
-    meta["held"]["table_version"] -= 1
-    (ix / INDEX_META).write_text(json.dumps(meta))
-    with pytest.raises(ElmoUserError, match=r"older than its table.*elmo index build"):
-        SenseIndex(str(ix)).search(np.ones(DIM, np.float32), k=3)
 
 
 def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
@@ -261,7 +235,7 @@ def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
     assert "add --full --rebuild, or leave them out" in capsys.readouterr().err
     assert cli.main(["index", "info", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "vector index ivf" in text and "compact: codes, vectors read from the dataset" in text
+    assert "vector index ivf" in text and "compact: codes in memory, vectors in its shards" in text
     # --rebuild alone keeps the kind; --full with it makes the other.
     assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--rebuild",
                      "--no-progress"]) == 0
@@ -305,25 +279,28 @@ def test_vectors_of_rows_in_any_order(built: Path, truth: tuple) -> None:
 
 def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch,
                       truth: tuple) -> None:
-    """On an object store the folder holds no vectors file either; loaded with the
-    dataset's vectors it answers as the local one."""
+    """On an object store the shards are written whole and, when opened, copied to a local
+    folder once: the same answers as the local index."""
+    from pipeline.lookup.index.ivf_shards_build import build_shards
+
     fs = moto_fs(s3_endpoint, monkeypatch)
     fs.mkdir("compact-bucket")
     index = SenseIndex(str(built / "ix"))
-    vectors_of = vectors_from_dataset(index.meta, index.uri)
-    held = build_held(index.table, fs, "compact-bucket/ix", vectors_of=vectors_of, dim=DIM)
-    folder = f"compact-bucket/ix/_ivf/{held['folder']}"
-    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(folder, detail=False)) \
-        == sorted(held_files(held))
-    remote = HeldIvf.load(fs, folder, held["nprobe"], vectors_of)
-    local = index.held_ivf()
-    assert local is not None and remote.rows.column(ROW_ID).equals(local.rows.column(ROW_ID))
+    ds = open_dataset(index.meta.dataset)
+    meta = read_meta(str(built / "ix"))
+    meta.ivf = None
+    held = build_shards(index.table, fs, "compact-bucket/ix", meta, ds,
+                        dict(ds.shard_files("tokens")))
+    for shard in held["shards"].values():
+        folder = f"compact-bucket/ix/_ivf/{shard['folder']}"
+        assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(folder, detail=False)) \
+            == sorted(SHARD_FILES)
+    remote = ShardedIvf.load(fs, "compact-bucket/ix", held, "`elmo index build`")
+    local = index.ivf()
+    assert local is not None
     q = _queries(truth[2], 5)
-    assert remote.nearest_rows(q, 10, KEYS).equals(local.nearest_rows(q, 10, KEYS))
-    # A later build there keeps its training: read back from the bucket, emptied.
-    kept = trained_index(fs, "compact-bucket/ix", held, held["rows"], DIM, held["codes"])
-    assert kept is not None and kept.is_trained and kept.ntotal == 0
-    assert kept.nlist == held["lists"]
+    got, want = remote.nearest_rows(q, 10, KEYS), local.nearest_rows(q, 10, KEYS)
+    assert got.select(list(KEYS)).equals(want.select(list(KEYS)))
 
 
 def test_served_compact_index(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
@@ -350,14 +327,14 @@ def test_served_compact_index(tmp_path_factory: pytest.TempPathFactory, tmp_path
 
 
 def test_a_moved_dataset_is_one_error_naming_the_fix(built: Path, tmp_path: Path) -> None:
-    """A compact index whose dataset moved says where it looked and how to fix it, for a
-    search (its vectors) and for what embeds a query (the dataset's model)."""
+    """A compact index whose dataset moved searches by vector as before, and says where it
+    looked and how to fix it for what embeds a query (the dataset's model)."""
     ds, out = tmp_path / "ds", tmp_path / "ix"
     shutil.copytree(built / "ds", ds)
     build_index(str(ds), "top", str(out))
     ds.rename(tmp_path / "moved")
     fix = r"put the dataset back there, or build the index again .*--rebuild"
-    with pytest.raises(ElmoUserError, match=rf"its dataset {ds}, which is not readable.*{fix}"):
-        SenseIndex(str(out)).search(np.ones(DIM, np.float32), k=1)
+    # Its vectors are its own: a search by vector needs no dataset.
+    assert SenseIndex(str(out)).search(np.ones(DIM, np.float32), k=1).num_rows == 1
     with pytest.raises(ElmoUserError, match=rf"built from {ds}, which is not readable.*{fix}"):
         SenseIndex(str(out)).dataset_descriptor()

@@ -1,7 +1,7 @@
-"""The in-memory IVF beside a sense index (``pipeline/lookup/index/held_ivf.py``): built by
-``build_index`` from the LanceDB table, calibrated on its own rows, used for searches without
-a prefilter, checked against exact search, rebuilt when the table changes, ignored when it is
-stale, and stored on S3 (moto) as on local disk.
+"""The in-memory IVF beside a full sense index (``pipeline/lookup/index/ivf_search.py``,
+``ivf_build.py``): built by ``build_index`` from the LanceDB table, calibrated on its own
+rows, used for searches without a prefilter, checked against exact search, rebuilt when
+the table changes, ignored when it is stale, and stored on S3 (moto) as on local disk.
 """
 
 from __future__ import annotations
@@ -17,22 +17,19 @@ import pytest
 from helpers import bench_lookup, moto_fs, uncommit_shard_1
 
 from pipeline.lookup.index.build import build_index
-from pipeline.lookup.index.held_ivf import (
+from pipeline.lookup.index.ivf_build import (
     CALIBRATION_RECALL,
-    HELD_DIR,
     RETRAIN_GROWTH,
-    HeldIvf,
-    HeldSearch,
-    build_held,
+    build_ivf,
     calibrate,
     drop_other_folders,
     exact_nearest,
     probe_steps,
     trained_index,
-    unit_rows,
 )
+from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch, MemoryIvf, unit_rows
+from pipeline.lookup.index.lance_search import VectorSearch
 from pipeline.lookup.index.sense_index import INDEX_META, SenseIndex
-from pipeline.lookup.index.vector_search import VectorSearch
 
 KEYS = ("doc_id", "sent_idx", "tok_idx")
 DIM = 32
@@ -72,13 +69,13 @@ def _queries(data: dict, n: int, seed: int = 3) -> np.ndarray:
 def test_built_beside_the_table_and_used_without_a_prefilter(built: tuple[Path, dict]) -> None:
     root, data = built
     index = SenseIndex(str(root / "ix"))
-    held = index.meta.held
+    held = index.meta.ivf
     assert held is not None and held["table_version"] == index.table.version
     assert held["rows"] == 6000 and held["lists"] == 77
     assert held["recall_at_10"] >= CALIBRATION_RECALL
-    assert [p.name for p in (root / "ix" / HELD_DIR).iterdir()] == [held["folder"]]
+    assert [p.name for p in (root / "ix" / IVF_DIR).iterdir()] == [held["folder"]]
     q = _queries(data, 40)
-    assert isinstance(index.vector_query(q[:1], k=10, columns=KEYS), HeldSearch)
+    assert isinstance(index.vector_query(q[:1], k=10, columns=KEYS), IvfSearch)
     # A prefilter, or exact search, still goes to LanceDB.
     assert isinstance(index.vector_query(q[:1], k=10, words=["w1"], columns=KEYS),
                       VectorSearch)
@@ -115,9 +112,9 @@ def test_several_queries_and_full_result_columns(built: tuple[Path, dict]) -> No
             ["query_index"])
         assert part.select(one.column_names).equals(one)
     # Every result column is what LanceDB's path gives for the same row.
-    index.use_held = False
+    index.use_ivf = False
     lance = index.search(q[0], k=5, exact=True)
-    index.use_held = True
+    index.use_ivf = True
     by_key = dict(zip(_keys(lance), lance.drop_columns(["_distance"]).to_pylist(), strict=True))
     first = many.filter(pa.compute.equal(many["query_index"], 0))
     for key, row in zip(_keys(first), first.drop_columns(["_distance", "query_index"])
@@ -136,20 +133,20 @@ def test_stale_ivf_is_not_used_and_a_new_build_replaces_it(built: tuple[Path, di
     shutil.copytree(root / "ix", ix)
     meta_file = ix / INDEX_META
     meta = json.loads(meta_file.read_text())
-    old_folder = meta["held"]["folder"]
+    old_folder = meta["ivf"]["folder"]
     # A table that moved on after the IVF was made (a build stopped before its metadata).
-    meta["held"]["table_version"] -= 1
+    meta["ivf"]["table_version"] -= 1
     meta_file.write_text(json.dumps(meta))
     index = SenseIndex(str(ix))
-    assert index.held_ivf() is None
+    assert index.ivf() is None
     assert isinstance(index.vector_query(_queries(data, 1), k=10, columns=KEYS), VectorSearch)
     # The next build makes it again, in a new folder, and removes the old one.
     build_index(str(root / "ds"), "top", str(ix), kind="hnsw", compact=False)
     again = SenseIndex(str(ix))
-    assert again.meta.held["table_version"] == again.table.version
-    assert again.meta.held["folder"] != old_folder
-    assert [p.name for p in (ix / HELD_DIR).iterdir()] == [again.meta.held["folder"]]
-    assert isinstance(again.vector_query(_queries(data, 1), k=10, columns=KEYS), HeldSearch)
+    assert again.meta.ivf["table_version"] == again.table.version
+    assert again.meta.ivf["folder"] != old_folder
+    assert [p.name for p in (ix / IVF_DIR).iterdir()] == [again.meta.ivf["folder"]]
+    assert isinstance(again.vector_query(_queries(data, 1), k=10, columns=KEYS), IvfSearch)
 
 
 def test_a_missing_file_falls_back_to_lancedb_and_the_next_build_makes_it_again(
@@ -157,8 +154,8 @@ def test_a_missing_file_falls_back_to_lancedb_and_the_next_build_makes_it_again(
     root, data = built
     ix = tmp_path / "ix"
     shutil.copytree(root / "ix", ix)
-    folder = json.loads((ix / INDEX_META).read_text())["held"]["folder"]
-    (ix / HELD_DIR / folder / "ivf.faiss").unlink()
+    folder = json.loads((ix / INDEX_META).read_text())["ivf"]["folder"]
+    (ix / IVF_DIR / folder / "ivf.faiss").unlink()
     index = SenseIndex(str(ix))
     q = _queries(data, 1)
     assert isinstance(index.vector_query(q, k=10, columns=KEYS), VectorSearch)
@@ -167,8 +164,8 @@ def test_a_missing_file_falls_back_to_lancedb_and_the_next_build_makes_it_again(
     assert "in-memory IVF unreadable" in line and "elmo index build" in line
     build_index(str(root / "ds"), "top", str(ix), kind="hnsw", compact=False)
     again = SenseIndex(str(ix))
-    assert isinstance(again.vector_query(q, k=10, columns=KEYS), HeldSearch)
-    assert (ix / HELD_DIR / again.meta.held["folder"] / "ivf.faiss").exists()
+    assert isinstance(again.vector_query(q, k=10, columns=KEYS), IvfSearch)
+    assert (ix / IVF_DIR / again.meta.ivf["folder"] / "ivf.faiss").exists()
 
 
 def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
@@ -177,9 +174,9 @@ def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
 
     root, _ = built
     index = SenseIndex(str(root / "ix"))
-    held = index.meta.held
+    held = index.meta.ivf
     fs = fsspec.filesystem("file")
-    ivf = HeldIvf.load(fs, str(root / "ix" / HELD_DIR / held["folder"]), held["nprobe"])
+    ivf = MemoryIvf.load(fs, str(root / "ix" / IVF_DIR / held["folder"]), held["nprobe"])
     rng = np.random.default_rng(0)
     nprobe, recall, queries = calibrate(ivf, rng)
     assert queries == 500 and recall >= CALIBRATION_RECALL
@@ -226,12 +223,12 @@ def test_stored_on_s3(built: tuple[Path, dict], s3_endpoint: str,
     fs.mkdir("ivf-bucket")
     fs.pipe("ivf-bucket/ix/_ivf/v0-stale/ivf.faiss", b"left by a stopped build")
     index = SenseIndex(str(root / "ix"))
-    held = build_held(index.table, fs, "ivf-bucket/ix")
+    held = build_ivf(index.table, fs, "ivf-bucket/ix")
     assert held["rows"] == 6000 and held["recall_at_10"] >= CALIBRATION_RECALL
     drop_other_folders(fs, "ivf-bucket/ix", held["folder"])
     assert fs.ls("ivf-bucket/ix/_ivf", detail=False) == [f"ivf-bucket/ix/_ivf/{held['folder']}"]
-    remote = HeldIvf.load(fs, f"ivf-bucket/ix/_ivf/{held['folder']}", held["nprobe"])
-    local = index.held_ivf()
+    remote = MemoryIvf.load(fs, f"ivf-bucket/ix/_ivf/{held['folder']}", held["nprobe"])
+    local = index.ivf()
     assert local is not None and isinstance(remote.vectors, np.ndarray)
     q = _queries(data, 5)
     assert remote.nearest_rows(q, 10, KEYS).equals(local.nearest_rows(q, 10, KEYS))
@@ -248,18 +245,18 @@ def test_a_grown_table_keeps_the_training_of_its_ivf(built: tuple[Path, dict],
     ix = tmp_path / "ix"
     record, kept = uncommit_shard_1(ds)
     build_index(str(ds), "top", str(ix), kind="hnsw", compact=False)
-    first = SenseIndex(str(ix)).meta.held
+    first = SenseIndex(str(ix)).meta.ivf
     assert first is not None and first["trained_rows"] == first["rows"] < 6000
 
     def centroids(held: dict) -> np.ndarray:
-        index = faiss.read_index(str(ix / HELD_DIR / held["folder"] / "ivf.faiss"))
+        index = faiss.read_index(str(ix / IVF_DIR / held["folder"] / "ivf.faiss"))
         return index.quantizer.reconstruct_n(0, index.nlist)
 
     before = centroids(first)
     record.write_bytes(kept)  # shard 1 committed again: the table grows
     assert build_index(str(ds), "top", str(ix)).added_rows == 6000 - first["rows"]
     index = SenseIndex(str(ix))
-    again = index.meta.held
+    again = index.meta.ivf
     assert again["rows"] == 6000 and again["folder"] != first["folder"]
     assert again["trained_rows"] == first["rows"] and again["lists"] == first["lists"]
     np.testing.assert_array_equal(centroids(again), before)
@@ -276,3 +273,18 @@ def test_a_grown_table_keeps_the_training_of_its_ivf(built: tuple[Path, dict],
     assert trained_index(fs, folder_root, again, 6000, DIM, "PQ8") is None
     kept_index = trained_index(fs, folder_root, again, 6000, DIM, "SQ8")
     assert kept_index is not None and kept_index.is_trained and kept_index.ntotal == 0
+
+
+def test_metadata_written_with_held_still_reads(built: tuple[Path, dict], tmp_path: Path
+                                                ) -> None:
+    """``_elmo_index.json`` files written before the IVF's record was named ``ivf`` call it
+    ``held``: they open with their IVF as before."""
+    root, data = built
+    ix = tmp_path / "ix"
+    shutil.copytree(root / "ix", ix)
+    meta = json.loads((ix / INDEX_META).read_text())
+    meta["held"] = meta.pop("ivf")
+    (ix / INDEX_META).write_text(json.dumps(meta))
+    index = SenseIndex(str(ix))
+    assert index.meta.ivf == meta["held"] and index.ivf() is not None
+    assert isinstance(index.vector_query(_queries(data, 1), k=10, columns=KEYS), IvfSearch)

@@ -19,8 +19,9 @@ import pytest
 from helpers import bench_lookup
 
 from pipeline.lookup.index.build import build_index
-from pipeline.lookup.index.sense_index import SearchParams, SenseIndex, token_filter
-from pipeline.lookup.index.vector_search import VectorSearch
+from pipeline.lookup.index.lance_search import VectorSearch
+from pipeline.lookup.index.meta import SearchParams
+from pipeline.lookup.index.sense_index import SenseIndex, token_filter
 
 KEYS = ("doc_id", "sent_idx", "tok_idx")
 DIM = 32
@@ -79,11 +80,11 @@ def test_settings_reach_the_search(index: SenseIndex) -> None:
 def test_sense_index_search_uses_it(index: SenseIndex) -> None:
     """With its in-memory IVF set aside (tests/lookup/test_held_ivf.py covers that path),
     every search goes this way."""
-    index.use_held = False
+    index.use_ivf = False
     try:
         _searches_use_it(index)
     finally:
-        index.use_held = True
+        index.use_ivf = True
 
 
 def _searches_use_it(index: SenseIndex) -> None:

@@ -148,7 +148,7 @@ def test_stored_mix_round_trip_and_unknown_mix(dataset: Path, tmp_path: Path) ->
 
 def test_mix_files_written_before_token_norm_still_load(dataset: Path, tmp_path: Path) -> None:
     """Mix files and index metadata used to call the per-token normalisation layer_norm."""
-    from pipeline.lookup.index.sense_index import IndexMeta
+    from pipeline.lookup.index.meta import IndexMeta
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -329,7 +329,8 @@ def test_refresh_index_adds_only_the_files_it_is_given(
 def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
     from pipeline.lookup.index.build import build_index
-    from pipeline.lookup.index.sense_index import SearchParams, SenseIndex
+    from pipeline.lookup.index.meta import SearchParams
+    from pipeline.lookup.index.sense_index import SenseIndex
 
     ds_copy = tmp_path / "ds"
     shutil.copytree(dataset, ds_copy)
@@ -362,7 +363,7 @@ def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
 
 
 def test_search_params_follow_index_size() -> None:
-    from pipeline.lookup.index.sense_index import LARGE_INDEX_ROWS, SearchParams
+    from pipeline.lookup.index.meta import LARGE_INDEX_ROWS, SearchParams
 
     small, large = SearchParams.for_rows(100_000), SearchParams.for_rows(LARGE_INDEX_ROWS)
     assert (small.nprobes, small.ef, small.refine_factor) == (20, 150, 5)

@@ -114,20 +114,20 @@ def test_an_index_with_an_in_memory_ivf_answers_from_it(data: Served, tmp_path: 
     searches without a word from it as the CLI function does, and batched answers equal
     one-at-a-time ones."""
     from pipeline.lookup.index.build import build_index
-    from pipeline.lookup.index.held_ivf import HeldSearch
+    from pipeline.lookup.index.ivf_search import IvfSearch
     from pipeline.lookup.index.sense_index import SenseIndex
     from pipeline.lookup.senses.search import search_senses
 
     graph = Served(data.dataset, tmp_path / "graph")
     build_index(str(data.dataset), "top", str(graph.index), kind="hnsw", compact=False)
     ix = SenseIndex(str(graph.index))
-    assert ix.meta.held is not None
-    assert isinstance(ix.vector_query(np.ones((1, ix.meta.dim), np.float32), k=5), HeldSearch)
+    assert ix.meta.ivf is not None
+    assert isinstance(ix.vector_query(np.ones((1, ix.meta.dim), np.float32), k=5), IvfSearch)
     bodies = [{"sentence": s, "word": w, "k": 6, "any_word": True} for s, w in QUERIES]
     with running_server(graph, log=tmp_path / "server.log") as url, \
             httpx.Client(base_url=url, timeout=60) as graph_client:
         [info] = graph_client.get("/info").json()["indexes"]
-        assert info["vector_index"] == "hnsw" and info["in_memory_ivf"] == ix.meta.held
+        assert info["vector_index"] == "hnsw" and info["in_memory_ivf"] == ix.meta.ivf
         alone = [search(graph_client, **body)["hits"] for body in bodies]
         for (sentence, word), got in zip(QUERIES, alone, strict=True):
             want = search_senses(ix, sentence, word, k=6, match="any")

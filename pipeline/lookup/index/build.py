@@ -16,22 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.doc_fields import field_kinds, indexable_fields, read_documents
-from pipeline.lookup.index.held_ivf import (
-    RETRAIN_GROWTH,
-    build_held,
-    current,
-    drop_other_folders,
-    present,
-)
-from pipeline.lookup.index.progress import phase, rows_bar
-from pipeline.lookup.index.rows import (
-    BuildSummary,
-    IndexTables,
-    documents_of,
-    file_rows,
-    shard_filter,
-)
-from pipeline.lookup.index.sense_index import (
+from pipeline.lookup.index.ivf_build import RETRAIN_GROWTH, build_ivf, drop_other_folders
+from pipeline.lookup.index.ivf_search import current, present
+from pipeline.lookup.index.ivf_shards import ivf_folders, shards_current
+from pipeline.lookup.index.ivf_shards_build import build_shards
+from pipeline.lookup.index.meta import (
     HNSW_MIN_ROWS,
     INDEX_KINDS,
     INDEX_META,
@@ -47,11 +36,23 @@ from pipeline.lookup.index.sense_index import (
     SearchParams,
     lance_options,
     read_meta,
-    stem_words,
+)
+from pipeline.lookup.index.progress import phase, rows_bar
+from pipeline.lookup.index.rows import (
+    BuildSummary,
+    IndexTables,
+    documents_of,
+    file_rows,
+    shard_filter,
 )
 from pipeline.lookup.index.sentences import SENTENCE_KEY, SENTENCES_TABLE
-from pipeline.lookup.index.vectors import vectors_from_dataset
-from pipeline.lookup.index.words import WordSelection, read_selected, resolve, write_selected
+from pipeline.lookup.index.words import (
+    WordSelection,
+    read_selected,
+    resolve,
+    stem_words,
+    write_selected,
+)
 from schemas.dataset import Dataset, open_dataset, open_fs
 from schemas.mix_specs import Mix
 
@@ -290,18 +291,21 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
         meta.counted_rows = meta.rows
     fs, root = open_fs(out, storage_options)
     if meta.built == "flat":
-        meta.held = None
-    elif not (current(meta.held, table.version) and present(fs, root, meta.held)):
-        # The table changed (or never had one): the in-memory IVF follows it. A compact
-        # index's vectors are read from the dataset, as its readers will read them.
-        vectors_of = vectors_from_dataset(meta, out, storage_options) if meta.compact \
-            else None
-        meta.held = summary.held = build_held(table, fs, root, show_progress, vectors_of,
-                                              meta.dim, previous=meta.held)
+        meta.ivf = None
+    elif meta.compact:
+        if not shards_current(fs, root, meta.ivf, meta.indexed):
+            ds = open_dataset(meta.dataset, storage_options)
+            meta.ivf = summary.ivf = build_shards(
+                table, fs, root, meta, ds, dict(ds.shard_files("tokens")), show_progress)
+        meta.ivf["table_version"] = table.version
+    elif not (current(meta.ivf, table.version) and present(fs, root, meta.ivf)):
+        # The table changed (or never had one): the in-memory IVF follows it.
+        meta.ivf = summary.ivf = build_ivf(table, fs, root, show_progress,
+                                              previous=meta.ivf)
     summary.seconds_index = time.perf_counter() - t0
     summary.rows, summary.built = meta.rows, meta.built
     _write_meta(out, meta, storage_options)
-    drop_other_folders(fs, root, meta.held["folder"] if meta.held else None)
+    drop_other_folders(fs, root, ivf_folders(meta.ivf))
     return summary
 
 

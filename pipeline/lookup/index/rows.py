@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.doc_fields import index_field_arrays, quote, read_documents
-from pipeline.lookup.index.sense_index import TABLE, VECTOR_DTYPE, IndexMeta, stem_words
+from pipeline.lookup.index.meta import TABLE, VECTOR_DTYPE, IndexMeta
 from pipeline.lookup.index.sentences import SENTENCES_TABLE, join_in_row_order, sentence_rows
-from pipeline.lookup.index.words import keep_mask
+from pipeline.lookup.index.words import keep_mask, stem_words
 from pipeline.lookup.layers.mixes import iter_mixed
 from pipeline.lookup.layers.tokens import check_layers
 from schemas.dataset import Dataset
@@ -39,14 +39,18 @@ class BuildSummary:
     seconds_read: float = 0.0
     seconds_add: float = 0.0
     seconds_index: float = 0.0
-    held: dict | None = None  # IndexMeta.held when this build made the in-memory IVF
+    ivf: dict | None = None  # IndexMeta.ivf when this build made the in-memory IVF
 
     def line(self) -> str:
         total = self.seconds_read + self.seconds_add + self.seconds_index
-        ivf = "" if self.held is None else (
-            f"; in-memory IVF: {self.held['nprobe']} of {self.held['lists']} lists probed, "
-            f"recall@10 {self.held['recall_at_10']:.3f} on "
-            f"{self.held['calibration_queries']} stored rows")
+        ivf = "" if self.ivf is None else (
+            f"; in-memory IVF: {self.ivf['nprobe']} of {self.ivf['lists']} lists probed, "
+            f"recall@10 {self.ivf['recall_at_10']:.3f} on "
+            f"{self.ivf['calibration_queries']} stored rows")
+        if self.ivf is not None and self.ivf["recall_at_10"] < RECALL_PROMISED:
+            ivf += (f". That is below {RECALL_PROMISED}: more probes found no more of the "
+                    "exact neighbours; searches that must find them all pass exact=True "
+                    "(`elmo senses search --exact`), which ranks every row")
         return (f"index {self.out}: +{self.added_rows} rows from {self.added_files} shard "
                 f"files ({self.skipped_files} already in, {self.removed_files} removed), "
                 f"{self.rows} rows, vector index {self.built}; {total:.1f} s (mix+read "
@@ -78,6 +82,8 @@ def shard_filter(key: str) -> str:
     return f"part = {quote(part)} AND shard = {shard}"
 
 
+# What a search's recall@10 is promised to reach; a build that measures less says so.
+RECALL_PROMISED = 0.95
 ADD_BYTES = 256 << 20  # float32 vectors per LanceDB add: bounds memory for any shard size
 
 

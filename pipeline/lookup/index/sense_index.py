@@ -38,7 +38,7 @@ vectors: its rows hold ``row`` (the token's row in its shard's tokens file) in p
 ``vector``, the in-memory IVF beside it holds product-quantized codes, and a process that
 opens it mixes the rows' vectors from the dataset (``index_vectors``) to rank candidates
 exactly. It answers every search from that IVF (a filter is applied by LanceDB, whose
-passing rows are then ranked: ``held_ivf.EXACT_FILTER_ROWS``), needs its dataset readable
+passing rows are then ranked: ``ivf_search.EXACT_FILTER_ROWS``), needs its dataset readable
 and unchanged since the last build, and costs about a tenth of a layout-2 index
 (BENCHMARKS.md, "Compact indexes"). Indexes of layout 2
 (``LAYOUT``) store float16 vectors and each sentence once (``index_sentences``), and may
@@ -49,10 +49,8 @@ columns).
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
@@ -63,7 +61,22 @@ from pipeline.lookup.doc_fields import (
     field_column,
     quote,
 )
-from pipeline.lookup.index.held_ivf import HELD_DIR, HeldIvf, HeldSearch, current
+from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch, MemoryIvf, current
+from pipeline.lookup.index.ivf_shards import ShardedIvf, is_sharded
+from pipeline.lookup.index.lance_search import VectorSearch
+from pipeline.lookup.index.meta import (
+    EXACT_FILTER_VALUES,
+    HELD_SENTENCES_MAX,
+    INDEX_META,
+    MAX_JOIN_IDS,
+    RESULT_COLUMNS,
+    STEMMER,
+    TABLE,
+    WORD_COUNTS,
+    lance_options,
+    moved_dataset_fix,
+    read_meta,
+)
 from pipeline.lookup.index.sentences import (
     SENTENCE_KEY,
     SENTENCES_TABLE,
@@ -71,14 +84,9 @@ from pipeline.lookup.index.sentences import (
     with_held_sentences,
     with_sentences,
 )
-from pipeline.lookup.index.vector_search import VectorSearch
 
 # Words as the index's columns store them (stem_words: importable from here as before).
-from pipeline.lookup.index.words import (
-    WordSelection,
-    column_words,
-    token_filter,
-)
+from pipeline.lookup.index.words import column_words, token_filter
 from pipeline.lookup.index.words import stem_words as stem_words
 from schemas.dataset import open_dataset, open_fs, read_dataset_descriptor
 from schemas.mix_specs import Mix
@@ -88,133 +96,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from schemas import DatasetDescriptor
-
-INDEX_META = "_elmo_index.json"
-# token_lower -> rows, so that routing a filtered query (exact or graph) costs no query.
-WORD_COUNTS = "_word_counts.parquet"
-INDEX_FORMAT = "elmo-store/sense-index"
-TABLE = "tokens"
-HNSW_MIN_ROWS = 50_000
-# A prefilter leaving at most this many floats (rows x dim) is answered by an exact scan
-# of those rows: 2,000 rows at 256-d, 500 at 1024-d. At 1M x 1024 an exact scan of 500-2,000
-# rows cost several times the prefiltered graph search, which still finds 0.98
-# (BENCHMARKS.md, "Prefilter routing").
-EXACT_FILTER_VALUES = 512_000
-# A filter on a field the index lacks becomes "doc_id IN (...)" of at most this many ids.
-MAX_JOIN_IDS = 100_000
-# A server holds the sentence texts of an index of at most this many sentences in memory
-# (about 200 bytes each with their keys): its answers then read no sentences table.
-HELD_SENTENCES_MAX = 2_000_000
-# From this many rows on, fewer partitions are probed (see SearchParams.for_rows).
-LARGE_INDEX_ROWS = 300_000
-INDEX_KINDS = ("auto", "hnsw", "flat")
-# What a new index is made as unless told (--full / --compact, a job's index_compact): a
-# compact one is 0.3-0.4x its dataset's bytes where a full one is 3.3-3.5x, at the same
-# recall@10, and builds 1.7-2.5x faster; it opens slower (the vectors are read from the
-# dataset) and needs the dataset readable. BENCHMARKS.md, "Compact indexes".
-NEW_INDEX_COMPACT = True
-RESULT_COLUMNS = ["token", "doc_id", "sent_idx", "tok_idx", "sentence", "start", "end", "part",
-                  "shard"]
-# Fills token_stem. Recorded in the index: matching a word's forms at query time needs the
-# stems the build stored, so an index without them (or with another stemmer's) is rebuilt.
-STEMMER = "snowball-english"
-SCALAR_COLUMNS = ("token", "token_lower", "token_stem")
-# 2: vectors stored as VECTOR_DTYPE, sentence text in its own table (sentences.py);
-# 1: float32 vectors and the sentence text in every token row (read as it is).
-LAYOUT = 2
-# float16 halves the stored vectors and keeps recall@10 (BENCHMARKS.md, "Index size").
-VECTOR_DTYPE = "float16"
-VECTOR_DTYPES = ("float16", "float32")
-
-
-@dataclass
-class SearchParams:
-    """Query-time knobs of the HNSW index, chosen by bench/lookup.py (the measurements are
-    in BENCHMARKS.md, "LanceDB sense index")."""
-
-    nprobes: int = 20
-    ef: int = 150  # over 100: about one point of recall@10 at 100k and 1M rows
-    # Re-rank k x refine_factor candidates with the full vectors: the scalar quantizer's
-    # error alone costs 3-4 points of recall@10.
-    refine_factor: int | None = 5
-
-    @classmethod
-    def for_rows(cls, rows: int) -> SearchParams:
-        """The defaults for an index of ``rows`` vectors.
-
-        A query costs a fixed part plus a part per probed partition, whatever the
-        partition size, while the share of partitions a query must probe for recall@10
-        >= 0.95 falls as they multiply (0.3 sqrt(n) of them): 20 of ~100 at 100k rows,
-        10 of 300 at 1M (BENCHMARKS.md has the table)."""
-        return cls(nprobes=10) if rows >= LARGE_INDEX_ROWS else cls()
-
-
-@dataclass
-class IndexMeta:
-    dataset: str
-    model_fingerprint: str
-    mix: dict[str, Any]
-    mix_name: str
-    dim: int
-    kind: str = "auto"
-    built: str = "flat"  # what exists now: flat or hnsw
-    num_partitions: int | None = None
-    trained_rows: int = 0  # rows when the vector index was last trained
-    m: int = 20
-    ef_construction: int = 300
-    search: SearchParams = field(default_factory=SearchParams)
-    search_auto: bool = True  # search follows the index size (False: set by the user)
-    indexed: list[str] = field(default_factory=list)  # part/shard=k/run_id keys
-    rows: int = 0
-    counted_rows: int = 0  # rows when WORD_COUNTS was written (0: not written)
-    stemmer: str = ""  # what filled token_stem ("": built before stems were stored)
-    # Metadata fields stored as meta_<name> columns, name -> int/float/string (None: built
-    # before document fields were stored, so rows lack even ``source``).
-    doc_fields: dict[str, str] | None = None
-    layout: int = 1  # LAYOUT of the rows (1: written before the field existed)
-    vector_dtype: str = "float32"
-    words: dict[str, Any] | None = None  # WordSelection.to_json (None: every word)
-    # The in-memory IVF made beside the table (held_ivf.build_held; None: not made).
-    held: dict[str, Any] | None = None
-    compact: bool = False  # vectors read from the dataset, quantized codes in the IVF
-    format: str = INDEX_FORMAT
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> IndexMeta:
-        data = json.loads(text)
-        if data.get("format") != INDEX_FORMAT:
-            raise ElmoUserError("not an elmo-store sense index")
-        data["search"] = SearchParams(**data.get("search", {}))
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    def the_mix(self) -> Mix:
-        return Mix.from_json(self.mix_name, self.mix)
-
-    def selection(self) -> WordSelection:
-        return WordSelection.from_json(self.words)
-
-
-def read_meta(out: str, storage_options: dict | None = None) -> IndexMeta | None:
-    fs, root = open_fs(out, storage_options)
-    try:
-        with fs.open(f"{root}/{INDEX_META}", "rb") as handle:
-            return IndexMeta.from_json(handle.read().decode())
-    except FileNotFoundError:
-        return None
-
-
-def lance_options(storage_options: dict | None) -> dict[str, str] | None:
-    return {k: str(v) for k, v in storage_options.items()} if storage_options else None
-
-
-def moved_dataset_fix(mix_name: str, uri: str) -> str:
-    """What to do when the dataset of the index at ``uri`` is not where the index says."""
-    return (f"put the dataset back there, or build the index again from where it is now "
-            f"(`elmo index build DATASET --mix {mix_name} --out {uri} --rebuild`)")
 
 
 class SenseIndex:
@@ -231,6 +112,11 @@ class SenseIndex:
         self.storage_options = storage_options
         db = lancedb.connect(uri, storage_options=lance_options(storage_options))
         self.table = db.open_table(TABLE)
+        made = (meta.ivf or {}).get("table_version") if is_sharded(meta.ivf) else None
+        if made is not None and self.table.version != made:
+            # A build stopped after changing the table, before its metadata: the table
+            # as the IVF was made from it.
+            self.table.checkout(made)
         # Layout 2 keeps each sentence once, in a table of its own; layout 1 in every row.
         self.sentences = db.open_table(SENTENCES_TABLE) if meta.layout >= 2 else None
         self._held_texts: dict[tuple[str, int], str] | None = None
@@ -238,61 +124,71 @@ class SenseIndex:
         self._counts: pa.Table | None = None
         self._counts_read = False
         self._documents: DocumentTable | None = None
-        self._held: HeldIvf | None = None
-        self._held_tried = False
+        self._ivf: MemoryIvf | None = None
+        self._ivf_tried = False
         # False: every search goes to LanceDB (benchmarks compare the two paths).
-        self.use_held = True
+        self.use_ivf = True
 
-    def held_ivf(self) -> HeldIvf | None:
+    def ivf(self) -> MemoryIvf | None:
         """The in-memory IVF (loaded on first use), or None when the index has none, its
         table changed after it was made, or its files cannot be read (then LanceDB answers,
         and one line on stderr says how to make it again). A compact index's has no
         fallback: those cases are errors (``_compact_ivf``)."""
         if self.meta.compact:
             return self._compact_ivf()
-        if not self._held_tried:
-            self._held_tried = True
-            held = self.meta.held
+        if not self._ivf_tried:
+            self._ivf_tried = True
+            held = self.meta.ivf
             if held is not None and current(held, self.table.version):
                 fs, root = open_fs(self.uri, self.storage_options)
-                folder = f"{root}/{HELD_DIR}/{held['folder']}"
+                folder = f"{root}/{IVF_DIR}/{held['folder']}"
                 try:
-                    self._held = HeldIvf.load(fs, folder, held["nprobe"])
+                    self._ivf = MemoryIvf.load(fs, folder, held["nprobe"])
                 except (OSError, RuntimeError, ValueError) as error:
                     print(f"elmo: {self.uri}: in-memory IVF unreadable ({error}); searching "
                           f"with LanceDB. `elmo index build {self.meta.dataset} --mix "
                           f"{self.meta.mix_name} --out {self.uri}` makes it again",
                           file=sys.stderr)
-        return self._held
+        return self._ivf
 
-    def _compact_ivf(self) -> HeldIvf:
+    def _compact_ivf(self) -> MemoryIvf:
         """A compact index's IVF, with its vectors read from the dataset (on first use);
         it has no other way to search, so what stops it is an error naming the fix."""
-        if self._held is None:
+        if self._ivf is None:
             from pipeline.lookup.index.vectors import vectors_from_dataset
 
-            held, rebuild = self.meta.held, (
+            held, rebuild = self.meta.ivf, (
                 f"`elmo index build {self.meta.dataset} --mix {self.meta.mix_name} --out "
-                f"{self.uri}` makes it again")
+                f"{self.uri}`")
+            if is_sharded(held):
+                fs, root = open_fs(self.uri, self.storage_options)
+                self._ivf = ShardedIvf.load(fs, root, held, rebuild)
+                return self._ivf
+            rebuild += " makes it again"
             if held is None or not current(held, self.table.version):
                 raise ElmoUserError(f"{self.uri}: the compact index's IVF is missing or older "
                                     f"than its table (a build stopped half way); {rebuild}")
             fs, root = open_fs(self.uri, self.storage_options)
             vectors_of = vectors_from_dataset(self.meta, self.uri, self.storage_options)
             try:
-                self._held = HeldIvf.load(fs, f"{root}/{HELD_DIR}/{held['folder']}",
+                self._ivf = MemoryIvf.load(fs, f"{root}/{IVF_DIR}/{held['folder']}",
                                           held["nprobe"], vectors_of)
             except (OSError, RuntimeError, ValueError) as error:
                 raise ElmoUserError(f"{self.uri}: the compact index's IVF is unreadable "
                                     f"({error}); {rebuild}") from error
-        return self._held
+        return self._ivf
 
     def _compact_positions(self, where: str) -> np.ndarray:
         """Positions in the compact IVF of the rows that pass ``where``."""
         # One small column: an empty selection would read them all.
+        ivf = self._compact_ivf()
+        if isinstance(ivf, ShardedIvf):
+            keys = (self.table.search().where(where).select(["part", "shard", "row"])
+                    .limit(max(1, self.meta.rows)).to_arrow())
+            return ivf.positions_of_keys(keys)
         rows = (self.table.search().where(where).select(["shard"]).with_row_id(True)
                 .limit(max(1, self.meta.rows)).to_arrow())
-        return self._compact_ivf().positions_of(rows.column("_rowid").to_numpy())
+        return ivf.positions_of(rows.column("_rowid").to_numpy())
 
     def stored(self, columns: Sequence[str]) -> list[str]:
         """``columns`` the token rows hold (``sentence`` comes from the sentences table)."""
@@ -450,11 +346,11 @@ class SenseIndex:
     def vector_query(self, vectors: np.ndarray, k: int = 10,
                      words: Sequence[str] | None = None, exact: bool = False,
                      columns: Sequence[str] = RESULT_COLUMNS, forms: bool = False,
-                     where: str | None = None) -> VectorSearch | HeldSearch:
+                     where: str | None = None) -> VectorSearch | IvfSearch:
         """The search ``search`` runs, for ``[n, dim]`` query vectors (``to_arrow`` runs
         it): with more than one, they are answered in one call with a ``query_index``
         column. Without a prefilter it goes to the in-memory IVF when the index has one
-        (``held_ivf``), else to LanceDB."""
+        (``ivf``), else to LanceDB."""
         import numpy as np
 
         if forms and words:
@@ -472,7 +368,7 @@ class SenseIndex:
         if self.meta.compact:
             where = " AND ".join(f"({w})" for w in (word_where, where) if w) or None
             among = None if where is None else self._compact_positions(where)
-            return HeldSearch(self._compact_ivf(), vectors, k, tuple(self.stored(columns)),
+            return IvfSearch(self._compact_ivf(), vectors, k, tuple(self.stored(columns)),
                               self.completed(columns), among=among, exact=exact)
         if where is not None:
             # Rows the whole filter leaves (a count query: the word counts do not know it).
@@ -484,10 +380,10 @@ class SenseIndex:
                 <= EXACT_FILTER_VALUES
         graph = not (exact or self.meta.built != "hnsw" or small)
         stored = tuple(self.stored(columns))
-        if graph and where is None and self.use_held:
-            held = self.held_ivf()
+        if graph and where is None and self.use_ivf:
+            held = self.ivf()
             if held is not None and held.holds(stored):
-                return HeldSearch(held, vectors, k, stored, self.completed(columns))
+                return IvfSearch(held, vectors, k, stored, self.completed(columns))
         return VectorSearch(self.table, vectors, k, stored, where,
                             self.meta.search if graph else None, self.completed(columns))
 
@@ -514,10 +410,18 @@ class SenseIndex:
         the IVF's (the dataset's), as a ``vector`` column of the dataset's dtype."""
         import pyarrow as pa
 
-        rows = (self.table.search().where(where).select(list(columns)).with_row_id(True)
-                .limit(limit).to_arrow())
         held = self._compact_ivf()
-        vectors = held.vectors[held.positions_of(rows.column("_rowid").to_numpy())]
-        return rows.drop_columns(["_rowid"]).append_column(
+        if isinstance(held, ShardedIvf):
+            keys = [c for c in ("part", "shard", "row") if c not in columns]
+            rows = (self.table.search().where(where).select([*columns, *keys])
+                    .limit(limit).to_arrow())
+            vectors = held.vectors[held.positions_of_keys(rows)]
+            rows = rows.drop_columns(keys)
+        else:
+            rows = (self.table.search().where(where).select(list(columns))
+                    .with_row_id(True).limit(limit).to_arrow())
+            vectors = held.vectors[held.positions_of(rows.column("_rowid").to_numpy())]
+            rows = rows.drop_columns(["_rowid"])
+        return rows.append_column(
             "vector", pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)),
                                                         held.dim))

@@ -45,7 +45,7 @@ def fetch_sentences(table: Any, keys: pa.Table) -> pa.Table:
     sentences table ``table``)."""
     import pyarrow as pa
 
-    from pipeline.lookup.index.vector_search import run_async
+    from pipeline.lookup.index.lance_search import run_async
 
     distinct = keys.select(list(SENTENCE_KEY)).group_by(list(SENTENCE_KEY)).aggregate([])
     columns = [*SENTENCE_KEY, "text"]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from pipeline.lookup.index.sense_index import IndexMeta
+    from pipeline.lookup.index.meta import IndexMeta
 
 # The columns of an index row that say where its vector is in the dataset.
 KEY_COLUMNS = ("part", "shard", "row")
@@ -111,10 +111,10 @@ def _is_run(positions: np.ndarray) -> bool:
 
 def vectors_from_dataset(meta: IndexMeta, uri: str, storage_options: dict | None = None
                          ) -> Callable[[pa.Table], np.ndarray]:
-    """What gives the vectors of a compact index's rows (``HeldIvf.load``, ``build_held``):
+    """What gives the vectors of a compact index's rows (``MemoryIvf.load``, ``build_ivf``):
     its dataset opened and checked now (same model, every file it holds still committed),
     read when called."""
-    from pipeline.lookup.index.sense_index import moved_dataset_fix
+    from pipeline.lookup.index.meta import moved_dataset_fix
     from schemas.dataset import open_dataset
 
     fix = (f"bring the index up to date with `elmo index build {meta.dataset} --mix "

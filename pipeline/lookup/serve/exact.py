@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.lookup.index.held_ivf import unit_rows
+from pipeline.lookup.index.ivf_search import unit_rows
 from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex
 from pipeline.lookup.layers.tokens import matrix
 from pipeline.lookup.senses.search import Hit

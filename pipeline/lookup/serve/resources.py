@@ -61,7 +61,7 @@ class ServedStore:
                 raise ElmoUserError(f"{uri} indexes a dataset of another model than "
                                     f"{dataset}; serve it with its own dataset")
             ix.hold_sentences()  # results then take their sentence texts from memory
-            ix.held_ivf()  # loaded now, not on the first search without a word
+            ix.ivf()  # loaded now, not on the first search without a word
             indexes[name] = ix
         options, weights = model_files_for(ds.descriptor, model_dir)
         embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
@@ -118,7 +118,7 @@ class ServedStore:
                          "mix_weights": ix.mix.weights, "rows": ix.meta.rows,
                          "words": _vocabulary_size(ix), "vector_index": ix.meta.built,
                          # What answers searches without a word (None: LanceDB).
-                         "in_memory_ivf": ix.meta.held if ix.held_ivf() is not None else None}
+                         "in_memory_ivf": ix.meta.ivf if ix.ivf() is not None else None}
                         for name, ix in self.indexes.items()],
         }
 

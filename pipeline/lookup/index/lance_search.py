@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from pipeline.lookup.index.sense_index import SearchParams
+    from pipeline.lookup.index.meta import SearchParams
 
 DISTANCE = "cosine"
 DISTANCE_COLUMN = "_distance"

@@ -1,0 +1,229 @@
+"""A compact sense index at corpus scale: build memory and time, open time, serving memory,
+p50 and recall@10, each in a fresh process so that peak RSS is the phase's own.
+
+    .venv/bin/python bench/index_scale.py build --dataset D --out IX      # elmo index build
+    .venv/bin/python bench/index_scale.py open --index IX                  # open + 1 search
+    .venv/bin/python bench/index_scale.py search --index IX --queries 200  # p50, recall@10
+    .venv/bin/python bench/index_scale.py cli --index IX --word the        # elmo senses search
+    .venv/bin/python bench/index_scale.py lance-pq --index IX --out T      # LanceDB IVF_PQ
+    .venv/bin/python bench/index_scale.py serve --index IX                 # elmo serve
+
+``build`` and ``cli`` run the product's command as a child and report its peak RSS and
+CPU seconds (``getrusage`` of the children). ``search`` takes stored rows as queries (each
+left in: its own row is a true neighbour) and measures recall@10 against an exact scan of
+every row's vector, read from the index's vector files in blocks (memory stays flat), and
+the p50 of the default search (keys only). ``lance-pq`` writes the same vectors into a
+LanceDB table with LanceDB's own IVF_PQ index on disk and measures the same queries there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ELMO = str(Path(sys.executable).with_name("elmo"))
+KEYS = ["part", "shard", "row"]
+
+
+def child(cmd: list[str], quiet: bool = False) -> dict[str, float]:
+    """Run ``cmd``; its wall seconds, CPU seconds and peak RSS (GB)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if quiet else None)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "peak_rss_gb": round(after.ru_maxrss / 2**20, 2)}
+
+
+def rss_gb() -> float:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 2**20
+    return 0.0
+
+
+def exact_truth(vectors, queries: np.ndarray, k: int, block: int = 65_536) -> np.ndarray:
+    """Positions of each unit query's ``k`` nearest rows by exact cosine, a block at a time."""
+    from pipeline.lookup.index.ivf_build import exact_nearest
+
+    return exact_nearest(vectors, queries, k, np.full(len(queries), -1, np.int64))
+
+
+def cmd_search(args: argparse.Namespace) -> dict:
+    from pipeline.lookup.index.ivf_search import unit_rows
+    from pipeline.lookup.index.sense_index import SenseIndex
+
+    t0 = time.perf_counter()
+    ix = SenseIndex(args.index)
+    ivf = ix.ivf()
+    rows = len(ivf.vectors)
+    picks = np.sort(np.random.default_rng(args.seed).choice(rows, args.queries, replace=False))
+    queries = unit_rows(ivf.vectors[picks])
+    truth = exact_truth(ivf.vectors, queries, args.k)
+    ivf.search(queries[:1], args.k)  # codes loaded
+    opened = time.perf_counter() - t0
+    times, recalls = [], []
+    for i in range(len(queries)):
+        t0 = time.perf_counter()
+        found, _ = ivf.search(queries[i:i + 1], args.k)
+        times.append((time.perf_counter() - t0) * 1000)
+        recalls.append(len(set(found[0].tolist()) & set(truth[i].tolist())) / args.k)
+    return {"rows": rows, "recall_at_10": round(statistics.fmean(recalls), 4),
+            "p50_ms": round(float(np.percentile(times, 50)), 2),
+            "p95_ms": round(float(np.percentile(times, 95)), 2),
+            "nprobe": ivf.nprobe, "lists": ivf.index.nlist,
+            "setup_s_incl_truth": round(opened, 1), "rss_gb": round(rss_gb(), 2)}
+
+
+def cmd_open(args: argparse.Namespace) -> dict:
+    t0 = time.perf_counter()
+    from pipeline.lookup.index.sense_index import SenseIndex
+
+    imported = time.perf_counter()
+    ix = SenseIndex(args.index)
+    ivf = ix.ivf()
+    opened = time.perf_counter()
+    query = np.asarray(ivf.vectors[[0]], np.float32)
+    ix.vector_query(query, k=10).to_arrow()
+    searched = time.perf_counter()
+    return {"import_s": round(imported - t0, 2), "open_s": round(opened - imported, 2),
+            "first_search_s": round(searched - opened, 2), "rss_gb": round(rss_gb(), 2),
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                                 2)}
+
+
+def cmd_serve(args: argparse.Namespace) -> dict:
+    """``elmo serve DATASET --index IX``: seconds from start to its first sense search
+    answered, and its RSS then and after ``--queries`` more."""
+    import httpx
+
+    from pipeline.lookup.index.meta import read_meta
+
+    dataset = read_meta(args.index).dataset
+    t0 = time.perf_counter()
+    server = subprocess.Popen([ELMO, "serve", dataset, "--index", args.index, "--port",
+                               str(args.port), "--no-verify"], stderr=subprocess.DEVNULL)
+    ask = {"sentence": "It was a truth universally acknowledged", "word": args.word, "k": 10}
+    try:
+        while True:
+            try:
+                answer = httpx.post(f"http://127.0.0.1:{args.port}/senses/search", json=ask,
+                                    timeout=60)
+                if answer.status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.perf_counter() - t0 > 300:
+                raise RuntimeError("the server stopped or never answered")
+            time.sleep(0.1)
+        first = time.perf_counter() - t0
+        rss_first = _rss_of(server.pid)
+        for _ in range(args.queries):
+            httpx.post(f"http://127.0.0.1:{args.port}/senses/search",
+                       json={**ask, "any_word": True}, timeout=60)
+        return {"first_answer_s": round(first, 1), "rss_gb_first": rss_first,
+                "rss_gb_after": _rss_of(server.pid)}
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def _rss_of(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 2**20, 2)
+    return 0.0
+
+
+def cmd_lance_pq(args: argparse.Namespace) -> dict:
+    """LanceDB's IVF_PQ over the same vectors, on disk: build, p50 and recall@10."""
+    import lancedb
+    import pyarrow as pa
+    from lancedb.index import IvfPq
+
+    from pipeline.lookup.index.ivf_search import unit_rows
+    from pipeline.lookup.index.sense_index import SenseIndex
+
+    ivf = SenseIndex(args.index).ivf()
+    rows, dim = ivf.vectors.shape
+    db = lancedb.connect(args.out)
+    t0 = time.perf_counter()
+    table = None
+    for start in range(0, rows, 65_536):
+        block = np.asarray(ivf.vectors.read(start, start + 65_536), np.float32)
+        batch = pa.table({"pos": pa.array(np.arange(start, start + len(block))),
+                          "vector": pa.FixedSizeListArray.from_arrays(
+                              pa.array(block.reshape(-1)), dim)})
+        if table is None:
+            table = db.create_table("v", data=batch, mode="overwrite")
+        else:
+            table.add(batch)
+    written = time.perf_counter()
+    table.create_index("vector", config=IvfPq(distance_type="cosine",
+                                              num_sub_vectors=args.sub_vectors))
+    built = time.perf_counter()
+    picks = np.sort(np.random.default_rng(args.seed).choice(rows, args.queries, replace=False))
+    queries = unit_rows(ivf.vectors[picks])
+    truth = exact_truth(ivf.vectors, queries, 10)
+    times, recalls = [], []
+    for i, query in enumerate(queries):
+        t0 = time.perf_counter()
+        found = (table.search(query).distance_type("cosine").nprobes(args.nprobes)
+                 .refine_factor(args.refine).select(["pos", "_distance"]).limit(10)
+                 .to_arrow())
+        times.append((time.perf_counter() - t0) * 1000)
+        recalls.append(len(set(found["pos"].to_pylist()) & set(truth[i].tolist())) / 10)
+    return {"rows": rows, "write_s": round(written - t0, 1), "index_s": round(built - written, 1),
+            "recall_at_10": round(statistics.fmean(recalls), 4),
+            "p50_ms": round(float(np.percentile(times, 50)), 2), "nprobes": args.nprobes,
+            "refine": args.refine, "sub_vectors": args.sub_vectors}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    build = sub.add_parser("build")
+    build.add_argument("--dataset", required=True)
+    build.add_argument("--out", required=True)
+    build.add_argument("--mix", default="top")
+    for name in ("open", "search", "cli", "lance-pq", "serve"):
+        each = sub.add_parser(name)
+        each.add_argument("--index", required=True)
+        each.add_argument("--queries", type=int, default=200)
+        each.add_argument("--k", type=int, default=10)
+        each.add_argument("--seed", type=int, default=0)
+        each.add_argument("--word", default="the")
+        each.add_argument("--out")
+        each.add_argument("--nprobes", type=int, default=20)
+        each.add_argument("--refine", type=int, default=10)
+        each.add_argument("--sub-vectors", type=int, default=64)
+        each.add_argument("--port", type=int, default=8391)
+    args = parser.parse_args()
+    if args.what == "build":
+        result = child([ELMO, "index", "build", args.dataset, "--mix", args.mix, "--out",
+                        args.out, "--no-progress"])
+    elif args.what == "cli":
+        result = child([ELMO, "senses", "search", "It was a truth universally acknowledged",
+                        "--word", args.word, "--index", args.index, "-k", "10"],
+                       quiet=True)
+    else:
+        result = {"open": cmd_open, "search": cmd_search, "lance-pq": cmd_lance_pq,
+                  "serve": cmd_serve}[
+            args.what](args)
+    print(json.dumps({"what": args.what, **result}))
+
+
+if __name__ == "__main__":
+    main()

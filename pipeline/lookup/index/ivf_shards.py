@@ -1,0 +1,365 @@
+"""A compact sense index's IVF, stored in shards and opened without its vectors.
+
+One shard per dataset tokens file the index holds (``IndexMeta.indexed``: part, shard, run
+id), in a folder of its own under ``_ivf/``; one training folder beside them (the coarse
+centroids and product quantizer every shard was encoded with, and the sketches' planes):
+
+- ``vectors.npy``: the rows' mixed vectors (the index's ``vector_dtype``, ``[n, dim]``),
+  memory-mapped: a query's re-rank reads only its candidates' rows;
+- ``codes.npy`` ``[n, code bytes]`` and ``lists.npy`` ``[n]``: each row's product-quantized
+  code and its list (``CODE_BYTES`` bytes a row whatever the width);
+- ``sketch.npy`` ``[n, 16]``: each row's 128-bit sketch (``ivf_search.Sketch``);
+- ``rows.arrow``: the LanceDB rows of that file in the same order (an Arrow IPC file,
+  memory-mapped: a result takes its columns from there), ``row`` ascending.
+
+What a process holds per row is the code, faiss's 8-byte id and the sketch:
+``CODE_BYTES + 24`` bytes (88 at any width); the rest stays on disk, in the page cache.
+A row's position is its shard's first position plus its place in the shard; a LanceDB
+row (a filtered search) finds its position by its key (``part``, ``shard``, ``row``).
+
+A process opens the training and the shards' small files, and loads the codes the first
+time a search needs the lists (a filtered search of few rows ranks them exactly from the
+vectors and never loads them). ``ivf_shards_build`` makes the shards.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from elmo_model.errors import ElmoUserError
+from pipeline.lookup.index.ivf_search import (
+    CANDIDATES_PER_RESULT,
+    IVF_DIR,
+    MemoryIvf,
+    Sketch,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+SHARDS_FORMAT = 2  # IndexMeta.ivf["format"] of an IVF in shards
+TRAIN_FILE = "trained.faiss"
+PLANES_FILE = "sketch_planes.npz"
+CODES_FILE = "codes.npy"
+LISTS_FILE = "lists.npy"
+SKETCH_FILE = "sketch.npy"
+VECTORS_FILE = "vectors.npy"
+ROWS_FILE = "rows.arrow"
+SHARD_FILES = (CODES_FILE, LISTS_FILE, SKETCH_FILE, VECTORS_FILE, ROWS_FILE)
+TRAIN_FILES = (TRAIN_FILE, PLANES_FILE)
+# Bytes of product-quantized code a row (residuals of the coarse centroid): what a process
+# holds per row, with faiss's id and the sketch. Rougher than the vectors: a query takes
+# more candidates from the lists to re-rank (``SHARD_CANDIDATES_PER_RESULT``).
+CODE_BYTES = 64
+SHARD_CANDIDATES_PER_RESULT = 30
+# Per row in a process: the code, faiss's id, the sketch.
+MEMORY_BYTES_PER_ROW = CODE_BYTES + 8 + 16
+
+
+def is_sharded(record: dict[str, Any] | None) -> bool:
+    return record is not None and record.get("format") == SHARDS_FORMAT
+
+
+def shard_missing(fs: Any, base: str, shard: dict[str, Any]) -> str | None:
+    """The first file of ``shard`` (a record of ``ivf["shards"]``) missing in its folder
+    under ``base`` (the index's ``_ivf``), or None."""
+    for name in SHARD_FILES:
+        if not fs.exists(f"{base}/{shard['folder']}/{name}"):
+            return name
+    return None
+
+
+class ShardVectors:
+    """The vectors of every shard as one ``[n, dim]`` array by position: gathering a few
+    rows reads them from the mapped files; a slice (a scan in blocks) reads with plain
+    reads, so that a scan leaves the pages in the page cache, not in the process."""
+
+    def __init__(self, paths: Sequence[str], rows: Sequence[int], dim: int) -> None:
+        import numpy as np
+
+        self.paths = list(paths)
+        self.offsets = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
+        self.maps = [np.load(p, mmap_mode="r") for p in self.paths]
+        for path, mapped, n in zip(self.paths, self.maps, rows, strict=True):
+            if mapped.shape != (n, dim):
+                raise ValueError(f"{path}: {mapped.shape}, expected {(n, dim)}")
+        self.dtype = self.maps[0].dtype if self.maps else np.dtype("float16")
+        self.shape = (int(self.offsets[-1]), dim)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, where: Any) -> np.ndarray:
+        import numpy as np
+
+        if isinstance(where, slice):
+            start, stop, step = where.indices(len(self))
+            if step != 1:
+                raise ValueError("slices of shard vectors are contiguous")
+            return self.read(start, stop)
+        positions = np.asarray(where, np.int64)
+        out = np.empty((len(positions), self.shape[1]), self.dtype)
+        shard = np.searchsorted(self.offsets, positions, side="right") - 1
+        for s in np.unique(shard):
+            mine = shard == s
+            out[mine] = self.maps[s][positions[mine] - self.offsets[s]]
+        return out
+
+    def read_rows(self, positions: np.ndarray) -> np.ndarray:
+        """The rows at ``positions`` (ascending) read from the files, one read a row: a
+        sample that leaves no pages mapped in the process."""
+        import numpy as np
+
+        out = np.empty((len(positions), self.shape[1]), self.dtype)
+        row_bytes = self.shape[1] * self.dtype.itemsize
+        shard = np.searchsorted(self.offsets, positions, side="right") - 1
+        for s in np.unique(shard):
+            mine = np.flatnonzero(shard == s)
+            with open(self.paths[s], "rb", buffering=0) as handle:
+                for i in mine:
+                    handle.seek(self.maps[s].offset + int(positions[i] - self.offsets[s])
+                                * row_bytes)
+                    handle.readinto(memoryview(out[i]).cast("B"))
+        return out
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` read from the files (not through the maps)."""
+        import numpy as np
+
+        stop = min(stop, len(self))
+        out = np.empty((max(0, stop - start), self.shape[1]), self.dtype)
+        row_bytes = self.shape[1] * self.dtype.itemsize
+        done = 0
+        while start + done < stop:
+            at = start + done
+            s = int(np.searchsorted(self.offsets, at, side="right") - 1)
+            local = at - int(self.offsets[s])
+            take = min(stop, int(self.offsets[s + 1])) - at
+            offset = self.maps[s].offset  # the .npy header's bytes
+            with open(self.paths[s], "rb") as handle:
+                handle.seek(offset + local * row_bytes)
+                out[done:done + take] = np.fromfile(handle, self.dtype, take * self.shape[1]
+                                                    ).reshape(take, self.shape[1])
+            done += take
+        return out
+
+
+class ShardRows:
+    """The shards' ``rows.arrow`` files, mapped: the columns of rows by position."""
+
+    def __init__(self, paths: Sequence[str], offsets: np.ndarray) -> None:
+        import pyarrow as pa
+
+        self.tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
+        self.offsets = offsets
+        self.column_names = self.tables[0].column_names if self.tables else []
+
+    def take(self, columns: Sequence[str], positions: np.ndarray) -> pa.Table:
+        """``columns`` of the rows at ``positions``, in their order."""
+        import numpy as np
+        import pyarrow as pa
+
+        positions = np.asarray(positions, np.int64)
+        shard = np.searchsorted(self.offsets, positions, side="right") - 1
+        pieces, order = [], []
+        for s in np.unique(shard):
+            mine = np.flatnonzero(shard == s)
+            local = positions[mine] - self.offsets[s]
+            pieces.append(self.tables[s].select(list(columns)).take(pa.array(local)))
+            order.append(mine)
+        if not pieces:
+            first = self.tables[0].select(list(columns)) if self.tables else pa.table({})
+            return first.slice(0, 0)
+        taken = pa.concat_tables(pieces).combine_chunks()
+        back = np.empty(len(positions), np.int64)
+        back[np.concatenate(order)] = np.arange(len(positions))
+        return taken.take(pa.array(back))
+
+    def row_column(self, s: int) -> np.ndarray:
+        return self.tables[s].column("row").to_numpy()
+
+
+class ShardedIvf(MemoryIvf):
+    """A compact index's IVF in shards (``load``): the search of ``MemoryIvf`` over codes
+    loaded on first use, vectors and rows read from mapped files."""
+
+    def __init__(self, folder: str, record: dict[str, Any], folders: Sequence[str],
+                 nprobe: int) -> None:
+        import numpy as np
+
+        self.record, self.folder, self.nprobe = record, folder, nprobe
+        shards = record["shards"]
+        self.keys = list(shards)
+        rows = [int(shards[k]["rows"]) for k in self.keys]
+        self.dim = int(record["dim"])
+        self.vectors = ShardVectors([f"{f}/{VECTORS_FILE}" for f in folders], rows, self.dim)
+        self.offsets = self.vectors.offsets
+        self.rows = ShardRows([f"{f}/{ROWS_FILE}" for f in folders], self.offsets)
+        self.folders = list(folders)
+        self.candidates = SHARD_CANDIDATES_PER_RESULT if record["codes"] != "SQ8" \
+            else CANDIDATES_PER_RESULT
+        self._index: Any = None
+        self._sketch: Sketch | None = None
+        self._shard_of = {_pair(key): i for i, key in enumerate(self.keys)}
+        self._row_order = None
+        self._sorted_ids = np.empty(0)
+
+    @classmethod
+    def load(cls, fs: Any, root: str, record: dict[str, Any], rebuild: str,
+             cache: str | None = None) -> ShardedIvf:
+        """The IVF ``record`` (``IndexMeta.ivf``) describes, its folders under
+        ``root/_ivf``; a folder missing or damaged is an error naming the shard and
+        ``rebuild`` (the command that makes it again). On an object store the folders are
+        copied to ``cache`` (a local folder) first."""
+        from schemas.dataset import is_local
+
+        base = f"{root}/{IVF_DIR}"
+        if not is_local(fs):
+            base = _local_copy(fs, base, record, cache)
+        return cls.from_folders(base, record, rebuild)
+
+    @classmethod
+    def from_folders(cls, base: str, record: dict[str, Any], rebuild: str) -> ShardedIvf:
+        """``load`` of the folders under ``base``, a local ``_ivf`` folder."""
+        for key, shard in record["shards"].items():
+            gone = shard_missing(local_fs(), base, shard)
+            if gone is not None:
+                raise ElmoUserError(f"index shard {key} ({IVF_DIR}/{shard['folder']}) lacks "
+                                    f"{gone}; {rebuild} makes it again")
+        try:
+            return cls(f"{base}/{record['train']}", record,
+                       [f"{base}/{s['folder']}" for s in record["shards"].values()],
+                       int(record["nprobe"]))
+        except (OSError, ValueError) as error:
+            raise ElmoUserError(f"an index shard is unreadable ({error}); {rebuild} makes "
+                                "it again") from error
+
+    @property
+    def index(self) -> Any:  # type: ignore[override]
+        if self._index is None:
+            self._index = self._load_codes()
+        return self._index
+
+    @property
+    def sketch(self) -> Sketch:  # type: ignore[override]
+        if self._sketch is None:
+            import numpy as np
+
+            with np.load(f"{self.folder}/{PLANES_FILE}") as stored:
+                planes, mean = stored["planes"], stored["mean"]
+            codes = np.concatenate([np.load(f"{f}/{SKETCH_FILE}") for f in self.folders]) \
+                if self.folders else np.zeros((0, planes.shape[1] // 8), np.uint8)
+            self._sketch = Sketch(planes, mean, codes)
+        return self._sketch
+
+    def _load_codes(self) -> Any:
+        """The trained IVF with every shard's codes put in its lists (no encoding)."""
+        import faiss
+        import numpy as np
+
+        index = faiss.read_index(f"{self.folder}/{TRAIN_FILE}")
+        for s, folder in enumerate(self.folders):
+            lists = np.load(f"{folder}/{LISTS_FILE}")
+            codes = np.load(f"{folder}/{CODES_FILE}")
+            if len(lists) != len(codes) or codes.shape[1:] != (index.code_size,) \
+                    or len(lists) != self.offsets[s + 1] - self.offsets[s]:
+                raise ElmoUserError(f"index shard {self.keys[s]} does not match its record "
+                                    "(a build stopped half way?); `elmo index build` makes "
+                                    "it again")
+            order = np.argsort(lists, kind="stable")
+            ids = (order + self.offsets[s]).astype(np.int64)
+            sorted_lists = lists[order]
+            sorted_codes = np.ascontiguousarray(codes[order])
+            bounds = np.flatnonzero(np.diff(sorted_lists)) + 1
+            for lo, hi in zip(np.concatenate([[0], bounds]),
+                              np.concatenate([bounds, [len(order)]]), strict=True):
+                if hi > lo:
+                    index.invlists.add_entries(int(sorted_lists[lo]), int(hi - lo),
+                                               faiss.swig_ptr(ids[lo:hi]),
+                                               faiss.swig_ptr(sorted_codes[lo:hi]))
+        index.ntotal = int(self.offsets[-1])
+        index.parallel_mode = 1
+        return index
+
+    def holds(self, columns: Sequence[str]) -> bool:
+        return set(columns) <= set(self.rows.column_names)
+
+    def take_rows(self, columns: Sequence[str], positions: np.ndarray) -> pa.Table:
+        return self.rows.take(columns, positions)
+
+    def positions_of_keys(self, keys: pa.Table) -> np.ndarray:
+        """Positions of the rows whose ``part``, ``shard`` and ``row`` are ``keys``' (rows of
+        the LanceDB table); rows of a file this IVF does not hold are left out."""
+        import numpy as np
+
+        parts = keys.column("part").to_pylist()
+        shards = keys.column("shard").to_numpy()
+        rows = keys.column("row").to_numpy()
+        found = np.full(len(rows), -1, np.int64)
+        which = np.array([self._shard_of.get((p, int(s)), -1)
+                          for p, s in zip(parts, shards, strict=True)], np.int64)
+        for s in np.unique(which[which >= 0]):
+            mine = which == s
+            held = self.rows.row_column(int(s))
+            at = np.searchsorted(held, rows[mine])
+            at = np.minimum(at, len(held) - 1)
+            ok = held[at] == rows[mine]
+            found[np.flatnonzero(mine)[ok]] = at[ok] + self.offsets[s]
+        return found[found >= 0]
+
+
+def _pair(key: str) -> tuple[str, int]:
+    part, shard, _ = key.split("/")
+    return part, int(shard.split("=", 1)[1])
+
+
+def local_fs() -> Any:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return LocalFileSystem()
+
+
+def _local_copy(fs: Any, base: str, record: dict[str, Any], cache: str | None) -> str:
+    """The IVF's folders under ``base`` on ``fs``, copied to a local folder (once: a folder's
+    name is unique to what it holds); that folder."""
+    import tempfile
+
+    local = cache or tempfile.mkdtemp(prefix="elmo-ivf-")
+    wanted = [(record["train"], TRAIN_FILES)] + \
+        [(s["folder"], SHARD_FILES) for s in record["shards"].values()]
+    for folder, files in wanted:
+        os.makedirs(f"{local}/{folder}", exist_ok=True)
+        for name in files:
+            target = f"{local}/{folder}/{name}"
+            if not os.path.exists(target):
+                try:
+                    fs.get_file(f"{base}/{folder}/{name}", target + ".part")
+                except FileNotFoundError:
+                    continue  # named by load as missing
+                os.replace(target + ".part", target)
+    return local
+
+
+def ivf_folders(record: dict[str, Any] | None) -> list[str]:
+    """The folders under ``_ivf`` that ``record`` (``IndexMeta.ivf``) uses."""
+    if record is None:
+        return []
+    if not is_sharded(record):
+        return [record["folder"]]
+    return [record["train"], *(s["folder"] for s in record["shards"].values())]
+
+
+def shards_current(fs: Any, root: str, record: dict[str, Any] | None,
+                   indexed: Sequence[str]) -> bool:
+    """Whether ``record`` is an IVF in shards holding exactly the files ``indexed``, each
+    encoded with its training and present under ``root``."""
+    if not is_sharded(record) or "nprobe" not in record:
+        return False
+    shards = record["shards"]
+    return list(shards) == list(indexed) \
+        and all(s.get("train") == record["train"] for s in shards.values()) \
+        and all(fs.exists(f"{root}/{IVF_DIR}/{record['train']}/{n}") for n in TRAIN_FILES) \
+        and all(shard_missing(fs, f"{root}/{IVF_DIR}", s) is None for s in shards.values())

@@ -1,0 +1,373 @@
+"""Making a compact index's IVF in shards (``ivf_shards`` describes the files), with memory
+that does not grow with the rows.
+
+1. **Shards.** Each dataset file the index holds and no current shard does gets a folder:
+   its LanceDB rows (one file's, sorted by ``row``) and their vectors, mixed on read from
+   the dataset one batch at a time and written as they come.
+2. **Training** on a bounded sample (``TRAIN_ROWS_PER_LIST`` rows a list, at most
+   ``TRAIN_MAX_ROWS``) read from the shards' vector files; kept from the previous build
+   while the rows stay within ``RETRAIN_GROWTH`` of those it was trained on.
+3. **Codes.** Each shard not encoded with this training is read in blocks and encoded
+   into a new folder (its vectors and rows linked, not copied).
+4. **Probes**, measured on a held sample of stored rows against their exact neighbours
+   (a scan of every shard's vectors in blocks), as ``ivf_build.calibrate`` does.
+
+A folder is never changed once written: a build writes new ones and ``_elmo_index.json``
+names them (the commit), so a build killed at any point leaves the previous index as it
+was. Before it starts, a build checks that its memory and disk fit (``check_fits``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from elmo_model.errors import ElmoUserError
+from pipeline.lookup.index.ivf_build import (
+    PQ_MIN_ROWS,
+    PQ_TRAIN_POINTS_PER_CENTROID,
+    PQ_TRAIN_ROUNDS,
+    RETRAIN_GROWTH,
+    calibrate,
+    list_count,
+)
+from pipeline.lookup.index.ivf_search import (
+    IVF_DIR,
+    READ_BATCH_ROWS,
+    SKETCH_BITS,
+    Sketch,
+    unit_rows,
+)
+from pipeline.lookup.index.ivf_shards import (
+    CODE_BYTES,
+    CODES_FILE,
+    LISTS_FILE,
+    MEMORY_BYTES_PER_ROW,
+    PLANES_FILE,
+    ROWS_FILE,
+    SHARD_FILES,
+    SHARDS_FORMAT,
+    SKETCH_FILE,
+    TRAIN_FILE,
+    TRAIN_FILES,
+    VECTORS_FILE,
+    ShardedIvf,
+    _local_copy,
+    is_sharded,
+    local_fs,
+    shard_missing,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.lookup.index.meta import IndexMeta
+    from schemas.dataset import Dataset
+
+TRAIN_ROWS_PER_LIST = 48
+# The training sample's bound (float32 rows): what keeps a build's memory flat in rows.
+TRAIN_MAX_ROWS = 131_072
+# ... and so the lists' bound: a list trains on at least 32 rows.
+MAX_LISTS = TRAIN_MAX_ROWS // 32
+# Rows encoded at a time: faiss's product quantizer computes a table of rows x 256 x
+# sub-quantizers floats (4.3 GB for 65,536 rows of 64 bytes).
+ENCODE_BATCH_ROWS = 4_096
+# What a build's process holds besides the training sample and the codes it measures
+# probes with (the interpreter, torch, LanceDB, a batch being mixed).
+BASE_BYTES = 900 << 20
+
+
+def lists_for(rows: int) -> int:
+    return min(MAX_LISTS, list_count(rows))
+
+
+def codes_for(rows: int, dim: int) -> str:
+    """Product-quantized codes of ``CODE_BYTES`` bytes (residuals of the coarse centroid)
+    once there are enough rows to train them, else 8-bit scalar codes."""
+    if rows >= PQ_MIN_ROWS:
+        for subs in range(min(CODE_BYTES, dim), 0, -1):
+            if dim % subs == 0:
+                return f"PQ{subs}"
+    return "SQ8"
+
+
+def train_rows_for(rows: int, lists: int, codes: str) -> int:
+    wanted = TRAIN_ROWS_PER_LIST * lists if codes == "SQ8" \
+        else max(TRAIN_ROWS_PER_LIST * lists, PQ_MIN_ROWS)
+    return min(rows, wanted, TRAIN_MAX_ROWS)
+
+
+def bytes_needed(rows: int, dim: int) -> int:
+    """Peak memory of a build (and of a process that searches every row's codes)."""
+    sample = train_rows_for(rows, lists_for(rows), codes_for(rows, dim))
+    return BASE_BYTES + 3 * sample * dim * 4 + 2 * rows * MEMORY_BYTES_PER_ROW
+
+
+def free_memory() -> int:
+    """Bytes this machine can still give (``MemAvailable``), or a large number where the
+    kernel does not say."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+def check_fits(rows: int, new_rows: int, dim: int, itemsize: int, work: str) -> None:
+    """A user error before anything is written when a build of ``rows`` rows (``new_rows``
+    of them new, their vectors written under ``work``) would not fit this machine."""
+    need, free = bytes_needed(rows, dim), free_memory()
+    if need > free:
+        raise ElmoUserError(
+            f"an index of {rows:,} rows needs about {need / 2**30:.1f} GiB of memory here "
+            f"({MEMORY_BYTES_PER_ROW} bytes a row of codes, twice, plus a training sample); "
+            f"{free / 2**30:.1f} GiB are free. Index fewer rows (--words, --min-count / "
+            f"--max-count), or search it across a Ray cluster (docs/index_sizing.md)")
+    disk = new_rows * dim * itemsize
+    os.makedirs(work, exist_ok=True)
+    room = shutil.disk_usage(work).free
+    if disk > room:
+        raise ElmoUserError(f"the index's new vectors need {disk / 2**30:.1f} GiB on disk "
+                            f"under {work}; {room / 2**30:.1f} GiB are free")
+
+
+def write_shard(folder: str, ds: Dataset, mix: Any, path: str, rows: pa.Table, dtype: str,
+                on_rows: Callable[[int], Any]) -> None:
+    """A shard's ``rows.arrow`` and ``vectors.npy``: ``rows`` (one tokens file's index rows,
+    sorted by ``row``) and their vectors mixed on read from ``path``, a batch at a time."""
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.lookup.layers.mixes import iter_mixed
+    from schemas.layers import cast_floats
+
+    os.makedirs(folder, exist_ok=True)
+    with pa.OSFile(f"{folder}/{ROWS_FILE}", "wb") as sink, \
+            pa.ipc.new_file(sink, rows.schema) as writer:
+        writer.write_table(rows, max_chunksize=READ_BATCH_ROWS)
+    wanted = rows.column("row").to_numpy()
+    dim = ds.descriptor.dim
+    with open(f"{folder}/{VECTORS_FILE}", "wb") as handle:
+        np.lib.format.write_array_header_1_0(handle, {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+            "shape": (len(wanted), dim)})
+        start = written = 0
+        for _, vec in iter_mixed(ds, mix, columns=(), files=[path]):
+            end = start + len(vec)
+            lo, hi = np.searchsorted(wanted, [start, end])
+            if hi > lo:
+                picked = wanted[lo:hi] - start
+                block = vec[picked[0]:picked[-1] + 1] if picked[-1] - picked[0] == hi - lo - 1 \
+                    else vec[picked]
+                handle.write(cast_floats(block, dtype).tobytes())
+                written += hi - lo
+                on_rows(hi - lo)
+            start = end
+    if written != len(wanted):
+        raise ElmoUserError(f"{path} holds {start} rows; the index's rows of it point past "
+                            "them: rebuild the index with --rebuild")
+
+
+def shard_rows(table: Any, key: str) -> pa.Table:
+    """The LanceDB rows of one dataset file (``key``), sorted by ``row``."""
+    from pipeline.lookup.index.rows import shard_filter
+
+    found = table.search().where(shard_filter(key)).limit(max(1, table.count_rows())) \
+        .to_arrow()
+    return found.sort_by("row").combine_chunks()
+
+
+def sample_rows(vectors: Any, rows: int, take: int, rng: np.random.Generator) -> np.ndarray:
+    """``take`` rows of ``vectors`` (``ShardVectors``) at random, as unit float32."""
+    import numpy as np
+
+    picks = np.sort(rng.choice(rows, take, replace=False))
+    out = np.empty((take, vectors.shape[1]), np.float32)
+    for start in range(0, take, READ_BATCH_ROWS):
+        block = picks[start:start + READ_BATCH_ROWS]
+        out[start:start + len(block)] = unit_rows(vectors.read_rows(block))
+    return out
+
+
+def train(folder: str, sample: np.ndarray, lists: int, codes: str) -> None:
+    """The empty trained IVF and the sketches' planes and centre, from ``sample`` (unit)."""
+    import faiss
+    import numpy as np
+
+    dim = sample.shape[1]
+    index = faiss.index_factory(dim, f"IVF{lists},{codes}", faiss.METRIC_INNER_PRODUCT)
+    if hasattr(index, "do_polysemous_training"):
+        index.do_polysemous_training = False  # unused here (ivf_build)
+        index.pq.cp.max_points_per_centroid = PQ_TRAIN_POINTS_PER_CENTROID
+        index.pq.cp.niter = PQ_TRAIN_ROUNDS
+    index.cp.min_points_per_centroid = 1  # small tables: no warning on stderr
+    if hasattr(index, "pq"):
+        index.pq.cp.min_points_per_centroid = 1
+    index.train(sample)
+    os.makedirs(folder, exist_ok=True)
+    faiss.write_index(index, f"{folder}/{TRAIN_FILE}")
+    np.savez(f"{folder}/{PLANES_FILE}", planes=Sketch.planes_for(dim),
+             mean=sample.mean(axis=0).astype(np.float32))
+
+
+def encode(train_folder: str, source: str, folder: str, rows: int, dim: int,
+           on_rows: Callable[[int], Any]) -> None:
+    """A shard's codes, lists and sketches in ``folder``, from the vectors in ``source``
+    (another folder of the same shard), whose vectors and rows are linked in."""
+    import faiss
+    import numpy as np
+
+    from pipeline.lookup.index.ivf_shards import ShardVectors
+
+    index = faiss.read_index(f"{train_folder}/{TRAIN_FILE}")
+    with np.load(f"{train_folder}/{PLANES_FILE}") as stored:
+        planes, mean = stored["planes"], stored["mean"]
+    os.makedirs(folder, exist_ok=True)
+    if source != folder:
+        for name in (VECTORS_FILE, ROWS_FILE):
+            _link(f"{source}/{name}", f"{folder}/{name}")
+    vectors = ShardVectors([f"{folder}/{VECTORS_FILE}"], [rows], dim)
+    coarse = index.coarse_code_size()
+    codes = np.empty((rows, index.code_size), np.uint8)
+    lists = np.empty(rows, np.int32)
+    sketch = np.empty((rows, SKETCH_BITS // 8), np.uint8)
+    for start in range(0, rows, ENCODE_BATCH_ROWS):
+        unit = unit_rows(vectors.read(start, start + ENCODE_BATCH_ROWS))
+        both = index.sa_encode(unit)
+        stop = start + len(unit)
+        lists[start:stop] = sum(both[:, i].astype(np.int32) << (8 * i) for i in range(coarse))
+        codes[start:stop] = both[:, coarse:]
+        sketch[start:stop] = Sketch.encode(unit, planes, mean)
+        on_rows(len(unit))
+    np.save(f"{folder}/{CODES_FILE}", codes)
+    np.save(f"{folder}/{LISTS_FILE}", lists)
+    np.save(f"{folder}/{SKETCH_FILE}", sketch)
+
+
+def _link(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
+                 files: dict[str, str], show_progress: bool = False) -> dict[str, Any]:
+    """Bring the sharded IVF of ``meta`` (a compact index) to the files ``meta.indexed``
+    names (``files``: key -> the dataset's path); returns what ``IndexMeta.ivf`` records.
+    The caller commits it by writing the metadata, then calls ``drop_other_folders``."""
+    import numpy as np
+
+    from pipeline.lookup.index.progress import rows_bar
+    from schemas.dataset import is_local
+
+    previous = meta.ivf if is_sharded(meta.ivf) else None
+    local = is_local(fs)
+    base = f"{root}/{IVF_DIR}" if local else tempfile.mkdtemp(prefix="elmo-ivf-")
+    made: list[str] = []
+    try:
+        if previous is not None and not local:
+            _local_copy(fs, f"{root}/{IVF_DIR}", previous, base)
+        kept = {key: s for key, s in (previous or {}).get("shards", {}).items()
+                if key in files and shard_missing(fs if local else local_fs(), base, s) is None}
+        new = [key for key in meta.indexed if key not in kept]
+        counts = {key: int(kept[key]["rows"]) for key in kept}
+        new_rows = {key: table.count_rows(_filter(key)) for key in new}
+        rows = sum(counts.values()) + sum(new_rows.values())
+        if rows == 0:
+            raise ElmoUserError("the index holds no rows to search")
+        check_fits(rows, sum(new_rows.values()), meta.dim,
+                   np.dtype(meta.vector_dtype).itemsize, base)
+        shards: dict[str, dict[str, Any]] = {}
+        with rows_bar(sum(new_rows.values()), show_progress) as bar:
+            bar.set_description("index: shards: mix + write vectors", refresh=False)
+            for key in new:
+                folder = f"s-{uuid.uuid4().hex[:12]}"
+                made.append(folder)
+                found = shard_rows(table, key)
+                write_shard(f"{base}/{folder}", ds, meta.the_mix(), files[key], found,
+                            meta.vector_dtype, bar.update)
+                shards[key] = {"folder": folder, "rows": found.num_rows, "train": None}
+        shards |= kept
+        shards = {key: shards[key] for key in meta.indexed}
+        record = _train_or_keep(previous, base, shards, rows, meta.dim, show_progress, made)
+        stale = [key for key, s in shards.items() if s.get("train") != record["train"]]
+        with rows_bar(sum(shards[k]["rows"] for k in stale), show_progress) as bar:
+            bar.set_description(f"index: {record['codes']} codes", refresh=False)
+            for key in stale:
+                folder = f"s-{uuid.uuid4().hex[:12]}"
+                made.append(folder)
+                encode(f"{base}/{record['train']}", f"{base}/{shards[key]['folder']}",
+                       f"{base}/{folder}", shards[key]["rows"], meta.dim, bar.update)
+                shards[key] = {"folder": folder, "rows": shards[key]["rows"],
+                               "train": record["train"]}
+        record["shards"] = shards
+        record["rows"] = rows
+        ivf = ShardedIvf.from_folders(base, {**record, "nprobe": 1}, "`elmo index build`")
+        with rows_bar(rows, show_progress) as bar:
+            bar.set_description("index: probes for recall@10: exact neighbours of held rows",
+                                refresh=False)
+            nprobe, recall, queries = calibrate(ivf, np.random.default_rng(1), bar.update)
+        record |= {"nprobe": nprobe, "recall_at_10": round(recall, 4),
+                   "calibration_queries": queries}
+        if not local:
+            for folder in made:
+                names = TRAIN_FILES if folder.startswith("t-") else SHARD_FILES
+                for name in names:
+                    if os.path.exists(f"{base}/{folder}/{name}"):
+                        fs.put_file(f"{base}/{folder}/{name}",
+                                    f"{root}/{IVF_DIR}/{folder}/{name}")
+    except BaseException:
+        if local:
+            for folder in made:
+                shutil.rmtree(f"{base}/{folder}", ignore_errors=True)
+        raise
+    finally:
+        if not local:
+            shutil.rmtree(base, ignore_errors=True)
+    return record
+
+
+def _filter(key: str) -> str:
+    from pipeline.lookup.index.rows import shard_filter
+
+    return shard_filter(key)
+
+
+def _train_or_keep(previous: dict[str, Any] | None, base: str, shards: dict[str, Any],
+                   rows: int, dim: int, show_progress: bool, made: list[str]
+                   ) -> dict[str, Any]:
+    """The training record: the previous one where it serves ``rows`` rows, else a new
+    one trained on a sample of the shards' vectors."""
+    import numpy as np
+
+    from pipeline.lookup.index.ivf_shards import ShardVectors
+    from pipeline.lookup.index.progress import phase
+
+    codes = codes_for(rows, dim)
+    if previous is not None and previous.get("codes") == codes and previous.get("dim") == dim \
+            and previous["trained_rows"] / RETRAIN_GROWTH <= rows \
+            <= previous["trained_rows"] * RETRAIN_GROWTH \
+            and all(os.path.exists(f"{base}/{previous['train']}/{n}") for n in TRAIN_FILES):
+        return {k: previous[k] for k in ("format", "train", "lists", "codes", "trained_rows",
+                                         "dim", "train_sample")}
+    lists = lists_for(rows)
+    take = train_rows_for(rows, lists, codes)
+    folder = f"t-{uuid.uuid4().hex[:12]}"
+    made.append(folder)
+    vectors = ShardVectors([f"{base}/{s['folder']}/{VECTORS_FILE}" for s in shards.values()],
+                           [s["rows"] for s in shards.values()], dim)
+    with phase(f"index: train {lists} lists of {codes} codes on {take:,} of {rows:,} rows",
+               show_progress):
+        train(f"{base}/{folder}", sample_rows(vectors, rows, take, np.random.default_rng(0)),
+              lists, codes)
+    return {"format": SHARDS_FORMAT, "train": folder, "lists": lists, "codes": codes,
+            "trained_rows": rows, "dim": dim, "train_sample": take}

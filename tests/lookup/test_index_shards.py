@@ -1,0 +1,167 @@
+"""A compact index's IVF in shards (``pipeline/lookup/ivf_shards*.py``): one folder per
+dataset file, codes held and vectors mapped; a build whose training sample is bounded,
+that checks it fits before it starts, and that a kill leaves the previous index usable;
+a missing shard named with the command that makes it again.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import bench_lookup, uncommit_shard_1
+
+from elmo_model.errors import ElmoUserError
+from pipeline.lookup.index import ivf_shards_build
+from pipeline.lookup.index.build import build_index
+from pipeline.lookup.index.ivf_search import IVF_DIR
+from pipeline.lookup.index.ivf_shards import (
+    CODE_BYTES,
+    MEMORY_BYTES_PER_ROW,
+    SHARD_FILES,
+    VECTORS_FILE,
+    ShardedIvf,
+)
+from pipeline.lookup.index.sense_index import SenseIndex, read_meta
+
+DIM = 64
+ROWS = 4_000
+KEYS = ("doc_id", "sent_idx", "tok_idx")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def product_codes_from_few_rows() -> object:
+    """Product-quantized codes from 1,000 rows on (the product asks 9,984: 39 points for
+    each of 256 centroids), so that small tables test them."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ivf_shards_build, "PQ_MIN_ROWS", 1_000)
+        yield
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("shards")
+    bench_lookup().write_synthetic(root / "ds", ROWS, DIM, n_shards=2, vocab=200)
+    build_index(str(root / "ds"), "top", str(root / "ix"), compact=True)
+    return root
+
+
+def _keys(table) -> list[tuple]:
+    return list(zip(*(table[c].to_pylist() for c in KEYS), strict=True))
+
+
+def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
+    index = SenseIndex(str(built / "ix"))
+    held = index.meta.ivf
+    assert held["format"] == 2 and list(held["shards"]) == index.meta.indexed
+    assert held["codes"] == f"PQ{min(CODE_BYTES, DIM)}" and held["rows"] == ROWS
+    assert sum(s["rows"] for s in held["shards"].values()) == ROWS
+    assert held["recall_at_10"] >= 0.95
+    for shard in held["shards"].values():
+        folder = built / "ix" / IVF_DIR / shard["folder"]
+        assert sorted(p.name for p in folder.iterdir()) == sorted(SHARD_FILES)
+    ivf = index.ivf()
+    assert isinstance(ivf, ShardedIvf)
+    # Opening it read no vectors and no codes: the vectors are mapped, the codes wait.
+    assert all(isinstance(m, np.memmap) for m in ivf.vectors.maps)
+    assert ivf._index is None
+    ivf.search(np.ones((1, DIM), np.float32), 3)
+    # What it holds per row: the code, faiss's id, the sketch.
+    assert ivf.index.code_size + 8 + ivf.sketch.codes.shape[1] <= MEMORY_BYTES_PER_ROW
+
+
+def test_search_matches_the_exact_answer(built: Path) -> None:
+    index = SenseIndex(str(built / "ix"))
+    ivf = index.ivf()
+    rng = np.random.default_rng(4)
+    recall = []
+    for query in rng.standard_normal((20, DIM)).astype(np.float32) + \
+            np.asarray(ivf.vectors[rng.choice(ROWS, 20)], np.float32):
+        got = index.search(query, k=10, columns=KEYS)
+        exact = index.search(query, k=10, columns=KEYS, exact=True)
+        recall.append(len(set(_keys(got)) & set(_keys(exact))) / 10)
+    assert np.mean(recall) >= 0.95
+    # A filtered search: the LanceDB rows' keys find their positions.
+    got = index.search(query, k=5, words=["w1"], columns=[*KEYS, "token"])
+    assert set(got["token"].to_pylist()) == {"w1"} and got.num_rows == 5
+
+
+def test_a_grown_dataset_adds_a_shard_and_keeps_the_others(built: Path, tmp_path: Path
+                                                           ) -> None:
+    ds = Path(shutil.copytree(built / "ds", tmp_path / "ds"))
+    record, kept = uncommit_shard_1(ds)
+    ix = tmp_path / "ix"
+    build_index(str(ds), "top", str(ix))
+    first = read_meta(str(ix)).ivf
+    record.write_bytes(kept)
+    build_index(str(ds), "top", str(ix))
+    again = read_meta(str(ix)).ivf
+    # Training kept (within RETRAIN_GROWTH), the first shard's folder kept as it was.
+    assert again["train"] == first["train"] and len(again["shards"]) == 2
+    (key, shard), = first["shards"].items()
+    assert again["shards"][key] == shard
+    assert sorted(p.name for p in (ix / IVF_DIR).iterdir()) == sorted(
+        [again["train"], *(s["folder"] for s in again["shards"].values())])
+
+
+def test_a_build_killed_half_way_leaves_the_previous_index(built: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    ds = Path(shutil.copytree(built / "ds", tmp_path / "ds"))
+    record, kept = uncommit_shard_1(ds)
+    ix = tmp_path / "ix"
+    build_index(str(ds), "top", str(ix))
+    query = np.ones(DIM, np.float32)
+    before = SenseIndex(str(ix)).search(query, k=5, words=["w1"], columns=KEYS)
+    record.write_bytes(kept)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ivf_shards_build, "calibrate", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(str(ds), "top", str(ix))
+    monkeypatch.undo()
+    # The table took the new file's rows; the index reads it as the IVF was made.
+    index = SenseIndex(str(ix))
+    assert index.search(query, k=5, words=["w1"], columns=KEYS).equals(before)
+    assert len(index.meta.ivf["shards"]) == 1
+    build_index(str(ds), "top", str(ix))
+    assert SenseIndex(str(ix)).meta.rows == ROWS
+
+
+def test_a_missing_shard_names_the_build_that_makes_it(built: Path, tmp_path: Path) -> None:
+    ix = Path(shutil.copytree(built / "ix", tmp_path / "ix"))
+    held = read_meta(str(ix)).ivf
+    key, shard = next(iter(held["shards"].items()))
+    (ix / IVF_DIR / shard["folder"] / VECTORS_FILE).unlink()
+    with pytest.raises(ElmoUserError, match=rf"index shard {key} .*lacks vectors.npy; "
+                                            r"`elmo index build .* makes it again"):
+        SenseIndex(str(ix)).search(np.ones(DIM, np.float32), k=3)
+    # The build makes that shard again, and only that one.
+    build_index(str(built / "ds"), "top", str(ix))
+    again = read_meta(str(ix)).ivf
+    assert again["shards"][key]["folder"] != shard["folder"]
+    assert SenseIndex(str(ix)).search(np.ones(DIM, np.float32), k=3).num_rows == 3
+
+
+def test_a_build_that_would_not_fit_says_so_first(built: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ivf_shards_build, "free_memory", lambda: 1 << 20)
+    with pytest.raises(ElmoUserError, match=r"4,000 rows needs about .* GiB of memory.*"
+                                            r"GiB are free.*--words"):
+        build_index(str(built / "ds"), "top", str(tmp_path / "ix"))
+    assert not (tmp_path / "ix" / IVF_DIR).exists() or \
+        not any((tmp_path / "ix" / IVF_DIR).iterdir())
+
+
+def test_memory_bound_follows_the_sample_not_the_rows() -> None:
+    """The training sample stops growing at TRAIN_MAX_ROWS: what a build needs beyond
+    it is the codes, MEMORY_BYTES_PER_ROW a row."""
+    from pipeline.lookup.index.ivf_shards_build import TRAIN_MAX_ROWS, bytes_needed, train_rows_for
+
+    assert train_rows_for(10**8, 4096, "PQ64") == TRAIN_MAX_ROWS
+    big, bigger = bytes_needed(10**7, 1024), bytes_needed(2 * 10**7, 1024)
+    assert bigger - big == 2 * 10**7 * MEMORY_BYTES_PER_ROW
