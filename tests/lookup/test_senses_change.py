@@ -1,0 +1,255 @@
+"""Which words changed: `elmo senses change` on a small real corpus embedded with the
+bundled default model and indexed with LanceDB on disk.
+
+Forty documents, twenty from the 1900s and twenty from the 2000s. "bank" means money in
+the early ones and a river's edge in the late ones (a known change); "garden" is used the
+same way throughout (a stable control). Each document also has a field with one value
+(``corpus``) and a text field (``speaker``), for the mistakes a user makes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from helpers import REPO
+
+from elmo_model.errors import ElmoUserError
+from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
+
+MONEY = [
+    "She paid her savings into the bank on Monday morning.",
+    "He borrowed money from the bank to buy a house.",
+    "The banks raised the interest rate on every loan.",
+    "My salary goes straight into an account at the bank.",
+    "The bank lent the merchant a large sum of gold.",
+]
+RIVER = [
+    "They sat on the grassy bank of the river and fished.",
+    "The boat drifted toward the muddy bank of the stream.",
+    "Willows grew thick along the banks beside the water.",
+    "The children climbed down the steep bank to the river.",
+    "Reeds covered the bank where the river bends.",
+]
+GARDEN = [
+    "We planted roses in the garden behind the house.",
+    "The garden was full of tomatoes in August.",
+    "She watered the garden every evening.",
+    "A small garden grew beside the old barn.",
+    "Bees buzzed over the garden all afternoon.",
+    "The children played in the garden after school.",
+    "An old stone wall kept deer out of the garden.",
+]
+SPEAKERS = ("Ada", "Ben", "Cy")
+
+
+def _records() -> list[dict]:
+    records = []
+    for i in range(40):
+        late = i >= 20
+        year = (2001 if late else 1901) + i % 20
+        bank = (RIVER if late else MONEY)[i % 5]
+        records.append({"id": f"doc/{i:02d}", "text": f"{bank} {GARDEN[(i * 3) % 7]}",
+                        "year": year, "corpus": "letters", "speaker": SPEAKERS[i % 3]})
+    return records
+
+
+RECORDS = _records()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("senses_change")
+    corpus = folder / "letters.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    out = folder / "ds"
+    embed_corpus(EmbedConfig(sources=[str(corpus)], out=str(out),
+                             model=ModelSpec.resolve(str(REPO / "models" / "default")),
+                             n_shards=2, progress=False, executor="local"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def index(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    from pipeline.lookup.index_build import build_index
+
+    out = str(tmp_path_factory.mktemp("senses_change_ix") / "ix")
+    build_index(str(dataset), "top", out, kind="flat", compact=False)
+    return out
+
+
+def _change(index: str, **kw: object) -> object:
+    from pipeline.lookup.senses_change import word_changes
+
+    kw.setdefault("min_uses", 5)
+    kw.setdefault("resamples", 100)
+    return word_changes(index, "year", 100, **kw)  # type: ignore[arg-type]
+
+
+def test_the_changed_word_ranks_above_the_stable_one_with_every_score(index: str) -> None:
+    ranking = _change(index)
+    assert ranking.groups == ["1900-1999", "2000-2099"]
+    by_word = {r.word: r for r in ranking.rows}
+    # Word forms as search has them: "banks" counts as "bank".
+    assert "banks" not in by_word
+    bank, garden = by_word["bank"], by_word["garden"]
+    assert bank.uses == {"1900-1999": 20, "2000-2099": 20} and bank.documents == 40
+    assert garden.uses == {"1900-1999": 20, "2000-2099": 20}
+    assert bank.rank < garden.rank
+    assert bank.change > 3 and bank.p <= 0.02
+    assert abs(garden.change) < bank.change / 2
+    for method in ("prt", "apd", "jsd"):
+        assert bank.z[method] > garden.z[method]
+        assert np.isfinite(bank.scores[method])
+    lo, hi = bank.interval
+    assert lo <= bank.scores["prt"] <= hi and bank.null_mean < lo
+    ranked = [r.rank for r in ranking.rows]
+    assert ranked == list(range(1, len(ranked) + 1))
+    changes = [r.change for r in ranking.rows]
+    assert changes == sorted(changes, reverse=True)
+
+
+def test_one_pass_scores_equal_the_word_by_word_reference(index: str) -> None:
+    """The summed pass gives what the word's own vectors, read with a search, give."""
+    from pipeline.lookup.index import SenseIndex
+    from pipeline.lookup.sense_change_scores import group_scores
+    from pipeline.lookup.token_layers import matrix
+
+    ix = SenseIndex(index)
+    rows = ix.occurrences(["bank"], columns=["doc_id"], column="token_stem")
+    x = matrix(rows.column("vector")).astype(np.float64)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    late = np.array([int(d.split("/")[1]) >= 20 for d in rows.column("doc_id").to_pylist()])
+    sums = np.stack([x[~late].sum(0), x[late].sum(0)])
+    counts = np.array([(~late).sum(), late.sum()], np.float64)
+    expected = group_scores(sums, counts, np.ones((2, 1)))
+    bank = next(r for r in _change(index, words=["bank", "garden"]).rows if r.word == "bank")
+    assert bank.scores["prt"] == pytest.approx(float(expected["prt"]), abs=1e-6)
+    assert bank.scores["apd"] == pytest.approx(float(expected["apd"]), abs=1e-6)
+    # The same ranking from a compact index (vectors mixed from the dataset).
+    assert 0.0 < bank.scores["prt"] < bank.scores["apd"]
+
+
+@pytest.mark.slow
+def test_a_compact_index_ranks_the_same(dataset: Path, index: str, tmp_path: Path) -> None:
+    from pipeline.lookup.index_build import build_index
+
+    compact = str(tmp_path / "compact")
+    build_index(str(dataset), "top", compact, compact=True)
+    full = {r.word: r for r in _change(index).rows}
+    small = {r.word: r for r in _change(compact).rows}
+    assert full.keys() == small.keys()
+    for word, row in full.items():
+        assert small[word].scores["prt"] == pytest.approx(row.scores["prt"], abs=2e-3)
+        assert small[word].uses == row.uses
+
+
+def test_cli_table_json_and_parquet(index: str, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import cli
+
+    monkeypatch.setattr(cli, "REGISTRARS", ("pipeline.lookup.cli",))
+    out = tmp_path / "change.parquet"
+    assert cli.main(["senses", "change", "--index", index, "--by", "year", "--bin", "100",
+                     "--min-uses", "5", "--top", "3", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    lines = printed.out.splitlines()
+    assert "groups of year in bins of 100" in lines[0] and "ranked by prt" in lines[0]
+    assert "standard deviations" in lines[1]
+    assert lines[2].split()[:4] == ["rank", "word", "change", "p"]
+    assert lines[3].split()[:2] == ["1", "bank"] and len(lines) == 6
+    assert f"wrote {out} (3 words)" in printed.err
+    table = pq.read_table(out)
+    assert table.column("word").to_pylist()[0] == "bank"
+    assert {"change", "prt", "apd", "jsd", "interval_low", "interval_high",
+            "uses_by_group"} <= set(table.column_names)
+    assert table.column("uses_by_group").to_pylist()[0] == [
+        {"group": "1900-1999", "uses": 20}, {"group": "2000-2099", "uses": 20}]
+    assert cli.main(["senses", "change", "--index", index, "--by", "year", "--bin", "100",
+                     "--min-uses", "5", "--words", "garden,bank", "--method", "apd",
+                     "--format", "json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["word"] for r in rows] == ["bank", "garden"]
+    assert all(r["method"] == "apd" and r["change"] == r["apd_z"] for r in rows)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--by", "decade"], "no document has a field 'decade'; pass --by one of doc_id, source, "
+                         "line, corpus, speaker, year"),
+    (["--by", "corpus"], "every document with corpus is in one group (letters), so there is "
+                         "nothing to compare; pass --by a field with two values or more"),
+    (["--by", "speaker", "--bin", "10"], "speaker holds text (e.g. 'Ada'), which has no bins; "
+                                          "leave out --bin"),
+    (["--by", "year", "--bin", "10000"], "every document with year is in one group "
+                                         "(0-9999), so there is nothing to compare; pass "
+                                         "--by a field with two values or more or a smaller "
+                                         "--bin"),
+    (["--by", "year", "--bin", "100", "--words", "bank", "--min-uses", "25"],
+     "'bank' has too few uses to compare: it needs 25 in at least two groups and has "
+     "1900-1999: 20, 2000-2099: 20; pass --min-uses 20 or less"),
+    (["--by", "year", "--bin", "100", "--words", "zebra"], "'zebra' is not in this index|"
+                                                           "no uses"),
+])
+def test_bad_input_is_one_line_naming_the_fix_and_writes_nothing(
+        index: str, tmp_path: Path, capsys: pytest.CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str) -> None:
+
+    from pipeline import cli
+
+    monkeypatch.setattr(cli, "REGISTRARS", ("pipeline.lookup.cli",))
+    out = tmp_path / "change.parquet"
+    assert cli.main(["senses", "change", "--index", index, "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("elmo: error: "), err
+    assert any(m in err[0] for m in message.split("|")), err
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_word_s_senses_per_group(index: str, tmp_path: Path) -> None:
+    from pipeline.lookup.senses_over_time import (
+        sense_timeline,
+        timeline_lines,
+        write_timeline_html,
+        write_timeline_png,
+    )
+
+    timeline = sense_timeline(index, "bank", "year", 100, k=2)
+    rows = timeline.breakdown.rows
+    assert [r.value for r in rows] == ["1900-1999", "2000-2099"]
+    assert [r.total for r in rows] == [20, 20]
+    # Each period is (almost) all one sense, and not the same one.
+    early, late = (int(np.argmax(r.counts)) for r in rows)
+    assert early != late and max(rows[0].shares()) >= 0.9 and max(rows[1].shares()) >= 0.9
+    lines = timeline_lines(timeline)
+    assert lines[0].startswith("senses of 'bank' by year (bins of 100)")
+    assert any("e.g. doc/" in line for line in lines)
+    data = timeline.to_dict()
+    assert [len(data["uses"][g]) for g in ("1900-1999", "2000-2099")] == [20, 20]
+    assert {u["doc_id"] for u in data["uses"]["1900-1999"]} == {f"doc/{i:02d}"
+                                                                 for i in range(20)}
+    png, html = tmp_path / "bank.png", tmp_path / "bank.html"
+    write_timeline_png(timeline, png)
+    write_timeline_html(timeline, html)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = html.read_text()
+    assert "share of the word" in text and "1900-1999" in text
+
+
+def test_cli_word_senses_over_time(index: str, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import cli
+
+    monkeypatch.setattr(cli, "REGISTRARS", ("pipeline.lookup.cli",))
+    png = tmp_path / "bank.png"
+    assert cli.main(["senses", "change", "bank", "--index", index, "--by", "year", "--bin",
+                     "100", "--k", "2", "--plot", str(png)]) == 0
+    printed = capsys.readouterr()
+    assert "1900-1999" in printed.out and "sense 2" in printed.out
+    assert f"wrote {png}" in printed.err and png.exists()
+    with pytest.raises(ElmoUserError):
+        from pipeline.lookup.senses_over_time import sense_timeline
+
+        sense_timeline(index, "bank", "speaker", 5)
