@@ -21,8 +21,9 @@ both periods, or for two words A and B half and half in both periods (a word wit
 senses whose mix does not change). The pseudo-words' uses are drawn so that each has the
 same share of B in every late document on average; the donor words' other uses stay.
 
-Reported per layer/mix and scoring (prt, apd, jsd; raw, or z against the shuffled null as
-`elmo senses change` ranks; and |log frequency ratio| as the baseline): Spearman between
+Reported per layer/mix and scoring (prt, apd, jsd, ed; raw, minus the mean of its
+shuffled-groups null ("excess"), or that distance in null standard deviations ("z"); and
+|log frequency ratio| as the baseline): Spearman between
 the injected rate and the score over the pseudo-words; precision at 10 of the changed
 pseudo-words among all words ranked; and whether every change at rate >= 0.5 scores above
 every stable control.
@@ -52,7 +53,7 @@ CHANGED = [("treaty", "security", 1.0), ("revenue", "health", 1.0), ("vessels", 
            ("commerce", "freedom", 0.75), ("duty", "tax", 0.5), ("treasury", "children", 0.5),
            ("mexico", "education", 0.5), ("citizens", "world", 0.25),
            ("laws", "nation", 0.25), ("navy", "business", 0.25)]
-STABLE_ONE = ["war", "law", "power", "policy"]
+STABLE_ONE = ["war", "congress", "power", "policy"]
 STABLE_TWO = [("peace", "money"), ("trade", "land")]
 MIXES = ("layer:0", "layer:1", "layer:2", "average")
 MIN_USES = 30
@@ -98,30 +99,44 @@ def _probabilities(plan: list[dict], counts: dict[str, dict[str, int]]) -> dict:
 
 
 def _swap(m: re.Match, replace: dict[str, tuple[str, float]], rng: random.Random,
-          used: dict[str, list[int]], period: int) -> str:
-    """A donor word's use, or the pseudo-word standing for it (at its probability)."""
-    target = replace.get(m.group(1).lower())
+          used: dict[str, list[int]], period: int, by_stem: dict[str, str]) -> str:
+    """A donor word's use (any form), or the pseudo-word standing for it (at its
+    probability)."""
+    from pipeline.lookup.index_words import stem_words
+
+    target = replace.get(by_stem.get(stem_words([m.group(1)])[0], ""))
     if target is not None and rng.random() < target[1]:
         used[target[0]][period] += 1
         return target[0]
     return m.group(0)
 
 
-def prepare(sotu: str, work: Path, keep: float, keep_donor: float, seed: int) -> None:
+def prepare(sotu: str, work: Path, keep: float, keep_donor: float, seed: int,
+            random_periods: bool) -> None:
+    from pipeline.lookup.index_words import stem_words
+
     records = []
+    shuffled = random.Random(seed + 1)
     for path in sorted(glob.glob(f"{sotu}/*.json")):
         record = json.loads(Path(path).read_text(encoding="utf-8"))
         year = int(record["year"])
+        late = shuffled.random() < 0.5 if random_periods else year >= SPLIT_YEAR
         records.append({"id": Path(path).stem, "year": year, "president": record["name"],
-                        "period": PERIODS[year >= SPLIT_YEAR], "text": record["text"]})
+                        "period": PERIODS[late], "text": record["text"]})
     plan = _plan()
-    donors = {w for item in plan for key in ("early", "late") for w in item[key]}
-    pattern = re.compile(r"\b(" + "|".join(sorted(donors)) + r")\b", re.IGNORECASE)
+    donors = sorted({w for item in plan for key in ("early", "late") for w in item[key]})
+    # Every form of a donor stands in (treaty and treaties): the index groups forms.
+    by_stem = dict(zip(stem_words(donors), donors, strict=True))
+    words = re.compile(r"\b[A-Za-z]+\b")
     counts: dict[str, dict[str, int]] = {p: {} for p in PERIODS}
     for r in records:
-        for m in pattern.finditer(r["text"]):
-            word = m.group(1).lower()
-            counts[r["period"]][word] = counts[r["period"]].get(word, 0) + 1
+        for found in words.findall(r["text"]):
+            word = by_stem.get(stem_words([found])[0])
+            if word is not None:
+                counts[r["period"]][word] = counts[r["period"]].get(word, 0) + 1
+    forms = sorted({w.lower() for r in records for w in words.findall(r["text"])
+                    if stem_words([w])[0] in by_stem})
+    pattern = re.compile(r"\b(" + "|".join(forms) + r")\b", re.IGNORECASE)
     replace = _probabilities(plan, counts)
     rng = random.Random(seed)
     out, tokens, used = [], 0, {item["word"]: [0, 0] for item in plan}
@@ -133,7 +148,7 @@ def prepare(sotu: str, work: Path, keep: float, keep_donor: float, seed: int) ->
 
             kept.append(pattern.sub(
                 lambda m, period=r["period"]: _swap(m, replace[period], rng, used,
-                                                    PERIODS.index(period)), sentence))
+                                                    PERIODS.index(period), by_stem), sentence))
         text = " ".join(kept)
         tokens += len(text.split())
         out.append({**r, "text": text})
@@ -173,9 +188,13 @@ def _spearman(x: list[float], y: list[float]) -> float:
 
 def _scores(rows: list, plan: list[dict]) -> dict[str, dict[str, float]]:
     """Scoring -> word -> score, for every ranked word."""
+    from pipeline.lookup.sense_change_scores import METHODS
+
     scores: dict[str, dict[str, float]] = {}
-    for method in ("prt", "apd", "jsd"):
+    for method in METHODS:
         scores[f"{method} raw"] = {r.word: r.scores[method] for r in rows}
+        scores[f"{method} excess"] = {r.word: r.scores[method] - r.null_means[method]
+                                      for r in rows}
         scores[f"{method} z"] = {r.word: r.z[method] for r in rows}
     totals = [sum(r.uses.get(p, 0) for r in rows) for p in PERIODS]
     scores["frequency"] = {
@@ -201,18 +220,23 @@ def measure(work: Path, resamples: int) -> None:
     from pipeline.lookup.senses_change import word_changes
 
     plan = json.loads((work / "plan.json").read_text())
-    results = []
+    results, rows_out = [], {}
     for mix in MIXES:
         started = time.process_time()
         ranking = word_changes(str(work / f"ix-{mix.replace(':', '')}"), "period",
                                min_uses=MIN_USES, resamples=resamples, progress=True)
         cpu = time.process_time() - started
+        rows_out[mix] = [r.to_dict() for r in ranking.rows]
         for scoring, score in _scores(ranking.rows, plan).items():
             results.append({"mix": mix, "scoring": scoring, **_metrics(score, plan),
                             "cpu_s": round(cpu, 1)})
-        top = sorted(ranking.rows, key=lambda r: -r.z["prt"])[:10]
-        print(f"{mix}: top 10 by prt z: {', '.join(r.word for r in top)}", file=sys.stderr)
+        for key in ("z", "excess"):
+            top = sorted(ranking.rows, key=lambda r, k=key: -(
+                r.z["prt"] if k == "z" else r.scores["prt"] - r.null_means["prt"]))[:10]
+            print(f"{mix}: top 10 by prt {key}: {', '.join(r.word for r in top)}",
+                  file=sys.stderr)
     (work / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (work / "rows.json").write_text(json.dumps(rows_out, indent=1) + "\n")
     print("| mix | scoring | Spearman (rate) | P@10 | rate >= 0.5 above all stable | "
           "words ranked | CPU s (ranking) |")
     print("|---|---|---|---|---|---|---|")
@@ -231,12 +255,16 @@ def main() -> None:
     parser.add_argument("--keep-donor", type=float, default=0.3,
                         help="share of sentences with a donor word kept (prepare)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--random-periods", action="store_true",
+                        help="give each address a random period (prepare): no real change "
+                             "left, only the injected ones")
     parser.add_argument("--resamples", type=int, default=200)
     args = parser.parse_args()
     if args.stage == "prepare":
         if not args.sotu:
             parser.error("prepare needs --sotu DIR")
-        prepare(args.sotu, args.work, args.keep, args.keep_donor, args.seed)
+        prepare(args.sotu, args.work, args.keep, args.keep_donor, args.seed,
+                args.random_periods)
     elif args.stage == "embed":
         embed(args.work)
     elif args.stage == "index":

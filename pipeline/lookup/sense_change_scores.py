@@ -6,10 +6,14 @@ over unit (cosine-geometry) vectors of the word's uses.
 - ``apd``: the average cosine distance between two uses from different groups, which for
   unit vectors is exactly ``1 - mean_g . mean_h`` (so it needs sums, not pairs);
 - ``jsd``: the Jensen-Shannon divergence (bits) between the groups' distributions over
-  the word's sense clusters (spherical k-means of a sample of its uses).
+  the word's sense clusters (spherical k-means of a sample of its uses);
+- ``ed``: the energy distance between the groups' uses, ``2 apd - within_g - within_h``
+  (within: the average distance between two uses of one group), which for unit vectors is
+  ``|mean_g - mean_h|^2``: apd without the part that only says how varied the uses are
+  inside each group (a word with two steady senses has a high apd and no change).
 
-With more than two groups ``prt`` and ``apd`` average every pair of groups, and ``jsd`` is
-the generalised divergence of all the groups' distributions (equal weights).
+With more than two groups ``prt``, ``apd`` and ``ed`` average every pair of groups, and
+``jsd`` is the generalised divergence of all the groups' distributions (equal weights).
 
 Uses in one document are not independent, so documents, not uses, are resampled: each
 group's documents are dealt into blocks (``Blocks``: a word's uses summed per block), and
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-METHODS = ("prt", "apd", "jsd")
+METHODS = ("prt", "apd", "jsd", "ed")
 # Per group: up to this many of a word's uses are kept (at random) to find its senses.
 SENSE_SAMPLE = 64
 SENSE_KS = (2, 3, 4)  # k-means for jsd picks k among these by silhouette
@@ -77,34 +81,42 @@ def _entropy_bits(p: np.ndarray) -> np.ndarray:
     return terms.sum(-1)
 
 
-def group_scores(sums: np.ndarray, counts: np.ndarray, senses: np.ndarray
+def group_scores(dots: np.ndarray, counts: np.ndarray, senses: np.ndarray
                  ) -> dict[str, np.ndarray]:
-    """Each method's score from per-group aggregates: ``sums [..., G, dim]`` (of unit
-    vectors), ``counts [..., G]``, ``senses [..., G, k]``; a group without uses makes the
-    score NaN. This is the reference every resampling goes through."""
+    """Each method's score from per-group aggregates: ``dots [..., G, G]`` (the dot
+    products of the groups' sums of unit vectors), ``counts [..., G]``, ``senses [..., G,
+    k]``; a group without uses makes the score NaN. This is the reference every
+    resampling goes through."""
     with np.errstate(divide="ignore", invalid="ignore"):
         empty = (counts <= 0).any(-1)
-        norms = np.linalg.norm(sums, axis=-1)
-        dots = sums @ np.swapaxes(sums, -1, -2)  # [..., G, G]
+        norms = np.sqrt(np.maximum(np.diagonal(dots, axis1=-2, axis2=-1), 0.0))
         cos = dots / (norms[..., :, None] * norms[..., None, :])
         prt = _pair_mean(1.0 - cos)
-        apd = _pair_mean(1.0 - dots / (counts[..., :, None] * counts[..., None, :]))
+        means = dots / (counts[..., :, None] * counts[..., None, :])  # mean_g . mean_h
+        apd = _pair_mean(1.0 - means)
+        own = np.diagonal(means, axis1=-2, axis2=-1)
+        ed = _pair_mean(own[..., :, None] + own[..., None, :] - 2 * means)
         sampled = senses.sum(-1, keepdims=True)
         dist = senses / sampled
         jsd = _entropy_bits(dist.mean(-2)) - _entropy_bits(dist).mean(-1)
         jsd = np.where((sampled[..., 0] <= 0).any(-1), np.nan, jsd)
     return {"prt": np.where(empty, np.nan, prt), "apd": np.where(empty, np.nan, apd),
-            "jsd": np.where(empty, np.nan, np.maximum(jsd, 0.0))}
+            "jsd": np.where(empty, np.nan, np.maximum(jsd, 0.0)),
+            "ed": np.where(empty, np.nan, ed)}
 
 
 def resampled_scores(blocks: Blocks, picks: np.ndarray) -> dict[str, np.ndarray]:
     """Scores when group ``g`` holds blocks ``picks[:, starts[g]:starts[g+1]]`` (block
-    numbers; ``picks [R, blocks]``): ``[R]`` per method."""
-    starts = blocks.starts
-    sums = np.add.reduceat(blocks.sums[picks], starts, axis=1)  # [R, G, dim]
-    counts = np.add.reduceat(blocks.counts[picks], starts, axis=1)
-    senses = np.add.reduceat(blocks.senses[picks], starts, axis=1)
-    return group_scores(sums, counts, senses)
+    numbers; ``picks [R, blocks]``): ``[R]`` per method. Through the blocks' Gram matrix:
+    a group's sum is ``a @ sums`` for its pick counts ``a``, so the groups' dot products
+    are ``A K A^T`` (``K = sums sums^T``), without summing ``dim``-vectors per draw."""
+    r = picks.shape[0]
+    group = np.repeat(np.arange(len(blocks.starts)), blocks.group_sizes())  # [n]
+    chosen = np.zeros((r, len(blocks.starts), blocks.n_blocks))
+    np.add.at(chosen, (np.arange(r)[:, None], group[None, :], picks), 1.0)
+    gram = blocks.sums @ blocks.sums.T
+    dots = chosen @ gram @ np.swapaxes(chosen, -1, -2)
+    return group_scores(dots, chosen @ blocks.counts, chosen @ blocks.senses)
 
 
 def shuffled_picks(blocks: Blocks, resamples: int, rng: np.random.Generator) -> np.ndarray:

@@ -69,6 +69,7 @@ class WordChange:
     uses: dict[str, int]  # group -> uses (the groups it counts in)
     documents: int = 0  # documents using it, in those groups
     rank: int = 0
+    null_means: dict[str, float] = field(default_factory=dict)  # every method's
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data: ``word`` and ``change`` first."""
@@ -79,6 +80,8 @@ class WordChange:
                 "method": self.method, "p": num(self.p),
                 **{m: num(self.scores[m]) for m in METHODS},
                 **{f"{m}_z": num(self.z[m]) for m in METHODS},
+                **{f"{m}_excess": num(self.scores[m] - self.null_means.get(m, math.nan))
+                   for m in METHODS},
                 "null_mean": num(self.null_mean),
                 "interval": [num(self.interval[0]), num(self.interval[1])],
                 "uses": dict(self.uses), "documents": self.documents}
@@ -110,7 +113,8 @@ class ChangeRanking:
             "change": pa.array([r["change"] for r in rows], pa.float64()),
             "method": pa.array([r["method"] for r in rows], pa.string()),
             "p": pa.array([r["p"] for r in rows], pa.float64())}
-        for name in (*METHODS, *(f"{m}_z" for m in METHODS), "null_mean"):
+        for name in (*METHODS, *(f"{m}_z" for m in METHODS),
+                     *(f"{m}_excess" for m in METHODS), "null_mean"):
             columns[name] = pa.array([r[name] for r in rows], pa.float64())
         columns["interval_low"] = pa.array([r["interval"][0] for r in rows], pa.float64())
         columns["interval_high"] = pa.array([r["interval"][1] for r in rows], pa.float64())
@@ -373,6 +377,6 @@ def _score(plan: _Plan, groups: DocumentGroups, sums: np.ndarray, samples: np.nd
         uses = {groups.labels[g]: int(plan.uses[i, g]) for g in group_ids}
         rows.append(WordChange(plan.forms[i], s.z[method], method, s.raw, s.z, s.p[method],
                                s.null_mean[method], s.interval[method], uses,
-                               int(plan.docs[i])))
+                               int(plan.docs[i]), null_means=s.null_mean))
     return rows
 

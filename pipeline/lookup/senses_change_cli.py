@@ -16,11 +16,13 @@ Without WORD: every word with --min-uses uses in at least two groups of --by FIE
 it is used across the groups, highest first. Words are the index's word forms, as search
 matches them (plays, played, playing are one word).
 
-Scores (all three on every row; --method picks the one ranked by):
+Scores (all four on every row; --method picks the one ranked by):
   prt   cosine distance between the groups' mean vectors
   apd   average cosine distance between two uses from different groups
   jsd   Jensen-Shannon divergence between the groups' shares of the word's senses
-With more than two groups prt and apd average every pair of groups.
+  ed    energy distance: apd less the average distance between two uses of one group, so
+        a word whose uses vary a lot (two steady senses) does not look changed
+With more than two groups prt, apd and ed average every pair of groups.
 
 A raw score is mostly noise for a word with few uses, so `change` is the score's distance
 from its own distribution when the documents' groups are shuffled, in standard deviations
@@ -142,11 +144,12 @@ def ranking_lines(ranking: Any) -> list[str]:
              "the documents' groups, in standard deviations; interval: 95% bootstrap of "
              f"raw {m} (documents resampled)",
              f"{'rank':>4}  {'word':<16} {'change':>7} {'p':>6}  {'prt':>6} {'apd':>6} "
-             f"{'jsd':>6}  {'interval':<15} {'uses':>6} {'groups':>6}"]
+             f"{'jsd':>6} {'ed':>6}  {'interval':<15} {'uses':>6} {'groups':>6}"]
     for r in ranking.rows:
         lo, hi = r.interval
         lines.append(f"{r.rank:>4}  {r.word:<16} {r.change:7.2f} {r.p:6.3f}  "
-                     f"{r.scores['prt']:6.3f} {r.scores['apd']:6.3f} {r.scores['jsd']:6.3f}  "
+                     f"{r.scores['prt']:6.3f} {r.scores['apd']:6.3f} {r.scores['jsd']:6.3f} "
+                     f"{r.scores['ed']:6.3f}  "
                      f"{f'{lo:.3f}-{hi:.3f}':<15} {sum(r.uses.values()):>6} "
                      f"{len(r.uses):>6}")
     return lines

@@ -126,7 +126,7 @@ def test_one_pass_scores_equal_the_word_by_word_reference(index: str) -> None:
     late = np.array([int(d.split("/")[1]) >= 20 for d in rows.column("doc_id").to_pylist()])
     sums = np.stack([x[~late].sum(0), x[late].sum(0)])
     counts = np.array([(~late).sum(), late.sum()], np.float64)
-    expected = group_scores(sums, counts, np.ones((2, 1)))
+    expected = group_scores(sums @ sums.T, counts, np.ones((2, 1)))
     bank = next(r for r in _change(index, words=["bank", "garden"]).rows if r.word == "bank")
     assert bank.scores["prt"] == pytest.approx(float(expected["prt"]), abs=1e-6)
     assert bank.scores["apd"] == pytest.approx(float(expected["apd"]), abs=1e-6)
@@ -375,3 +375,42 @@ def test_hits_show_one_line_around_the_word() -> None:
     # Offsets that no longer point at the word (a text normalised since): found near them.
     moved = Hit(1, 1.0, "bank", "d", 0, 7, page.replace("\n", ""), start, start + 4)
     assert "[bank]" in moved.snippet(80)
+
+
+def test_cluster_counts_line_says_what_each_number_counts(
+        index: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import cli
+
+    monkeypatch.setattr(cli, "REGISTRARS", ("pipeline.lookup.cli",))
+    assert cli.main(["senses", "cluster", "bank", "--index", index, "--k", "2", "--by",
+                     "year", "--bin", "100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # 32 uses of "bank", 8 distinct sentences (each template in 4 documents).
+    assert lines[0].startswith("bank: 32 uses in 8 distinct contexts (24 repeat a sentence "
+                               "already seen: each counts in the tables, drawn once)")
+    table = lines[lines.index("occurrences by year (bins of 100):") + 2:]
+    assert sum(int(line.split()[1]) for line in table) == 32
+
+
+def test_resampled_scores_through_the_gram_matrix_equal_summing_the_vectors() -> None:
+    from pipeline.lookup.sense_change_scores import (
+        Blocks,
+        bootstrap_picks,
+        group_scores,
+        resampled_scores,
+        shuffled_picks,
+    )
+
+    rng = np.random.default_rng(3)
+    sizes = [5, 3, 4]
+    blocks = Blocks(np.r_[0, np.cumsum(sizes)[:-1]], rng.normal(size=(12, 16)),
+                    rng.integers(0, 6, 12).astype(float), rng.integers(0, 4, (12, 3)) * 1.0)
+    for picks in (shuffled_picks(blocks, 7, rng), bootstrap_picks(blocks, 7, rng)):
+        fast = resampled_scores(blocks, picks)
+        for r in range(len(picks)):
+            parts = np.split(picks[r], np.cumsum(sizes)[:-1])
+            sums = np.stack([blocks.sums[p].sum(0) for p in parts])
+            want = group_scores(sums @ sums.T, np.array([blocks.counts[p].sum() for p in parts]),
+                                np.stack([blocks.senses[p].sum(0) for p in parts]))
+            for method, value in want.items():
+                np.testing.assert_allclose(fast[method][r], value, rtol=1e-9, equal_nan=True)
