@@ -62,7 +62,7 @@ SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
 
 def pseudo_words(n: int, seed: int = 7) -> list[str]:
     """``n`` made-up lowercase words, each its own Snowball stem and no English word."""
-    from pipeline.lookup.index_words import stem_words
+    from pipeline.lookup.index.words import stem_words
 
     rng = random.Random(seed)
     out: list[str] = []
@@ -102,7 +102,7 @@ def _swap(m: re.Match, replace: dict[str, tuple[str, float]], rng: random.Random
           used: dict[str, list[int]], period: int, by_stem: dict[str, str]) -> str:
     """A donor word's use (any form), or the pseudo-word standing for it (at its
     probability)."""
-    from pipeline.lookup.index_words import stem_words
+    from pipeline.lookup.index.words import stem_words
 
     target = replace.get(by_stem.get(stem_words([m.group(1)])[0], ""))
     if target is not None and rng.random() < target[1]:
@@ -113,7 +113,7 @@ def _swap(m: re.Match, replace: dict[str, tuple[str, float]], rng: random.Random
 
 def prepare(sotu: str, work: Path, keep: float, keep_donor: float, seed: int,
             random_periods: bool) -> None:
-    from pipeline.lookup.index_words import stem_words
+    from pipeline.lookup.index.words import stem_words
 
     records = []
     shuffled = random.Random(seed + 1)
@@ -171,7 +171,7 @@ def embed(work: Path) -> None:
 
 
 def index(work: Path) -> None:
-    from pipeline.lookup.index_build import build_index
+    from pipeline.lookup.index.build import build_index
 
     for mix in MIXES:
         out = work / f"ix-{mix.replace(':', '')}"
@@ -188,7 +188,7 @@ def _spearman(x: list[float], y: list[float]) -> float:
 
 def _scores(rows: list, plan: list[dict]) -> dict[str, dict[str, float]]:
     """Scoring -> word -> score, for every ranked word."""
-    from pipeline.lookup.sense_change_scores import METHODS
+    from pipeline.lookup.senses.change_scores import METHODS
 
     scores: dict[str, dict[str, float]] = {}
     for method in METHODS:
@@ -217,7 +217,7 @@ def _metrics(score: dict[str, float], plan: list[dict]) -> dict[str, float | boo
 
 
 def measure(work: Path, resamples: int) -> None:
-    from pipeline.lookup.senses_change import word_changes
+    from pipeline.lookup.senses.change import word_changes
 
     plan = json.loads((work / "plan.json").read_text())
     results, rows_out = [], {}

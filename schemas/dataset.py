@@ -243,7 +243,7 @@ def list_files(fs: Any, root: str, table: str = "tokens",
     every committed shard of those parts, live or not (a writer's view of what it made).
     A shard whose table has no rows has no file and is left out. A derived table
     (``derived_tables``: ``senses``) lists the files its own registry names."""
-    from pipeline.lookup.derived_tables import DERIVED_SCHEMAS, derived_paths
+    from schemas.derived_tables import DERIVED_SCHEMAS, derived_paths
 
     if table in DERIVED_SCHEMAS:
         return [ShardFile(key, path) for key, path in derived_paths(fs, root, table)]

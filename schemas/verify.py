@@ -157,7 +157,7 @@ def verify_dataset(fs: Any, root: str, descriptor: DatasetDescriptor,
     changes nothing."""
     if wanted is None:
         wanted = expected_files(fs, root, parts)
-        if parts is None:  # the derived tables too (pipeline/lookup/derived_tables.py)
+        if parts is None:  # the derived tables too (schemas/derived_tables.py)
             wanted += expected_derived_files(fs, root)
     schemas = {"tokens": descriptor.token_schema(), **TABLE_SCHEMAS,
                **{name: schema() for name, schema in DERIVED_SCHEMAS.items()}}

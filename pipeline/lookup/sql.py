@@ -180,7 +180,7 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
 def _derived_views(con: duckdb.DuckDBPyConnection, ds: Dataset) -> None:
     """A view per derived table over the files its registry lists (an empty one when
     none): ``senses`` joins ``tokens`` and ``documents`` on ``doc_id, sent_idx, tok_idx``."""
-    from pipeline.lookup.derived_tables import DERIVED_SCHEMAS
+    from schemas.derived_tables import DERIVED_SCHEMAS
 
     for view in DERIVED_VIEWS:
         paths = ds.paths(view)

@@ -92,7 +92,7 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path) -> None:
 
 def test_embed_help_names_the_default_storage_dtype_everywhere() -> None:
     """The options list and the "Output" paragraph name the same default (issue 38)."""
-    from pipeline.config import EmbedConfig
+    from pipeline.write.config import EmbedConfig
 
     default = EmbedConfig.__dataclass_fields__["dtype"].default
     text = " ".join(PARSERS["elmo embed"].format_help().split())

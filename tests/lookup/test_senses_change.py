@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from helpers import REPO
+from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
 from elmo_model.errors import ElmoUserError
-from pipeline.embed import EmbedConfig, ModelSpec, embed_corpus
 
 MONEY = [
     "She paid her savings into the bank on Monday morning.",
@@ -75,7 +75,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def index(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from pipeline.lookup.index_build import build_index
+    from pipeline.lookup.index.build import build_index
 
     out = str(tmp_path_factory.mktemp("senses_change_ix") / "ix")
     build_index(str(dataset), "top", out, kind="flat", compact=False)
@@ -83,7 +83,7 @@ def index(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _change(index: str, **kw: object) -> object:
-    from pipeline.lookup.senses_change import word_changes
+    from pipeline.lookup.senses.change import word_changes
 
     kw.setdefault("min_uses", 5)
     kw.setdefault("resamples", 100)
@@ -115,9 +115,9 @@ def test_the_changed_word_ranks_above_the_stable_one_with_every_score(index: str
 
 def test_one_pass_scores_equal_the_word_by_word_reference(index: str) -> None:
     """The summed pass gives what the word's own vectors, read with a search, give."""
-    from pipeline.lookup.index import SenseIndex
-    from pipeline.lookup.sense_change_scores import group_scores
-    from pipeline.lookup.token_layers import matrix
+    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.layers.tokens import matrix
+    from pipeline.lookup.senses.change_scores import group_scores
 
     ix = SenseIndex(index)
     rows = ix.occurrences(["bank"], columns=["doc_id"], column="token_stem")
@@ -136,7 +136,7 @@ def test_one_pass_scores_equal_the_word_by_word_reference(index: str) -> None:
 
 @pytest.mark.slow
 def test_a_compact_index_ranks_the_same(dataset: Path, index: str, tmp_path: Path) -> None:
-    from pipeline.lookup.index_build import build_index
+    from pipeline.lookup.index.build import build_index
 
     compact = str(tmp_path / "compact")
     build_index(str(dataset), "top", compact, compact=True)
@@ -210,7 +210,7 @@ def test_bad_input_is_one_line_naming_the_fix_and_writes_nothing(
 
 
 def test_a_word_s_senses_per_group(index: str, tmp_path: Path) -> None:
-    from pipeline.lookup.senses_over_time import (
+    from pipeline.lookup.senses.over_time import (
         sense_timeline,
         timeline_lines,
         write_timeline_html,
@@ -250,7 +250,7 @@ def test_cli_word_senses_over_time(index: str, tmp_path: Path, capsys: pytest.Ca
     assert "1900-1999" in printed.out and "sense 2" in printed.out
     assert f"wrote {png}" in printed.err and png.exists()
     with pytest.raises(ElmoUserError):
-        from pipeline.lookup.senses_over_time import sense_timeline
+        from pipeline.lookup.senses.over_time import sense_timeline
 
         sense_timeline(index, "bank", "speaker", 5)
 
@@ -262,11 +262,11 @@ def test_labels_are_a_derived_table_sql_joins_and_any_reader_reads(
         dataset: Path, index: str) -> None:
     import duckdb
 
-    from pipeline.lookup.dataset import open_dataset
-    from pipeline.lookup.derived_tables import DERIVED_FILE, read_registry
-    from pipeline.lookup.senses_labels import label_words
+    from pipeline.lookup.senses.labels import label_words
     from pipeline.lookup.sql import run_query
-    from pipeline.verify import verify_dataset
+    from schemas.dataset import open_dataset
+    from schemas.derived_tables import DERIVED_FILE, read_registry
+    from schemas.verify import verify_dataset
 
     done = label_words(index, ["bank", "Garden"], k=2)
     # A written word in any case (as senses cluster matches it): "banks" is not "bank".
@@ -317,7 +317,7 @@ def test_labels_are_a_derived_table_sql_joins_and_any_reader_reads(
 
 
 def _fs_root(dataset: Path) -> tuple[object, str]:
-    from pipeline.lookup.dataset import open_fs
+    from schemas.dataset import open_fs
 
     return open_fs(str(dataset))
 
@@ -363,7 +363,7 @@ def test_served_routes_take_ids_with_slashes_and_follow_filters(
 
 
 def test_hits_show_one_line_around_the_word() -> None:
-    from pipeline.lookup.sense_hits import Hit
+    from pipeline.lookup.senses.hits import Hit
 
     page = ("<html>\n<body>\n" + "filler words here " * 40 + "\n<p>the river bank\nwas "
             "steep</p>\n" + "more filler text " * 40 + "</body></html>")
@@ -393,7 +393,7 @@ def test_cluster_counts_line_says_what_each_number_counts(
 
 
 def test_resampled_scores_through_the_gram_matrix_equal_summing_the_vectors() -> None:
-    from pipeline.lookup.sense_change_scores import (
+    from pipeline.lookup.senses.change_scores import (
         Blocks,
         bootstrap_picks,
         group_scores,

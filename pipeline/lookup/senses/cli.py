@@ -126,10 +126,10 @@ def register_senses(subparsers: Any, add: Callable[..., Any],
                         "alone make no sense), forms (every form), none")
     _index_args(c)
     c.set_defaults(handler=run_senses_cluster)
-    from pipeline.lookup.senses_change_cli import add_change_parser
+    from pipeline.lookup.senses.change_cli import add_change_parser
 
     add_change_parser(sv, add, _index_args, _where_arg)
-    from pipeline.lookup.senses_label_cli import add_label_parser
+    from pipeline.lookup.senses.label_cli import add_label_parser
 
     add_label_parser(sv, add, _index_args)
     senses.set_defaults(handler=lambda args: show_help(senses))

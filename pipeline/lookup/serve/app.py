@@ -209,7 +209,7 @@ def _add_sense_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> Non
     @lru_cache(maxsize=64)
     def timeline(index_name: str, word: str, by: str, bin: float | None, k: int | str,
                  where: tuple[str, ...]) -> dict[str, Any]:
-        from pipeline.lookup.senses_over_time import sense_timeline
+        from pipeline.lookup.senses.over_time import sense_timeline
 
         _, ix = store.index(index_name)
         filters = [c for text in where for c in parse_where(text)]

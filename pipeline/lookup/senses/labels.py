@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.derived_tables import replace_rows, senses_schema
-from pipeline.lookup.index import SenseIndex
-from pipeline.lookup.sense_clusters import ClusterResult, cluster_senses
+from pipeline.lookup.index.sense_index import SenseIndex
+from pipeline.lookup.senses.clusters import ClusterResult, cluster_senses
+from schemas.derived_tables import replace_rows, senses_schema
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -63,7 +63,7 @@ def label_words(index: str | SenseIndex, words: Sequence[str], k: int | str = "a
                 centre: str = "case", seed: int = 0) -> list[Labelled]:
     """Cluster each of ``words`` and write its uses' senses into the index's dataset
     (replacing the word's rows if it was labelled before)."""
-    from pipeline.lookup.dataset import open_dataset
+    from schemas.dataset import open_dataset
 
     names = [w.strip().lower() for w in words if w.strip()]
     if not names:

@@ -1,6 +1,6 @@
 """Groups of documents by a field, for comparing a word's uses across them: each document's
 group (its value, or its number's bin: ``--by year --bin 25``) and its block, the unit a
-change score's null and bootstrap resample (``sense_change_scores``).
+change score's null and bootstrap resample (``senses.change_scores``).
 
 A field no document has, a field with one group, and ``--bin`` on a text field are user
 errors that name what to pass instead; documents without the field are left out.
@@ -15,12 +15,12 @@ import numpy as np
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.doc_fields import value_kind
-from pipeline.lookup.sense_tables import bin_of
+from pipeline.lookup.senses.tables import bin_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from pipeline.lookup.index import SenseIndex
+    from pipeline.lookup.index.sense_index import SenseIndex
 
 
 @dataclass

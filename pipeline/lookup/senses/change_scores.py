@@ -23,7 +23,7 @@ resample whole blocks. A raw score is mostly sampling noise for a word with few 
 rare word's group means are far apart by chance); ``change`` is the score's distance from
 its own null distribution in null standard deviations (``WordScores.z``).
 
-Everything here is numpy on arrays already gathered (``senses_change`` reads them); the
+Everything here is numpy on arrays already gathered (``senses.change`` reads them); the
 resampled scores of one word are computed together, ``[resamples, groups, dim]``.
 """
 

@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.lookup.doc_fields import Filters
-from pipeline.lookup.sense_clusters import cluster_senses
-from pipeline.lookup.sense_maps import _escape, _plain, colour, write_whole
-from pipeline.lookup.sense_tables import SenseBreakdown, bin_of, breakdown_of, field_value
+from pipeline.lookup.senses.clusters import cluster_senses
+from pipeline.lookup.senses.maps import _escape, _plain, colour, write_whole
+from pipeline.lookup.senses.tables import SenseBreakdown, bin_of, breakdown_of, field_value
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from pipeline.lookup.index import SenseIndex
-    from pipeline.lookup.sense_hits import Hit
+    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.senses.hits import Hit
 
 USES_PER_GROUP = 50  # uses listed per group (the page lists them when a group is clicked)
 

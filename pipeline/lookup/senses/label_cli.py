@@ -1,5 +1,5 @@
 """``elmo senses label``: each use's sense written into the dataset (table ``senses``).
-Registered by ``senses_cli.register_senses``; imports nothing heavy at module level."""
+Registered by ``senses.cli.register_senses``; imports nothing heavy at module level."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def add_label_parser(verbs: Any, add: Callable[..., Any],
 
 def run_senses_label(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
-    from pipeline.lookup.senses_labels import label_words, labels_summary
+    from pipeline.lookup.senses.labels import label_words, labels_summary
 
     if not args.index:
         raise ElmoUserError("which index? pass --index URI (or set ELMO_INDEX)")

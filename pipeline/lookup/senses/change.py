@@ -12,7 +12,7 @@ frequent form); an index built without stems groups by the lowercase word.
 How it reads: a first pass reads the index's small columns (word, document key, row id)
 to count uses per word and group and to choose which uses each score needs; a second
 reads the vectors of those uses once (LanceDB batches, or a compact index's in-memory
-vectors) and sums them per word and block of documents (``sense_change_scores`` says what
+vectors) and sums them per word and block of documents (``senses.change_scores`` says what
 a block is and how the sums become scores, null distributions and intervals). Memory is
 one ``dim``-vector per word and block plus ``SENSE_SAMPLE`` sampled vectors per word and
 group, whatever the corpus size.
@@ -28,17 +28,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.index import SenseIndex
-from pipeline.lookup.index_words import column_words, token_filter
-from pipeline.lookup.sense_change_scores import (
+from pipeline.lookup.index.sense_index import SenseIndex
+from pipeline.lookup.index.words import column_words, token_filter
+from pipeline.lookup.senses.change_scores import (
     METHODS,
     SENSE_SAMPLE,
     Blocks,
     score_word,
     sense_counts,
 )
-from pipeline.lookup.sense_clusters import WORD_RE
-from pipeline.lookup.senses_groups import DocumentGroups, document_groups
+from pipeline.lookup.senses.clusters import WORD_RE
+from pipeline.lookup.senses.groups import DocumentGroups, document_groups
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -1,5 +1,5 @@
 """``elmo senses change``: words ranked by change across groups of documents, or with a
-WORD, that word's senses per group. Registered by ``senses_cli.register_senses``; imports
+WORD, that word's senses per group. Registered by ``senses.cli.register_senses``; imports
 nothing heavy at module level."""
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ examples:
 def add_change_parser(verbs: Any, add: Callable[..., Any],
                       index_args: Callable[[argparse.ArgumentParser], None],
                       where_arg: Callable[[argparse.ArgumentParser], None]) -> None:
-    from pipeline.lookup.sense_change_scores import METHODS
-    from pipeline.lookup.senses_change import DEFAULT_METHOD, DEFAULT_MIN_USES
+    from pipeline.lookup.senses.change import DEFAULT_METHOD, DEFAULT_MIN_USES
+    from pipeline.lookup.senses.change_scores import METHODS
 
     c = add(verbs, "change", "words ranked by change across groups of documents, or one "
             "word's senses per group", SENSES_CHANGE_EPILOG)
@@ -91,7 +91,7 @@ def _need(args: argparse.Namespace) -> str:
 
 def run_senses_change(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
-    from pipeline.lookup.sense_maps import check_writable
+    from pipeline.lookup.senses.maps import check_writable
 
     for path in (args.out, args.plot, args.html):
         if path:
@@ -108,7 +108,7 @@ def run_senses_change(args: argparse.Namespace) -> int:
 
 
 def _ranking(args: argparse.Namespace) -> int:
-    from pipeline.lookup.senses_change import word_changes
+    from pipeline.lookup.senses.change import word_changes
 
     words = args.words.split(",") if args.words is not None else None
     ranking = word_changes(_need(args), args.by, args.bin, words=words, top=args.top,
@@ -123,7 +123,7 @@ def _ranking(args: argparse.Namespace) -> int:
     if args.out:
         import pyarrow.parquet as pq
 
-        from pipeline.lookup.sense_maps import write_whole
+        from pipeline.lookup.senses.maps import write_whole
 
         table = ranking.table()
         print(f"wrote {write_whole(args.out, lambda tmp: pq.write_table(table, tmp))} "
@@ -158,7 +158,7 @@ def ranking_lines(ranking: Any) -> list[str]:
 def _one_word(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
     from pipeline.lookup.doc_fields import parse_where
-    from pipeline.lookup.senses_over_time import (
+    from pipeline.lookup.senses.over_time import (
         sense_timeline,
         timeline_lines,
         write_timeline_html,
