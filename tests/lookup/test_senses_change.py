@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from helpers import REPO
-from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
 from elmo_model.errors import ElmoUserError
+from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
 MONEY = [
     "She paid her savings into the bank on Monday morning.",
@@ -414,3 +414,13 @@ def test_resampled_scores_through_the_gram_matrix_equal_summing_the_vectors() ->
                                 np.stack([blocks.senses[p].sum(0) for p in parts]))
             for method, value in want.items():
                 np.testing.assert_allclose(fast[method][r], value, rtol=1e-9, equal_nan=True)
+
+
+def test_excess_ranks_by_how_much_z_by_how_sure(index: str) -> None:
+    by_excess = _change(index, score="excess", words=["bank", "garden"])
+    assert by_excess.score == "excess" and by_excess.rows[0].word == "bank"
+    for row in by_excess.rows:
+        assert row.change == pytest.approx(row.scores["prt"] - row.null_mean)
+        assert row.to_dict()["prt_excess"] == pytest.approx(row.change, abs=1e-6)
+    with pytest.raises(ElmoUserError, match="--score must be one of z, excess"):
+        _change(index, score="size")

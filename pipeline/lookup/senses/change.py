@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 # Chosen on bench/senses_change.py (docs/senses.md, "Which words changed").
 DEFAULT_METHOD = "prt"
 DEFAULT_MIN_USES = 20
+# What ``change`` is: ``z``, the method's distance from its shuffled-groups null in null
+# standard deviations (how sure: chosen on bench/senses_change.py), or ``excess``, the raw
+# score less the null's mean (how much: a frequent word's small sure shift ranks low).
+SCORES = ("z", "excess")
+DEFAULT_SCORE = "z"
 # Each group's documents are dealt into this many blocks (fewer when it has fewer
 # documents): the units the null and the bootstrap resample.
 DEFAULT_BLOCKS = 16
@@ -59,7 +64,7 @@ READ_BATCH_ROWS = 1 << 16
 @dataclass
 class WordChange:
     word: str  # the word's most frequent form (lowercase)
-    change: float  # the method's standardised distance from its shuffled-groups null
+    change: float  # the method's score against its shuffled-groups null (SCORES)
     method: str
     scores: dict[str, float]  # method -> raw score
     z: dict[str, float]  # method -> standardised score
@@ -100,6 +105,7 @@ class ChangeRanking:
     blocks: int = DEFAULT_BLOCKS
     resamples: int = DEFAULT_RESAMPLES
     left_out_docs: int = 0  # documents without the field
+    score: str = DEFAULT_SCORE  # what ``change`` is (SCORES)
 
     def table(self) -> pa.Table:
         """The rows as an Arrow table (``--out``): scores, intervals, uses per group."""
@@ -142,12 +148,15 @@ def _check_arguments(method: str, min_uses: int, top: int | None, blocks: int,
 def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
                  words: Sequence[str] | None = None, top: int | None = None,
                  min_uses: int = DEFAULT_MIN_USES, method: str = DEFAULT_METHOD,
+                 score: str = DEFAULT_SCORE,
                  blocks: int = DEFAULT_BLOCKS, resamples: int = DEFAULT_RESAMPLES,
                  seed: int = 0, progress: bool = False) -> ChangeRanking:
     """Words ranked by how differently they are used across the groups of document field
     ``by`` (numbers in bins of ``bin``): all words counting in two groups, or ``words``
     (each must); ``top`` keeps the first rows. See the module's docstring."""
     _check_arguments(method, min_uses, top, blocks, resamples, words)
+    if score not in SCORES:
+        raise ElmoUserError(f"--score must be one of {', '.join(SCORES)}, not {score!r}")
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
     column = "token_stem" if ix.has_stems else "token_lower"
     wanted = [w.strip() for w in words if w.strip()] if words is not None else None
@@ -172,6 +181,10 @@ def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
             f"{' or widen --bin' if bin else ''}")
     sums, samples = _gather(ix, plan, column, progress)
     ranking.rows = _score(plan, groups, sums, samples, method, resamples, rng, progress)
+    if score == "excess":
+        for row in ranking.rows:
+            row.change = row.scores[method] - row.null_mean
+    ranking.score = score
     ranking.rows.sort(key=lambda r: (-r.change if math.isfinite(r.change) else math.inf,
                                      r.word))
     for rank, row in enumerate(ranking.rows, 1):

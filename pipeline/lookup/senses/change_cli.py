@@ -26,7 +26,9 @@ With more than two groups prt, apd and ed average every pair of groups.
 
 A raw score is mostly noise for a word with few uses, so `change` is the score's distance
 from its own distribution when the documents' groups are shuffled, in standard deviations
-(p: the share of shuffles scoring as high). The interval is a 95% bootstrap interval of
+(p: the share of shuffles scoring as high); --score excess ranks by the score less that
+distribution's mean instead (how much rather than how sure: a frequent word's small but
+certain shift then ranks low). The interval is a 95% bootstrap interval of
 the raw score. Both resample whole documents (in blocks), not uses, since the uses in one
 document are not independent. Computed in one pass over the index's vectors.
 
@@ -44,7 +46,12 @@ examples:
 def add_change_parser(verbs: Any, add: Callable[..., Any],
                       index_args: Callable[[argparse.ArgumentParser], None],
                       where_arg: Callable[[argparse.ArgumentParser], None]) -> None:
-    from pipeline.lookup.senses.change import DEFAULT_METHOD, DEFAULT_MIN_USES
+    from pipeline.lookup.senses.change import (
+        DEFAULT_METHOD,
+        DEFAULT_MIN_USES,
+        DEFAULT_SCORE,
+        SCORES,
+    )
     from pipeline.lookup.senses.change_scores import METHODS
 
     c = add(verbs, "change", "words ranked by change across groups of documents, or one "
@@ -66,6 +73,10 @@ def add_change_parser(verbs: Any, add: Callable[..., Any],
     c.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
                    help=f"score that ranks the words (default {DEFAULT_METHOD}: best on "
                         "bench/senses_change.py, docs/senses.md)")
+    c.add_argument("--score", choices=SCORES, default=DEFAULT_SCORE,
+                   help="what change is: z (default: how sure, the distance from the "
+                        "shuffled null in its standard deviations) or excess (how much: the "
+                        "score less the null's mean)")
     c.add_argument("--format", choices=("table", "json"), default="table",
                    help="table (default) or json: one JSON object a line")
     c.add_argument("--out", metavar="FILE", help="also write the rows as Parquet "
@@ -112,7 +123,8 @@ def _ranking(args: argparse.Namespace) -> int:
 
     words = args.words.split(",") if args.words is not None else None
     ranking = word_changes(_need(args), args.by, args.bin, words=words, top=args.top,
-                           min_uses=args.min_uses, method=args.method, seed=args.seed,
+                           min_uses=args.min_uses, method=args.method, score=args.score,
+                           seed=args.seed,
                            progress=sys.stderr.isatty())
     if args.format == "json":
         for row in ranking.rows:
@@ -140,9 +152,11 @@ def ranking_lines(ranking: Any) -> list[str]:
     lines = [f"{ranking.candidates} words with {ranking.min_uses}+ uses in two or more of "
              f"{len(ranking.groups)} groups of {ranking.by}{binned} (mix {ranking.mix}"
              f"{left}), ranked by {m}",
-             f"change: {m}'s distance from its mean over {ranking.resamples} shufflings of "
-             "the documents' groups, in standard deviations; interval: 95% bootstrap of "
-             f"raw {m} (documents resampled)",
+             (f"change: {m}'s distance from its mean over {ranking.resamples} shufflings of "
+              "the documents' groups, in standard deviations" if ranking.score == "z" else
+              f"change: {m} less its mean over {ranking.resamples} shufflings of the "
+              "documents' groups")
+             + f"; interval: 95% bootstrap of raw {m} (documents resampled)",
              f"{'rank':>4}  {'word':<16} {'change':>7} {'p':>6}  {'prt':>6} {'apd':>6} "
              f"{'jsd':>6} {'ed':>6}  {'interval':<15} {'uses':>6} {'groups':>6}"]
     for r in ranking.rows:
