@@ -14,8 +14,8 @@ to count uses per word and group and to choose which uses each score needs; a se
 reads the vectors of those uses once (LanceDB batches, or a compact index's in-memory
 vectors) and sums them per word and block of documents (``senses.change_scores`` says what
 a block is and how the sums become scores, null distributions and intervals). Memory is
-one ``dim``-vector per word and block plus ``SENSE_SAMPLE`` sampled vectors per word and
-group, whatever the corpus size.
+one ``dim``-vector per word and block plus ``sense_sample(groups)`` sampled vectors per word
+and group, whatever the corpus size.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from pipeline.lookup.index.sense_index import SenseIndex
 from pipeline.lookup.index.words import column_words, token_filter
 from pipeline.lookup.senses.change_scores import (
     METHODS,
-    SENSE_SAMPLE,
     Blocks,
     score_word,
     sense_counts,
+    sense_sample,
 )
 from pipeline.lookup.senses.clusters import WORD_RE
 from pipeline.lookup.senses.groups import DocumentGroups, document_groups
@@ -252,13 +252,13 @@ def _plan(keys: pa.Table, column: str, groups: DocumentGroups, min_uses: int,
     w, g, b, d = row_word[use], group[use], groups.doc_block[doc[use]], doc[use]
     n_blocks = groups.n_blocks
     slots, slot = np.unique(w * n_blocks + b, return_inverse=True)
-    # SENSE_SAMPLE uses per (word, group), at random: the first by a random priority.
+    # sense_sample(groups) uses per (word, group), at random: the first by a random priority.
     pair = w * n_groups + g
     order = np.lexsort((rng.random(len(pair)), pair))
     first = np.r_[0, np.flatnonzero(np.diff(pair[order])) + 1]
     rank = np.arange(len(order)) - np.repeat(first, np.diff(np.r_[first, len(order)]))
     sampled = np.zeros(len(pair), bool)
-    sampled[order[rank < SENSE_SAMPLE]] = True
+    sampled[order[rank < sense_sample(n_groups)]] = True
     sample = np.full(len(pair), -1, np.int64)
     sample[sampled] = np.arange(int(sampled.sum()))
     by_rowid = np.argsort(rowid)
@@ -331,8 +331,8 @@ def _gather(ix: SenseIndex, plan: _Plan, column: str, progress: bool
     """Pass 2: sums of unit vectors per (word, block) slot, and the sampled unit vectors."""
     from tqdm import tqdm
 
-    sums = np.zeros((len(plan.slot_word), ix.meta.dim), np.float64)
-    samples = np.zeros((len(plan.sample_word), ix.meta.dim), np.float32)
+    sums = np.zeros((len(plan.slot_word), ix.meta.dim), np.float32)  # each batch adds in float64
+    samples = np.zeros((len(plan.sample_word), ix.meta.dim), np.float16)  # unit vectors
     with tqdm(total=len(plan.rowids), unit="use", unit_scale=True, disable=not progress,
               desc="senses change: read vectors", file=_stderr(), delay=1.0) as bar:
         for rowids, vectors in _vector_batches(ix, plan, column):

@@ -34,8 +34,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 METHODS = ("prt", "apd", "jsd", "ed")
-# Per group: up to this many of a word's uses are kept (at random) to find its senses.
+# Up to this many of a word's uses per group are kept (at random) to find its senses,
+# fewer with many groups (``sense_sample``): memory is words x groups x this x dim.
 SENSE_SAMPLE = 64
+SENSE_SAMPLE_WORD = 128  # per word in all, at least SENSE_SAMPLE_MIN a group
+SENSE_SAMPLE_MIN = 16
+
+
+def sense_sample(groups: int) -> int:
+    """Uses per (word, group) kept to find the word's senses."""
+    return max(SENSE_SAMPLE_MIN, min(SENSE_SAMPLE, SENSE_SAMPLE_WORD // max(1, groups)))
 SENSE_KS = (2, 3, 4)  # k-means for jsd picks k among these by silhouette
 KMEANS_STEPS = 25
 INTERVAL = 0.95  # bootstrap interval's coverage
