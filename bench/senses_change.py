@@ -112,7 +112,7 @@ def _swap(m: re.Match, replace: dict[str, tuple[str, float]], rng: random.Random
 
 
 def prepare(sotu: str, work: Path, keep: float, keep_donor: float, seed: int,
-            random_periods: bool) -> None:
+            random_periods: bool, plain: bool = False) -> None:
     from pipeline.lookup.index.words import stem_words
 
     records = []
@@ -123,10 +123,12 @@ def prepare(sotu: str, work: Path, keep: float, keep_donor: float, seed: int,
         late = shuffled.random() < 0.5 if random_periods else year >= SPLIT_YEAR
         records.append({"id": Path(path).stem, "year": year, "president": record["name"],
                         "period": PERIODS[late], "text": record["text"]})
-    plan = _plan()
+    plan = [] if plain else _plan()
     donors = sorted({w for item in plan for key in ("early", "late") for w in item[key]})
     # Every form of a donor stands in (treaty and treaties): the index groups forms.
     by_stem = dict(zip(stem_words(donors), donors, strict=True))
+    if plain:  # the addresses as they are (a --keep share of their sentences)
+        by_stem, keep_donor = {}, keep
     words = re.compile(r"\b[A-Za-z]+\b")
     counts: dict[str, dict[str, int]] = {p: {} for p in PERIODS}
     for r in records:
@@ -136,7 +138,7 @@ def prepare(sotu: str, work: Path, keep: float, keep_donor: float, seed: int,
                 counts[r["period"]][word] = counts[r["period"]].get(word, 0) + 1
     forms = sorted({w.lower() for r in records for w in words.findall(r["text"])
                     if stem_words([w])[0] in by_stem})
-    pattern = re.compile(r"\b(" + "|".join(forms) + r")\b", re.IGNORECASE)
+    pattern = re.compile(r"\b(" + "|".join(forms or ["(?!)"]) + r")\b", re.IGNORECASE)
     replace = _probabilities(plan, counts)
     rng = random.Random(seed)
     out, tokens, used = [], 0, {item["word"]: [0, 0] for item in plan}
@@ -255,6 +257,9 @@ def main() -> None:
     parser.add_argument("--keep-donor", type=float, default=0.3,
                         help="share of sentences with a donor word kept (prepare)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plain", action="store_true",
+                        help="no pseudo-words: a --keep share of the addresses' sentences "
+                             "as they are (prepare; docs/senses.md, the real thing)")
     parser.add_argument("--random-periods", action="store_true",
                         help="give each address a random period (prepare): no real change "
                              "left, only the injected ones")
@@ -264,7 +269,7 @@ def main() -> None:
         if not args.sotu:
             parser.error("prepare needs --sotu DIR")
         prepare(args.sotu, args.work, args.keep, args.keep_donor, args.seed,
-                args.random_periods)
+                args.random_periods, args.plain)
     elif args.stage == "embed":
         embed(args.work)
     elif args.stage == "index":

@@ -7,8 +7,11 @@
 Views: ``tokens`` (with ``layer_0..layer_L`` as ``FLOAT[]``: DuckDB widens float16; from
 schema version 3 layer 0 is joined in from the ``types`` files and int8 layers are
 multiplied by their scales),
-``sentences``, ``documents``, ``errors``, each with the hive column ``shard``. Only files
-of committed shards are in the views, so a query never sees a half-written run.
+``sentences``, ``documents`` (its metadata fields also as typed columns), ``errors``, each
+with the hive column ``shard``; and ``senses``, the derived table ``elmo senses label``
+writes (``schemas/derived_tables.py``; empty until a word is labelled). Only files of
+committed shards (and listed derived files) are in the views, so a query never sees a
+half-written run.
 
 Functions:
 
