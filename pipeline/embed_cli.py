@@ -42,12 +42,17 @@ float32's; float16 compute is CUDA only. It is recorded in the descriptor's "ext
 in each item's manifest entry, and a rerun with another compute dtype is not refused.
 
 Output: hive-partitioned Parquet under --out (tokens/, sentences/, documents/, errors/,
-shard=K/ where K is the work item), float16 layers by default (zstd; snappy for layers
-1..L; see docs/dataset_format.md). Re-running the same command after a crash or kill
-finishes only the items that were not committed, and the dataset equals an
-uninterrupted run's.
+shard=K/ where K is the work item), layers stored as {dtype} by default (--dtype; zstd,
+snappy for layers 1..L; see docs/dataset_format.md). Re-running the same command after
+a crash or kill finishes only the items that were not committed, and the dataset equals
+an uninterrupted run's.
 Exit status: 0 when anything was stored, 1 when nothing could be processed, 2 on misuse.
 """
+
+
+def output_epilog() -> str:
+    """``EPILOG`` naming the storage dtype the config defaults to (defined there, once)."""
+    return EPILOG.replace("{dtype}", EmbedConfig.__dataclass_fields__["dtype"].default)
 
 
 class NamesWholeFormatter(argparse.RawDescriptionHelpFormatter):
@@ -65,7 +70,7 @@ def register(subparsers: Any) -> None:
                     "fsspec file system) with the biLM and store every layer of every token "
                     "as hive-partitioned Parquet, exactly once and resumable: the product's "
                     "main job. Runs in-process, or on a Ray cluster with --actors/--ray-address.",
-        epilog=EPILOG,
+        epilog=output_epilog(),
         formatter_class=NamesWholeFormatter,
     )
     helps = {f.name: f.setting.help for f in settings_fields(EmbedConfig)}

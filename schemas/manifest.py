@@ -204,7 +204,12 @@ def list_files(fs: Any, root: str, table: str = "tokens",
                parts: Iterable[str] | None = None) -> list[ShardFile]:
     """The files of one table, in (part, shard) order: the live view, or with ``parts``
     every committed shard of those parts, live or not (a writer's view of what it made).
-    A shard whose table has no rows has no file and is left out."""
+    A shard whose table has no rows has no file and is left out. A derived table
+    (``derived_tables``: ``senses``) lists the files its own registry names."""
+    from schemas.derived_tables import DERIVED_SCHEMAS, derived_paths
+
+    if table in DERIVED_SCHEMAS:
+        return [ShardFile(key, path) for key, path in derived_paths(fs, root, table)]
     shards = live_shards(fs, root) if parts is None else _part_shards(fs, root, sorted(parts))
     return [ShardFile(s.key, path) for s in shards
             if (path := s.path(root, table)) is not None]

@@ -32,6 +32,7 @@ from typing import Any
 from elmo_model.errors import ElmoUserError
 from schemas import TABLE_SCHEMAS, DatasetDescriptor
 from schemas.dataset import open_dataset
+from schemas.derived_tables import DERIVED_SCHEMAS, expected_derived
 from schemas.files import protocols
 from schemas.manifest import committed_items, iter_parts, shard_from_entry
 from schemas.user_cache import cache_dir, listed_version, load_json, save_json
@@ -132,6 +133,15 @@ def expected_files(fs: Any, root: str, parts: Iterable[str] | None = None) -> li
     return out
 
 
+def expected_derived_files(fs: Any, root: str) -> list[ExpectedFile]:
+    """Every derived table's file (``_derived.json``), as ``expected_files`` gives the
+    committed ones: part ``derived``, the key (a labelled word) as its source."""
+    return [ExpectedFile("derived", 0, table, entry["path"], entry.get("bytes"),
+                         entry.get("sha256"), entry.get("rows"),
+                         {"source": f"{table} of {key!r}"})
+            for table, key, entry in expected_derived(fs, root)]
+
+
 def verify_dataset(fs: Any, root: str, descriptor: DatasetDescriptor,
                    parts: Iterable[str] | None = None,
                    on_bytes: Callable[[int], None] | None = None,
@@ -143,7 +153,10 @@ def verify_dataset(fs: Any, root: str, descriptor: DatasetDescriptor,
     changes nothing."""
     if wanted is None:
         wanted = expected_files(fs, root, parts)
-    schemas = {"tokens": descriptor.token_schema(), **TABLE_SCHEMAS}
+        if parts is None:  # the derived tables too (schemas/derived_tables.py)
+            wanted += expected_derived_files(fs, root)
+    schemas = {"tokens": descriptor.token_schema(), **TABLE_SCHEMAS,
+               **{name: schema() for name, schema in DERIVED_SCHEMAS.items()}}
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         checks = list(pool.map(lambda e: _check_file(fs, root, e, schemas, on_bytes), wanted))
     return VerifyReport(checks)
@@ -292,7 +305,7 @@ def require_intact(uri: str, storage_options: dict | None = None, *,
     file versions found intact before, and remember the ones found intact now (see the
     module's docstring); False reads every file. The report lists the files read."""
     ds = open_dataset(uri, storage_options)
-    wanted = expected_files(ds.fs, ds.root)
+    wanted = expected_files(ds.fs, ds.root) + expected_derived_files(ds.fs, ds.root)
     if remember:
         known = VerifiedFiles()
         keys = version_keys(ds.fs, ds.root, wanted)

@@ -7,8 +7,11 @@
 Views: ``tokens`` (with ``layer_0..layer_L`` as ``FLOAT[]``: DuckDB widens float16; from
 schema version 3 layer 0 is joined in from the ``types`` files and int8 layers are
 multiplied by their scales),
-``sentences``, ``documents``, ``errors``, each with the hive column ``shard``. Only files
-of committed shards are in the views, so a query never sees a half-written run.
+``sentences``, ``documents`` (its metadata fields also as typed columns), ``errors``, each
+with the hive column ``shard``; and ``senses``, the derived table ``elmo senses label``
+writes (``schemas/derived_tables.py``; empty until a word is labelled). Only files of
+committed shards (and listed derived files) are in the views, so a query never sees a
+half-written run.
 
 Functions:
 
@@ -53,6 +56,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 VIEWS = ("tokens", "sentences", "documents", "errors")
+# Derived tables (``derived_tables``): a view each, empty until something is written.
+DERIVED_VIEWS = ("senses",)
 
 
 def _list_values(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:
@@ -156,6 +161,8 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
             relation = _v3_tokens(con, ds, paths)
         else:
             relation = con.read_parquet(paths, hive_partitioning=True)
+        if view == "documents":
+            relation = _typed_documents(con, ds, relation)
         relation.create_view(view, replace=True)
         columns[view] = list(relation.columns)
     if not columns:
@@ -166,10 +173,53 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
         empty = TABLE_SCHEMAS[view].empty_table()
         empty = empty.append_column(PARTITION_COLUMN, pa.array([], pa.int64()))
         con.from_arrow(empty).create_view(view, replace=True)
+    _derived_views(con, ds)
     layers = [f"layer_{k}" for k in range(ds.descriptor.n_output_layers)]
     if layers and all(c in columns.get("tokens", []) for c in layers):
         _register_functions(con, ds)
     return con
+
+
+def _derived_views(con: duckdb.DuckDBPyConnection, ds: Dataset) -> None:
+    """A view per derived table over the files its registry lists (an empty one when
+    none): ``senses`` joins ``tokens`` and ``documents`` on ``doc_id, sent_idx, tok_idx``."""
+    from schemas.derived_tables import DERIVED_SCHEMAS
+
+    for view in DERIVED_VIEWS:
+        paths = ds.paths(view)
+        if not ds.is_local:
+            paths = [ds.uri_of(path) for path in paths]
+        relation = con.read_parquet(paths) if paths \
+            else con.from_arrow(DERIVED_SCHEMAS[view]().empty_table())
+        relation.create_view(view, replace=True)
+
+
+SQL_TYPES = {"int": "BIGINT", "float": "DOUBLE", "string": "VARCHAR"}
+
+
+def _typed_documents(con: duckdb.DuckDBPyConnection, ds: Dataset, relation: Any) -> Any:
+    """The ``documents`` view with each metadata field as a typed column after the stored
+    ones (``year`` BIGINT, ``president`` VARCHAR; ``metadata`` kept): the kinds search and
+    clustering see (``DocumentTable.kinds``: all integers, all numbers, else text). A field
+    named like a stored column (in any case: DuckDB's names are) stays in ``metadata``."""
+    from pipeline.lookup.doc_fields import DocumentTable
+
+    taken = {c.lower() for c in relation.columns}
+    selected = []
+    for name, kind in DocumentTable(ds).kinds.items():
+        if name.lower() in taken or any(c in name for c in '"\\') or \
+                any(ord(c) < 32 for c in name):
+            continue
+        taken.add(name.lower())
+        path = "'$.\"" + name.replace("'", "''") + "\"'"
+        column = '"' + name.replace('"', '""') + '"'
+        value = f"json_extract_string(metadata, {path})"
+        selected.append(value + f" AS {column}" if kind == "string"
+                        else f"TRY_CAST({value} AS {SQL_TYPES[kind]}) AS {column}")
+    if not selected:
+        return relation
+    relation.create_view("elmo_document_rows", replace=True)
+    return con.sql(f"SELECT *, {', '.join(selected)} FROM elmo_document_rows")
 
 
 def _dequantized(column: str, names: list[str]) -> str:

@@ -35,6 +35,7 @@ def test_every_verb_is_walked() -> None:
     expected = {"elmo train", "elmo model info", "elmo model export", "elmo model package",
                 "elmo embed-sentences", "elmo embed", "elmo sql", "elmo index build",
                 "elmo index info", "elmo senses search", "elmo senses cluster",
+                "elmo senses change", "elmo senses label",
                 "elmo mix list", "elmo mix fit", "elmo jobs validate", "elmo jobs run",
                 "elmo jobs schedule", "elmo jobs status", "elmo jobs submit", "elmo demo"}
     assert expected <= set(PARSERS)
@@ -87,3 +88,14 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path) -> None:
         error = process.stderr.read().decode()
         assert process.wait(timeout=60) == 141
     assert "Traceback" not in error and error == ""
+
+
+def test_embed_help_names_the_default_storage_dtype_everywhere() -> None:
+    """The options list and the "Output" paragraph name the same default (issue 38)."""
+    from pipeline.write.config import EmbedConfig
+
+    default = EmbedConfig.__dataclass_fields__["dtype"].default
+    text = " ".join(PARSERS["elmo embed"].format_help().split())
+    assert f"storage dtype of the layers (default {default})" in text
+    output = text[text.index("Output:"):]
+    assert f"layers stored as {default} by default" in output and "float16 layers" not in output

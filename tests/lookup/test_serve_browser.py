@@ -58,7 +58,7 @@ def test_explorer_page_searches_maps_and_shows_context(server: str, browser: obj
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     driver = browser
     # A list the page replaces while a condition reads it is read again, not an error.
@@ -107,6 +107,30 @@ def test_explorer_page_searches_maps_and_shows_context(server: str, browser: obj
     driver.find_elements(By.CSS_SELECTOR, "#tokens .token")[2].click()
     wait.until(lambda d: all("moby_dick_play.txt" in h.text for h in
                              d.find_elements(By.CSS_SELECTOR, "#results .hit")))
+    # The sense map follows the filter box: every dot from that source.
+    wait.until(lambda d: d.execute_script(
+        "const m = document.getElementById('sense-map'); return m.data && m.data.length"))
+
+    # Senses per group of a document field: stacked bars, a group's uses on a click.
+    box.clear()
+    Select(driver.find_element(By.ID, "by")).select_by_value("source")
+    driver.find_elements(By.CSS_SELECTOR, "#tokens .token")[2].click()
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#groups .group")) == 2)
+    bars = driver.execute_script(
+        "const t = document.getElementById('sense-time'); "
+        "return t.data.map((trace) => [trace.type, trace.x.length])")
+    assert len(bars) >= 2 and all(kind == "bar" and n == 2 for kind, n in bars)
+    assert "share of the word" in driver.find_element(By.ID, "sense-time").text
+    group = driver.find_elements(By.CSS_SELECTOR, "#groups .group")[0]
+    assert group.text.endswith(")") and "moby_dick_play.txt (" in group.text
+    group.click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#group-uses .hit"))
+    uses = driver.find_elements(By.CSS_SELECTOR, "#group-uses .hit")
+    assert all("moby_dick_play.txt" in u.text and u.text.startswith("sense ") for u in uses)
+    uses[0].click()
+    context = wait.until(ec.visibility_of_element_located((By.ID, "context")))
+    assert context.find_element(By.CSS_SELECTOR, ".focus mark").text.lower() == "play"
+
     shot = tmp_path / "sense-explorer.png"
     assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
     artifacts = REPO / "runs" / "test-artifacts"

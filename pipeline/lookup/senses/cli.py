@@ -11,6 +11,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+# Characters of a hit's sentence shown around the word, on one line (a corpus's "sentence"
+# may be a whole multi-line HTML page).
+SNIPPET_CHARS = 110
+
 SENSES_EPILOG = """\
 Both verbs read an index built by `elmo index build` (--index, or $ELMO_INDEX); it
 remembers its dataset and mix.
@@ -75,7 +79,7 @@ def register_senses(subparsers: Any, add: Callable[..., Any],
                     show_help: Callable[[argparse.ArgumentParser], int]) -> None:
     """The ``senses`` verbs, made with ``cli``'s parser helpers (``add``, ``show_help``)
     so that every verb is built alike."""
-    senses = add(subparsers, "senses", "contextual word senses: search and cluster",
+    senses = add(subparsers, "senses", "contextual word senses: search, cluster, change, label",
                   SENSES_EPILOG)
     sv = senses.add_subparsers(dest="senses_command", metavar="VERB")
     s = add(sv, "search", "occurrences nearest to a word as used in a sentence",
@@ -122,6 +126,12 @@ def register_senses(subparsers: Any, add: Callable[..., Any],
                         "alone make no sense), forms (every form), none")
     _index_args(c)
     c.set_defaults(handler=run_senses_cluster)
+    from pipeline.lookup.senses.change_cli import add_change_parser
+
+    add_change_parser(sv, add, _index_args, _where_arg)
+    from pipeline.lookup.senses.label_cli import add_label_parser
+
+    add_label_parser(sv, add, _index_args)
     senses.set_defaults(handler=lambda args: show_help(senses))
 
 
@@ -166,7 +176,7 @@ def run_senses_search(args: argparse.Namespace) -> int:
     for h in hits:
         fields = h.field_text(names)
         print(f"{h.rank:>3}  {h.similarity:6.3f}  {h.doc_id}#{h.sent_idx}.{h.tok_idx}  "
-              f"{f'({fields})  ' if fields else ''}{h.highlighted(left, right)}")
+              f"{f'({fields})  ' if fields else ''}{h.snippet(SNIPPET_CHARS, left, right)}")
     among = {"forms": f"uses of {args.word!r} in any of its forms (--same-form: this form "
                       "only; --any-word: every word)",
              "word": f"uses of {args.word!r} as written, any case",
@@ -216,7 +226,7 @@ def run_senses_cluster(args: argparse.Namespace) -> int:
         for h in c.examples:
             fields = h.field_text()
             print(f"    {h.doc_id}#{h.sent_idx}  {f'({fields})  ' if fields else ''}"
-                  f"{h.highlighted(left, right)}")
+                  f"{h.snippet(SNIPPET_CHARS, left, right)}")
     if breakdown is not None:
         print("\n".join(breakdown_lines(breakdown)))
     sys.stdout.flush()  # the notes below after the results, also when both go to one pipe

@@ -99,11 +99,14 @@ class SenseCluster:
     phrases: list[str] = field(default_factory=list)  # most typical neighbour phrases
     keywords: list[str] = field(default_factory=list)  # most typical content words
 
+    def typical_text(self) -> str:
+        """``"to play", "play the"; prostitute``: what names the sense."""
+        parts = [", ".join(f'"{p}"' for p in self.phrases), ", ".join(self.keywords)]
+        return "; ".join(p for p in parts if p) or "no typical context words"
+
     def name(self) -> str:
         """``sense 2 (100): "to play", "play the"; prostitute``."""
-        parts = [", ".join(f'"{p}"' for p in self.phrases), ", ".join(self.keywords)]
-        typical_text = "; ".join(p for p in parts if p) or "no typical context words"
-        return f"sense {self.label + 1} ({self.size}): {typical_text}"
+        return f"sense {self.label + 1} ({self.size}): {self.typical_text()}"
 
 
 @dataclass
@@ -126,6 +129,8 @@ class ClusterResult:
     # cluster: the nearest centre, which for a clustered point is its own cluster.
     all_occurrences: list[Hit] = field(default_factory=list)
     all_labels: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # Each of those occurrences' cosine similarity to its cluster's centre.
+    all_similarity: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
     @property
     def silhouette(self) -> float | None:
@@ -282,7 +287,8 @@ def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str =
     return ClusterResult(list(words), chosen, scores, clusters, labels, points, occurrences,
                          (explained[0], explained[1]), ix.meta.mix_name, k == "auto",
                          n_rows, n_distinct, centre, [c.describe() for c in conditions],
-                         rows, all_labels.astype(np.int64))
+                         rows, all_labels.astype(np.int64),
+                         (every * unit_centres[all_labels]).sum(1).astype(np.float32))
 
 
 def _zeros(n: int) -> Any:

@@ -3,6 +3,7 @@ fields) and what makes two of them the same context."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -27,27 +28,42 @@ class Hit:
     # The document's fields: source, line and its metadata (year, president, ...).
     fields: dict[str, Any] = field(default_factory=dict)
 
+    def span(self) -> tuple[int, int] | None:
+        """Where the word is in ``sentence``: ``start, end`` when they hold the token,
+        else the token's place nearest ``start`` (a sentence text normalised after its
+        offsets were taken), None when it is not there."""
+        s, token = self.sentence, self.token
+        if 0 <= self.start <= self.end <= len(s) and \
+                (not token or s[self.start:self.end].lower() == token.lower()):
+            return self.start, self.end
+        lowered, wanted = s.lower(), token.lower()
+        places = [m.start() for m in re.finditer(re.escape(wanted), lowered)] if wanted else []
+        if not places:
+            return None
+        at = min(places, key=lambda p: abs(p - self.start))
+        return at, at + len(wanted)
+
     def highlighted(self, left: str = "[", right: str = "]") -> str:
-        s = self.sentence
-        if 0 <= self.start <= self.end <= len(s):
-            return f"{s[:self.start]}{left}{s[self.start:self.end]}{right}{s[self.end:]}"
-        return s
+        s, span = self.sentence, self.span()
+        if span is None:
+            return s
+        start, end = span
+        return f"{s[:start]}{left}{s[start:end]}{right}{s[end:]}"
 
     def snippet(self, width: int = 70, left: str = "[", right: str = "]") -> str:
         """About ``width`` characters of the sentence around the word, the word marked."""
-        s = self.sentence
-        if not 0 <= self.start <= self.end <= len(s):
-            return s[:width]
-        side = max(10, (width - (self.end - self.start)) // 2)
-        lo, hi = max(0, self.start - side), min(len(s), self.end + side)
-        # Cut at spaces, so that no word is shown in part.
+        s, span = self.sentence, self.span()
+        if span is None:
+            return " ".join(s[:width].split())
+        start, end = span
+        side = max(10, (width - (end - start)) // 2)
+        lo, hi = max(0, start - side), min(len(s), end + side)
+        # Cut at white space, so that no word is shown in part.
         if lo > 0:
-            cut = s.find(" ", lo, self.start)
-            lo = cut + 1 if cut >= 0 else lo
+            lo = _after_space(s, lo, start)
         if hi < len(s):
-            cut = s.rfind(" ", self.end, hi)
-            hi = cut if cut >= 0 else hi
-        text = f"{s[lo:self.start]}{left}{s[self.start:self.end]}{right}{s[self.end:hi]}"
+            hi = _before_space(s, end, hi)
+        text = f"{s[lo:start]}{left}{s[start:end]}{right}{s[end:hi]}"
         return f"{'…' if lo > 0 else ''}{' '.join(text.split())}{'…' if hi < len(s) else ''}"
 
     def field_text(self, names: Sequence[str] | None = None) -> str:
@@ -67,6 +83,18 @@ class Hit:
         if not text:
             return "", self.doc_id, str(self.sent_idx), str(self.tok_idx)
         return text, str(self.tok_idx)
+
+
+def _after_space(s: str, lo: int, start: int) -> int:
+    """The first place after a white space in ``s[lo:start]`` (``lo`` if none)."""
+    found = re.search(r"\s", s[lo:start])
+    return lo + found.end() if found else lo
+
+
+def _before_space(s: str, end: int, hi: int) -> int:
+    """The last white space in ``s[end:hi]`` (``hi`` if none)."""
+    found = [m.start() for m in re.finditer(r"\s", s[end:hi])]
+    return end + found[-1] if found else hi
 
 
 def hits_from_table(table: pa.Table, documents: DocumentTable | None = None) -> list[Hit]:

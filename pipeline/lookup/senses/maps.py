@@ -60,18 +60,22 @@ def map_title(result: ClusterResult) -> str:
 
 def map_subtitle(result: ClusterResult) -> str:
     where = f" in documents with {' '.join(result.filters)}" if result.filters else ""
-    return (f"{occurrence_count(result)}{where}; each dot is one occurrence, placed by PCA "
+    return (f"{occurrence_count(result)}{where}; each dot is one context, placed by PCA "
             "of its contextual vector")
 
 
 def occurrence_count(result: ClusterResult) -> str:
-    """``207 occurrences``, saying what was left out: repeated contexts, a sample."""
-    n = len(result.occurrences)
-    repeated = result.n_rows - result.n_distinct
-    notes = [f"{repeated} repeated contexts left out"] if repeated > 0 else []
-    if result.n_distinct > n:
-        notes.append(f"a random {n} of {result.n_distinct} distinct contexts")
-    return f"{n} occurrences" + (f" ({'; '.join(notes)})" if notes else "")
+    """What each number counts: ``291 uses in 229 distinct contexts (62 repeat a context:
+    each counts in the tables, drawn once)``, and a sample when one was drawn."""
+    n, total, distinct = len(result.occurrences), result.n_rows, result.n_distinct
+    text = f"{total} uses"
+    repeated = total - distinct
+    if repeated > 0:
+        text += (f" in {distinct} distinct contexts ({repeated} repeat a sentence already "
+                 "seen: each counts in the tables, drawn once)")
+    if distinct > n:
+        text += f"; a random {n} of the {distinct} contexts clustered and drawn"
+    return text
 
 
 def axis_labels(result: ClusterResult) -> tuple[str, str]:

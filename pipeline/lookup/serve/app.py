@@ -199,23 +199,56 @@ def _add_sense_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> Non
                              "hits": [hit_json(h, store) for h in hits]})
 
     @lru_cache(maxsize=64)  # a word's map holds up to MAX_CONTEXTS points
-    def clusters(index_name: str, word: str, k: int | str) -> dict[str, Any]:
+    def clusters(index_name: str, word: str, k: int | str, where: tuple[str, ...]
+                 ) -> dict[str, Any]:
         _, ix = store.index(index_name)
-        return cluster_json(cluster_senses(ix, [word], k=k, max_k=MAX_CLUSTERS), store)
+        filters = [c for text in where for c in parse_where(text)]
+        return cluster_json(cluster_senses(ix, [word], k=k, max_k=MAX_CLUSTERS,
+                                           filters=filters), store)
 
-    @app.get("/senses/{word}", summary="a word's sense clusters, with a 2-D map")
+    @lru_cache(maxsize=64)
+    def timeline(index_name: str, word: str, by: str, bin: float | None, k: int | str,
+                 where: tuple[str, ...]) -> dict[str, Any]:
+        from pipeline.lookup.senses.over_time import sense_timeline
+
+        _, ix = store.index(index_name)
+        filters = [c for text in where for c in parse_where(text)]
+        return _plain(sense_timeline(ix, word, by, bin, k=k, filters=filters).to_dict())
+
+    # Before /senses/{word}: a word is a path (it may hold a slash), so that route would
+    # take ".../change" as part of the word.
+    @app.get("/senses/{word:path}/change", summary="the share of each of a word's senses "
+             "per group of a document field (per bin of a number field)")
+    async def senses_change(word: Annotated[str, PathParam(max_length=MAX_WORD_CHARS)],
+                            by: Annotated[str, Query(min_length=1, max_length=200)],
+                            bin: Annotated[float | None, Query(gt=0)] = None,
+                            k: Annotated[str, Query(pattern=r"^(auto|[1-9][0-9]?)$")] = "auto",
+                            where: Annotated[list[str], Query(max_length=MAX_FILTERS)] = [],  # noqa: B006
+                            index: str | None = None) -> JSONResponse:
+        name, _ = store.index(index)
+        chosen = _k(k)
+        return JSONResponse(await run_in_threadpool(timeline, name, word.lower(), by, bin,
+                                                    chosen, tuple(where)))
+
+    @app.get("/senses/{word:path}", summary="a word's sense clusters, with a 2-D map")
     async def senses(word: Annotated[str, PathParam(max_length=MAX_WORD_CHARS)],
                      k: Annotated[str, Query(pattern=r"^(auto|[1-9][0-9]?)$")] = "auto",
+                     where: Annotated[list[str], Query(max_length=MAX_FILTERS)] = [],  # noqa: B006
                      index: str | None = None) -> dict[str, Any]:
         name, _ = store.index(index)
-        chosen: int | str = k if k == "auto" else int(k)
-        if isinstance(chosen, int) and chosen > MAX_CLUSTERS:
-            raise ElmoUserError(f"k must be auto or 1..{MAX_CLUSTERS}")
-        return await run_in_threadpool(clusters, name, word.lower(), chosen)
+        return await run_in_threadpool(clusters, name, word.lower(), _k(k), tuple(where))
+
+
+def _k(k: str) -> int | str:
+    """``auto`` or a number of senses up to ``MAX_CLUSTERS``."""
+    chosen: int | str = k if k == "auto" else int(k)
+    if isinstance(chosen, int) and chosen > MAX_CLUSTERS:
+        raise ElmoUserError(f"k must be auto or 1..{MAX_CLUSTERS}")
+    return chosen
 
 
 def _add_data_routes(app: FastAPI, store: ServedStore) -> None:
-    @app.get("/occurrences/{word}", summary="every use of a word, page by page")
+    @app.get("/occurrences/{word:path}", summary="every use of a word, page by page")
     async def occurrences(word: Annotated[str, PathParam(max_length=MAX_WORD_CHARS)],
                           limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
                           offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
@@ -225,7 +258,9 @@ def _add_data_routes(app: FastAPI, store: ServedStore) -> None:
         return {"index": name, "word": word, "total": total, "offset": offset,
                 "occurrences": [hit_json(h, store) for h in hits]}
 
-    @app.get("/sentences/{doc_id}/{sent_idx}", summary="a sentence and its neighbours")
+    # doc_id is a path: a corpus's ids may hold slashes ("spam-2/00099"), which a client
+    # sends as %2F and the router sees decoded.
+    @app.get("/sentences/{doc_id:path}/{sent_idx}", summary="a sentence and its neighbours")
     async def sentences(doc_id: str, sent_idx: Annotated[int, PathParam(ge=0)],
                         context: Annotated[int, Query(ge=0, le=MAX_CONTEXT)] = 2
                         ) -> dict[str, Any]:

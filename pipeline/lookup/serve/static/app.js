@@ -50,6 +50,14 @@ async function loadInfo() {
   }
   $("fields").textContent = "document fields for filters: " +
     info.dataset.document_fields.join(", ");
+  for (const name of info.dataset.document_fields) {
+    if (name !== "doc_id" && name !== "line") $("by").append(new Option(name, name));
+  }
+}
+
+// The filter box's conditions as repeated `where` query parameters.
+function whereQuery() {
+  return parseWhere().map((w) => `&where=${encodeURIComponent(w)}`).join("");
 }
 
 async function showWords(event) {
@@ -92,6 +100,7 @@ async function chooseWord(position) {
     status(`${data.hits.length} nearest uses of “${word}”; click one to read it in context`);
   } catch (error) { status(error.message, true); return; }
   showSenses(word, index);
+  showOverTime(word, index);
 }
 
 function showHits(hits) {
@@ -141,7 +150,8 @@ async function showSenses(word, index) {
   const names = $("sense-names");
   names.replaceChildren();
   try {
-    const query = index ? `?index=${encodeURIComponent(index)}` : "";
+    // The map shows the uses the filter box keeps, as the nearest uses do.
+    const query = `?k=auto${index ? `&index=${encodeURIComponent(index)}` : ""}${whereQuery()}`;
     const data = await call(`/senses/${encodeURIComponent(word.toLowerCase())}${query}`);
     const traces = data.clusters.map((c) => {
       const points = data.points.filter((p) => p.cluster === c.label);
@@ -169,6 +179,71 @@ async function showSenses(word, index) {
     const li = document.createElement("li");
     li.textContent = `no sense map: ${error.message}`;
     names.append(li);
+  }
+}
+
+// A word's senses per group of a document field (`elmo senses change WORD --by F`):
+// stacked bars of each sense's share; a group's button lists its uses.
+async function showOverTime(word, index) {
+  const by = $("by").value;
+  $("over-time").hidden = !by;
+  if (!by) return;
+  const bin = $("bin").value ? `&bin=${encodeURIComponent($("bin").value)}` : "";
+  const ix = index ? `&index=${encodeURIComponent(index)}` : "";
+  $("groups").replaceChildren();
+  $("group-uses").replaceChildren();
+  try {
+    const data = await call(`/senses/${encodeURIComponent(word.toLowerCase())}/change` +
+                            `?by=${encodeURIComponent(by)}${bin}${ix}${whereQuery()}`);
+    const groups = data.rows.map((r) => r.value);
+    const traces = data.senses.map((name, i) => ({
+      type: "bar", name: escapeHtml(name), x: groups,
+      y: data.rows.map((r) => (r.total ? r.counts[i] / r.total : 0)),
+      customdata: data.rows.map((r) => r.counts[i]),
+      marker: { color: COLOURS[i % COLOURS.length] },
+      hovertemplate: `sense ${i + 1}: %{customdata} uses (%{y:.0%})<extra></extra>`,
+    }));
+    const binned = data.bin ? ` (bins of ${data.bin})` : "";
+    $("over-time-title").textContent = `Senses of “${word}” by ${by}${binned}`;
+    Plotly.newPlot("sense-time", traces, {
+      barmode: "stack", margin: { t: 20, l: 50, r: 10, b: 60 }, legend: { orientation: "h" },
+      xaxis: { title: { text: `${escapeHtml(by)}${binned}` }, type: "category" },
+      yaxis: { title: { text: "share of the word's uses" }, range: [0, 1] },
+    }, { responsive: true, displaylogo: false });
+    $("sense-time").on("plotly_click", (event) => listUses(data, event.points[0].x));
+    for (const row of data.rows) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "group";
+      button.textContent = `${row.value} (${row.total})`;
+      button.dataset.group = row.value;
+      button.addEventListener("click", () => listUses(data, row.value));
+      $("groups").append(button);
+    }
+  } catch (error) {
+    Plotly.purge("sense-time");
+    $("over-time-title").textContent = `no senses per group: ${error.message}`;
+  }
+}
+
+function listUses(data, group) {
+  document.querySelectorAll("#groups .group").forEach((b) =>
+    b.classList.toggle("chosen", b.dataset.group === group));
+  const list = $("group-uses");
+  list.replaceChildren();
+  for (const use of data.uses[group] || []) {
+    const item = document.createElement("li");
+    item.className = "hit";
+    const sense = document.createElement("span");
+    sense.className = "sense";
+    sense.style.color = COLOURS[(use.sense - 1) % COLOURS.length];
+    sense.textContent = `sense ${use.sense}`;
+    const meta = document.createElement("div");
+    meta.className = "meta";
+    meta.textContent = `${use.doc_id} #${use.sent_idx}.${use.tok_idx}`;
+    item.append(sense, marked(use.sentence, use.start, use.end), meta);
+    item.addEventListener("click", () => showContext(use));
+    list.append(item);
   }
 }
 
