@@ -175,9 +175,9 @@ def run(args: argparse.Namespace) -> tuple[Clock, int, dict[str, int]]:
     from elmo_model.char_ids import token_char_ids
     from pipeline.tokenize import model_tokenizer
     from pipeline.write.config import ModelSpec
-    from pipeline.write.executors import fix_mmap_threshold
     from pipeline.write.inputs import ReadOptions, list_sources
     from pipeline.write.item_files import TokenWriter
+    from pipeline.write.process_memory import fix_mmap_threshold
     from pipeline.write.read import LineCounter, read_range
     from pipeline.write.work_item import (
         ItemSettings,

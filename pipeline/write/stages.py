@@ -62,7 +62,7 @@ class ModelActor:
     def __init__(self, settings: ItemSettings, threads: int) -> None:
         import torch
 
-        from pipeline.write.executors import fix_mmap_threshold
+        from pipeline.write.process_memory import fix_mmap_threshold
 
         fix_mmap_threshold()
         torch.set_num_threads(max(1, threads))
@@ -129,7 +129,7 @@ class ItemStageActor:
         import ray
         import torch
 
-        from pipeline.write.executors import fix_mmap_threshold
+        from pipeline.write.process_memory import fix_mmap_threshold
 
         fix_mmap_threshold()
         torch.set_num_threads(1)  # no model here: torch only moves bytes
