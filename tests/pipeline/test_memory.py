@@ -69,7 +69,7 @@ def test_no_per_item_progress_is_kept_after_commit(tmp_path: Path, tiny_model_di
 # when the heap's free top can hold it, whatever the threshold.
 ONE_BLOCK = """
 import ctypes, sys
-from pipeline.write import executors
+from pipeline.write import process_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
@@ -80,9 +80,9 @@ libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 # What glibc does by itself after freeing blocks of a few MB: raise the threshold.
-assert libc.mallopt(executors._M_MMAP_THRESHOLD, 256 << 20)
+assert libc.mallopt(process_memory._M_MMAP_THRESHOLD, 256 << 20)
 if sys.argv[1] == "fixed":
-    assert executors.fix_mmap_threshold()
+    assert process_memory.fix_mmap_threshold()
 before = libc.mallinfo2().hblks
 libc.malloc(64 << 20)
 print(libc.mallinfo2().hblks - before)
