@@ -31,7 +31,11 @@ from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.sense_index import SenseIndex
 from pipeline.lookup.index.words import column_words, token_filter
 from pipeline.lookup.senses.change_scores import (
+    DEFAULT_METHOD,
+    DEFAULT_MIN_USES,
+    DEFAULT_SCORE,
     METHODS,
+    SCORES,
     Blocks,
     score_word,
     sense_counts,
@@ -43,14 +47,6 @@ from pipeline.lookup.senses.groups import DocumentGroups, document_groups
 if TYPE_CHECKING:
     import pyarrow as pa
 
-# Chosen on bench/senses_change.py (docs/senses.md, "Which words changed").
-DEFAULT_METHOD = "prt"
-DEFAULT_MIN_USES = 20
-# What ``change`` is: ``z``, the method's distance from its shuffled-groups null in null
-# standard deviations (how sure: chosen on bench/senses_change.py), or ``excess``, the raw
-# score less the null's mean (how much: a frequent word's small sure shift ranks low).
-SCORES = ("z", "excess")
-DEFAULT_SCORE = "z"
 # Each group's documents are dealt into this many blocks (fewer when it has fewer
 # documents): the units the null and the bootstrap resample.
 DEFAULT_BLOCKS = 16

@@ -46,13 +46,13 @@ examples:
 def add_change_parser(verbs: Any, add: Callable[..., Any],
                       index_args: Callable[[argparse.ArgumentParser], None],
                       where_arg: Callable[[argparse.ArgumentParser], None]) -> None:
-    from pipeline.lookup.senses.change import (
+    from pipeline.lookup.senses.change_scores import (
         DEFAULT_METHOD,
         DEFAULT_MIN_USES,
         DEFAULT_SCORE,
+        METHODS,
         SCORES,
     )
-    from pipeline.lookup.senses.change_scores import METHODS
 
     c = add(verbs, "change", "words ranked by change across groups of documents, or one "
             "word's senses per group", SENSES_CHANGE_EPILOG)

@@ -34,6 +34,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 METHODS = ("prt", "apd", "jsd", "ed")
+# Chosen on bench/senses_change.py (docs/senses.md, "Which words changed").
+DEFAULT_METHOD = "prt"
+DEFAULT_MIN_USES = 20
+# What ``change`` is: ``z``, the method's distance from its shuffled-groups null in null
+# standard deviations (how sure: chosen on bench/senses_change.py), or ``excess``, the raw
+# score less the null's mean (how much: a frequent word's small sure shift ranks low).
+SCORES = ("z", "excess")
+DEFAULT_SCORE = "z"
 # Up to this many of a word's uses per group are kept (at random) to find its senses,
 # fewer with many groups (``sense_sample``): memory is words x groups x this x dim.
 SENSE_SAMPLE = 64
