@@ -299,21 +299,36 @@ def _main_forms(keys: pa.Table, vocab: list[str], candidate: np.ndarray) -> list
 
 def _vector_batches(ix: SenseIndex, plan: _Plan, column: str) -> Any:
     """Pass 2: ``(row ids, float32 vectors)`` of (at least) the planned uses."""
-    if ix.meta.compact:
-        held = ix._compact_ivf()
+    import pyarrow as pa
+
+    from pipeline.lookup.index.ivf_shards import ShardedIvf
+
+    ivf = ix._compact_ivf() if ix.meta.compact else None
+    if ivf is not None and not isinstance(ivf, ShardedIvf):  # an IVF of the older format
         for start in range(0, len(plan.rowids), READ_BATCH_ROWS):
             rowids = plan.rowids[start:start + READ_BATCH_ROWS]
-            yield rowids, held.vectors[held.positions_of(rowids)].astype(np.float32)
+            yield rowids, ivf.vectors[ivf.positions_of(rowids)].astype(np.float32)
         return
-    query = ix.table.search().select(["vector"]).with_row_id(True)
+    # A full index's rows carry their vectors; a sharded compact index's carry the keys of
+    # its vector files' rows.
+    selected = ["vector"] if ivf is None else ["part", "shard", "row"]
+    query = ix.table.search().select(selected).with_row_id(True)
     if len(plan.words) <= MAX_FILTER_WORDS:
         query = query.where(token_filter(plan.words, "token_lower") if column == "token_lower"
                             else f"token_stem IN ({', '.join(_quoted(plan.words))})")
     for batch in query.limit(max(1, ix.table.count_rows())).to_batches(
             batch_size=READ_BATCH_ROWS):
+        rowids = batch.column("_rowid").to_numpy()
+        if ivf is not None:
+            positions = ivf.positions_of_keys(pa.Table.from_batches([batch]))
+            if len(positions) != len(rowids):
+                raise ElmoUserError(f"{ix.uri}: the compact index's vector files miss rows of "
+                                    f"its table; `elmo index build {ix.meta.dataset} --mix "
+                                    f"{ix.meta.mix_name} --out {ix.uri}` makes them again")
+            yield rowids, ivf.vectors[positions].astype(np.float32)
+            continue
         vectors = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
-        yield (batch.column("_rowid").to_numpy(),
-               vectors.reshape(batch.num_rows, -1).astype(np.float32))
+        yield rowids, vectors.reshape(batch.num_rows, -1).astype(np.float32)
 
 
 def _quoted(words: Sequence[str]) -> list[str]:
