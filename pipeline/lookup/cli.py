@@ -181,7 +181,7 @@ def register(subparsers: Any) -> None:
                    help="index only words seen at most N times (e.g. leave out 'the')")
     b.add_argument("--no-progress", action="store_true",
                    help="no progress bars and phase lines on stderr")
-    b.set_defaults(handler=run_index_build)
+    b.set_defaults(handler=run_index_build, setting_flag=_index_build_flag)
     i = _add(verbs, "info", "show what an index holds", INDEX_INFO_EPILOG)
     i.add_argument("uri", metavar="URI",
                    help="the index: the directory / URI `elmo index build` wrote")
@@ -296,6 +296,16 @@ def run_sql(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- index
+
+
+# ``build_index``'s settings as ``elmo index build`` spells them (SettingError).
+INDEX_BUILD_FLAGS = {"rebuild=True": "--rebuild", "out": "--out", "kind": "--index",
+                     "kind and search": "--index, --nprobes, --ef and --refine-factor",
+                     "compact=False": "--full"}
+
+
+def _index_build_flag(setting: str) -> str:
+    return INDEX_BUILD_FLAGS.get(setting, "--" + setting.replace("_", "-"))
 
 
 def run_index_build(args: argparse.Namespace) -> int:

@@ -157,8 +157,9 @@ def test_word_selection_is_recorded_refused_kept_and_rebuilt(
         ix.search(query, k=2, words=["water"])
     with pytest.raises(ElmoUserError, match="not in this index"):
         cluster_senses(ix, ["water"])
-    # Asking an index for another selection without --rebuild is refused.
-    with pytest.raises(ElmoUserError, match="add --rebuild"):
+    # Asking an index for another selection without rebuilding is refused, in the
+    # library's terms (the CLI says --rebuild).
+    with pytest.raises(ElmoUserError, match=r"add rebuild=True \(or use another out\)"):
         build_index(str(ds), "top", out, words=WordSelection(["water"]))
     # A job refresh adds the new part's rows of the same words only.
     more = tmp_path / "more"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import field_kinds, indexable_fields, read_documents
 from pipeline.lookup.index.ivf_build import RETRAIN_GROWTH, build_ivf, drop_other_folders
 from pipeline.lookup.index.ivf_search import current, present
@@ -96,15 +96,17 @@ def reusable_meta(ds: Dataset, the_mix: Mix, out: str, meta: IndexMeta | None,
     if meta is None:
         return None
     if meta.model_fingerprint != ds.descriptor.model_fingerprint:
-        raise ElmoUserError(f"{out} indexes a dataset of another model; use --rebuild "
-                            "or another --out")
+        raise SettingError("rebuild", lambda n: f"{out} indexes a dataset of another "
+                           f"model; use {n('rebuild=True')} or another {n('out')}")
     if compact is not None and meta.compact != compact:
-        raise ElmoUserError(f"{out} is {'' if meta.compact else 'not '}a compact index; to "
-                            f"build it {'' if compact else 'not '}compact add --rebuild (or "
-                            "use another --out)")
+        raise SettingError("rebuild", lambda n: (
+            f"{out} is {'' if meta.compact else 'not '}a compact index; to build it "
+            f"{'' if compact else 'not '}compact add {n('rebuild=True')} (or use another "
+            f"{n('out')})"))
     if not meta.the_mix().same_vectors(the_mix):
-        raise ElmoUserError(f"{out} holds mix {meta.mix_name!r} ({meta.the_mix().describe()}); "
-                            f"asked for {the_mix.describe()}: use --rebuild or another --out")
+        raise SettingError("rebuild", lambda n: (
+            f"{out} holds mix {meta.mix_name!r} ({meta.the_mix().describe()}); asked for "
+            f"{the_mix.describe()}: use {n('rebuild=True')} or another {n('out')}"))
     # Rows of an older kind cannot take new ones (searches by word form need token_stem,
     # filters the document fields, and layout 1 rows carry their sentence's text), so
     # the index is built again.
@@ -151,7 +153,8 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     import lancedb
 
     if kind not in INDEX_KINDS:
-        raise ElmoUserError(f"--index must be one of {', '.join(INDEX_KINDS)}")
+        raise SettingError("kind", lambda n: f"{n('kind')} must be one of "
+                           f"{', '.join(INDEX_KINDS)}")
     if vector_dtype not in VECTOR_DTYPES:
         raise ElmoUserError(f"vector dtype must be one of {', '.join(VECTOR_DTYPES)}")
     ds = open_dataset(dataset, storage_options)
@@ -163,19 +166,20 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
         # --rebuild keeps the kind too: only --full / --compact change it.
         compact = made.compact if made is not None else NEW_INDEX_COMPACT
     if compact and (kind != "auto" or search is not None):
-        fix = "--full --rebuild" if made is not None and made.compact and not rebuild \
-            else "--full"
-        raise ElmoUserError(f"--index, --nprobes, --ef and --refine-factor tune a full index "
-                            f"(LanceDB's HNSW); add {fix}, or leave them out: a compact "
-                            "index measures its own probes")
+        both = made is not None and made.compact and not rebuild
+        raise SettingError("compact", lambda n: (
+            f"{n('kind and search')} tune a full index (LanceDB's HNSW); add "
+            f"{n('compact=False')}{' ' + n('rebuild=True') if both else ''}, or leave them "
+            "out: a compact index measures its own probes"))
     db = lancedb.connect(out, storage_options=lance_options(storage_options))
     exists = TABLE in db.list_tables().tables
     meta = None if rebuild or not exists else reusable_meta(ds, the_mix, out, made, progress,
                                                             compact)
     if meta is not None and words is not None and not words.everything \
             and words.to_json() != meta.words:
-        raise ElmoUserError(f"{out} holds {meta.selection().describe()}; to index "
-                            f"{words.describe()} add --rebuild (or use another --out)")
+        raise SettingError("rebuild", lambda n: (
+            f"{out} holds {meta.selection().describe()}; to index {words.describe()} add "
+            f"{n('rebuild=True')} (or use another {n('out')})"))
     document_files = dict(ds.shard_files("documents"))
     documents: dict[str, tuple[list[str], list[dict[str, Any]]]] = {}
     fs, root = open_fs(out, storage_options)
