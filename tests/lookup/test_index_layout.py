@@ -18,7 +18,8 @@ from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.sense_index import INDEX_META, TABLE, SenseIndex
 from pipeline.lookup.index.sentences import SENTENCES_TABLE, with_sentences
 from pipeline.lookup.index.words import SELECTED_WORDS, WordSelection
-from pipeline.lookup.senses.search import cluster_senses, nearest_distinct
+from pipeline.lookup.senses.clusters import cluster_senses
+from pipeline.lookup.senses.search import nearest_distinct
 from pipeline.lookup.sql import connect
 from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 

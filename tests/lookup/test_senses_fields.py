@@ -138,7 +138,7 @@ def test_search_hits_carry_fields_and_filters_keep_only_passing_documents(
 
 def test_filter_mistakes_name_the_fix(index: str) -> None:
     from pipeline.lookup.index.sense_index import SenseIndex
-    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
 
     ix = SenseIndex(index)
     with pytest.raises(ElmoUserError, match="no document has a field 'yaer'; the fields are "
@@ -181,7 +181,7 @@ def _ari(a: list, b: list) -> float:
 
 
 def test_clusters_are_not_the_case_split(index: str) -> None:
-    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
 
     results = {centre: cluster_senses(index, ["bank"], k=2, centre=centre)
                for centre in ("none", "case", "forms")}
@@ -206,7 +206,7 @@ def test_clusters_are_not_the_case_split(index: str) -> None:
 
 
 def test_breakdown_counts_each_sense_per_bin_of_a_field(index: str) -> None:
-    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
     from pipeline.lookup.senses.tables import breakdown_of, sense_breakdown
 
     table = sense_breakdown(index, "bank", by="year", bin=10, k=2)
@@ -270,7 +270,7 @@ def test_cli_cluster_filters_breaks_down_and_exports(index: str, tmp_path: Path,
 
 
 def test_assignments_cover_repeated_and_unsampled_occurrences(index: str) -> None:
-    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
     from pipeline.lookup.senses.tables import assignments_table
 
     # 10 of 24 distinct contexts clustered: the other 14 go to their nearest centre.
@@ -345,7 +345,7 @@ def test_without_its_dataset_an_index_still_clusters_and_filters_its_own_fields(
     import shutil
 
     from pipeline.lookup.index.sense_index import INDEX_META, SenseIndex
-    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
 
     moved = tmp_path / "moved"
     shutil.copytree(index, moved)

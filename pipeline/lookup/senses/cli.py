@@ -190,13 +190,13 @@ def run_senses_search(args: argparse.Namespace) -> int:
 
 def run_senses_cluster(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
+    from pipeline.lookup.senses.clusters import cluster_senses
     from pipeline.lookup.senses.maps import (
         check_writable,
         occurrence_count,
         write_sense_map_html,
         write_sense_map_png,
     )
-    from pipeline.lookup.senses.search import cluster_senses
     from pipeline.lookup.senses.tables import breakdown_of, write_assignments
 
     for path in (args.plot, args.html, args.out):

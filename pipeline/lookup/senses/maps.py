@@ -26,7 +26,8 @@ from elmo_model.errors import ElmoUserError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from pipeline.lookup.senses.search import ClusterResult, Hit
+    from pipeline.lookup.senses.clusters import ClusterResult
+    from pipeline.lookup.senses.hits import Hit
 
 # matplotlib's tab10 colours, shared by both maps so a sense has one colour everywhere.
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",

@@ -17,8 +17,8 @@ around the same token, e.g. a corpus repeating a passage) is listed once. ``filt
 keeps only occurrences in documents whose fields pass (``doc_fields``), and every hit
 carries its document's fields.
 
-Clustering lives in ``sense_clusters``, hits in ``sense_hits``, breakdowns and exports in
-``sense_tables``; their public names are importable from here too.
+Clustering lives in ``senses.clusters``, hits in ``senses.hits``, breakdowns and exports
+in ``senses.tables``: import their names from there.
 """
 
 from __future__ import annotations
@@ -34,16 +34,6 @@ from elmo_model.errors import ElmoUserError
 from pipeline.lookup.doc_fields import Filters, as_filters
 from pipeline.lookup.index.sense_index import SenseIndex, stem_words
 from pipeline.lookup.layers.mixes import mix_arrays
-from pipeline.lookup.senses.clusters import (
-    CENTRINGS,
-    MAX_CONTEXTS,
-    WORD_RE,
-    ClusterResult,
-    SenseCluster,
-    cluster_senses,
-    context_features,
-    typical,
-)
 from pipeline.lookup.senses.hits import Hit, distinct_contexts, hits_from_table
 from pipeline.tokenize import get_tokenizer, tokenizer_names
 from schemas.layers import as_stored
@@ -53,11 +43,6 @@ if TYPE_CHECKING:
     from pipeline.tokenize import Tokenizer
     from schemas import DatasetDescriptor
     from schemas.mix_specs import Mix
-
-__all__ = ["CENTRINGS", "MAX_CONTEXTS", "WORD_RE", "ClusterResult", "Hit", "QueryToken",
-           "SenseCluster", "cluster_senses", "context_features", "dataset_tokenizer",
-           "distinct_contexts", "embed_query", "hits_from_table", "locate_word",
-           "model_files_for", "nearest_distinct", "search_senses", "typical"]
 
 MATCHES = ("forms", "word", "any")
 # A search fetches this many times k first, and more while duplicates leave it short.

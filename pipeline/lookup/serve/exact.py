@@ -19,7 +19,7 @@ import numpy as np
 from pipeline.lookup.index.ivf_search import unit_rows
 from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex
 from pipeline.lookup.layers.tokens import matrix
-from pipeline.lookup.senses.search import Hit
+from pipeline.lookup.senses.hits import Hit
 from pipeline.lookup.serve.limits import EXACT_CACHE_VALUES, EXACT_CANDIDATE_VALUES
 
 

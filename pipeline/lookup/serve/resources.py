@@ -11,7 +11,8 @@ from elmo_model.errors import ElmoUserError
 from pipeline.lookup.doc_fields import read_documents
 from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex, token_filter
 from pipeline.lookup.layers.mixes import mix_arrays
-from pipeline.lookup.senses.search import Hit, dataset_tokenizer, hits_from_table, model_files_for
+from pipeline.lookup.senses.hits import Hit, hits_from_table
+from pipeline.lookup.senses.search import dataset_tokenizer, model_files_for
 from pipeline.lookup.serve.limits import SQL_TIMEOUT_S
 from pipeline.lookup.serve.sql_guard import GuardedSql
 from schemas.dataset import Dataset, open_dataset
