@@ -30,6 +30,7 @@ import numpy as np
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.sense_index import SenseIndex
 from pipeline.lookup.index.words import column_words, token_filter
+from pipeline.lookup.layers.vectors import unit_vectors
 from pipeline.lookup.senses.change_scores import (
     METHODS,
     Blocks,
@@ -341,7 +342,7 @@ def _gather(ix: SenseIndex, plan: _Plan, column: str, progress: bool
             if not found.any():
                 continue
             at, x = at[found], vectors[found]
-            x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+            x = unit_vectors(x)
             slot = plan.slot[at]
             order = np.argsort(slot, kind="stable")
             starts = np.r_[0, np.flatnonzero(np.diff(slot[order])) + 1]
