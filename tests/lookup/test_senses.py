@@ -295,7 +295,7 @@ def test_png_map_has_title_axes_and_a_legend_naming_each_sense(clusters: Cluster
     pixels = imread(path)
     assert pixels.shape[:2] == (height, width) and len(np.unique(pixels.reshape(
         -1, pixels.shape[-1]), axis=0)) > 20  # drawn on, not a blank canvas
-    assert not list(tmp_path.glob(".*.tmp"))
+    assert not list(tmp_path.glob("*.tmp"))
     with pytest.raises(ElmoUserError, match="does not exist"):
         write_sense_map_png(clusters, tmp_path / "missing" / "play.png")
 

@@ -24,7 +24,8 @@ from pipeline.lookup.doc_fields import Filters, value_kind
 from pipeline.lookup.index.sense_index import SenseIndex
 from pipeline.lookup.senses.clusters import ClusterResult, cluster_senses
 from pipeline.lookup.senses.hits import Hit
-from pipeline.lookup.senses.maps import write_whole
+from pipeline.lookup.senses.maps import check_writable
+from schemas.files import write_whole
 
 NONE_LABEL = "(none)"  # the group of occurrences whose document lacks the field
 # Columns of an assignments file before the document fields.
@@ -161,4 +162,5 @@ def write_assignments(result: ClusterResult, path: str | Path) -> Path:
     import pyarrow.parquet as pq
 
     table = assignments_table(result)
-    return write_whole(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+    return write_whole(check_writable(path),
+                       lambda tmp: pq.write_table(table, tmp, compression="zstd"))
