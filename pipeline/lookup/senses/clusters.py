@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import Filters, as_filters
 from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex, stem_words
 from pipeline.lookup.layers.tokens import matrix
@@ -184,7 +184,8 @@ def _choose_k(x: np.ndarray, k: int | str, max_k: int, seed: int, sample: int
     if k != "auto":
         chosen = int(k)
         if not 1 <= chosen <= n:
-            raise ElmoUserError(f"--k must be between 1 and the {n} distinct contexts")
+            raise SettingError("k", lambda name: (
+                f"{name('k')} must be between 1 and the {n} distinct contexts"))
         return chosen, scores
     for kk in range(2, min(max_k, n - 1) + 1):
         labels, _ = _kmeans(x, kk, seed)
@@ -229,7 +230,8 @@ def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str =
     if not words:
         raise ElmoUserError("name at least one word to cluster")
     if examples < 0 or max_k < 2:
-        raise ElmoUserError("--examples must be at least 0 and max_k at least 2")
+        raise SettingError("examples" if examples < 0 else "max_k", lambda name: (
+            f"{name('examples')} must be at least 0 and {name('max_k')} at least 2"))
     if centre not in CENTRINGS:
         raise ElmoUserError(f"centre must be one of {', '.join(CENTRINGS)}, not {centre!r}")
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import Filters, value_kind
 from pipeline.lookup.index.sense_index import SenseIndex
 from pipeline.lookup.senses.clusters import ClusterResult, cluster_senses
@@ -81,7 +81,8 @@ def breakdown_of(result: ClusterResult, by: str, bin: float | None = None) -> Se
     """Occurrences of each sense of ``result`` per value of document field ``by``
     (per bin of width ``bin`` for a numeric field: ``bin=10`` on ``year``, decades)."""
     if bin is not None and not bin > 0:
-        raise ElmoUserError(f"--bin must be a positive number, not {bin}")
+        raise SettingError("bin", lambda name: (
+            f"{name('bin')} must be a positive number, not {bin}"))
     hits = result.all_occurrences or result.occurrences
     labels = result.all_labels if len(result.all_labels) else result.labels
     values = [field_value(h, by) for h in hits]
@@ -90,7 +91,8 @@ def breakdown_of(result: ClusterResult, by: str, bin: float | None = None) -> Se
         raise ElmoUserError(f"no occurrence's document has a field {by!r}; the fields are "
                             f"{', '.join(names)}")
     if bin is not None and any(value_kind(v) == "string" for v in values):
-        raise ElmoUserError(f"{by} holds text, which has no bins; leave out --bin")
+        raise SettingError("bin", lambda name: (
+            f"{by} holds text, which has no bins; leave out {name('bin')}"))
     groups: dict[str, tuple[Any, Counter[int]]] = {}
     for value, label in zip(values, labels.tolist(), strict=True):
         start, text = bin_of(value, bin)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import read_documents
 from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex, token_filter
 from pipeline.lookup.layers.mixes import mix_arrays
@@ -55,8 +55,9 @@ class ServedStore:
         for spec in index_specs:
             name, uri = index_name(spec)
             if name in indexes:
-                raise ElmoUserError(f"two indexes are named {name!r}; name them: "
-                                    "--index NAME=URI")
+                raise SettingError("index_specs", lambda flag, name=name: (
+                    f"two indexes are named {name!r}; name them: {flag('index_specs')} "
+                    "NAME=URI"))
             ix = SenseIndex(uri)
             if ix.meta.model_fingerprint != ds.descriptor.model_fingerprint:
                 raise ElmoUserError(f"{uri} indexes a dataset of another model than "
