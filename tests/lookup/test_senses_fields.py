@@ -166,7 +166,7 @@ def test_where_syntax() -> None:
     assert parse_where("speech-type!=written") == [FieldFilter("speech-type", "!=", "written")]
     assert parse_where("president~lincoln") == [FieldFilter("president", "~", "lincoln")]
     for bad in ("year", "year>=", ">=1900", "year=.."):
-        with pytest.raises(SettingError, match="^where ") as caught:
+        with pytest.raises(SettingError, match=r"^where ") as caught:
             parse_where(bad)
         assert caught.value.named(cli_flag).startswith("--where ")
     assert as_filters({"year": [1900, None], "party": ["Whig", "Democratic"]}) == [
