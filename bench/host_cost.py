@@ -183,8 +183,8 @@ def run(args: argparse.Namespace) -> tuple[Clock, int, dict[str, int]]:
         ItemSettings,
         cut_units,
         load_embedder,
-        tokenize_item,
         rows_of_unit,
+        tokenize_item,
     )
 
     torch.set_num_threads(1)
