@@ -99,6 +99,7 @@ def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: Path,
     import time
 
     from elmo_model.errors import ElmoUserError
+    from pipeline.write.config import flag_of
 
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
@@ -110,7 +111,9 @@ def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: Path,
     message = str(caught.value)
     assert "\n" not in message and "cannot hold 3 actors of 1 CPU each" in message
     assert "it has 2 CPUs and 0 GPUs on 1 nodes (room for 2)" in message
-    assert "pass --actors 2" in message and "--wait-for-resources" in message
+    assert "pass actors 2" in message and "wait_for_resources_s SECONDS" in message
+    as_flags = caught.value.named(flag_of)  # what `elmo embed` prints
+    assert "pass --actors 2" in as_flags and "--wait-for-resources SECONDS" in as_flags
     assert not out.exists()
 
     t0 = time.monotonic()
