@@ -42,7 +42,7 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:
 
 def _embed(model_dir: Path, corpus: Path, out: Path, part: str = "main") -> None:
     embed_corpus(EmbedConfig(sources=[str(corpus)], out=str(out),
-                             model=ModelSpec.resolve(str(model_dir)), n_shards=2,
+                             model=ModelSpec.resolve(str(model_dir)), min_items=2,
                              progress=False, executor="local", part=part))
 
 
@@ -212,7 +212,7 @@ def test_write_corpus_helper_indexes_whole(tiny_model_dir: Path, tmp_path: Path)
     ds = tmp_path / "ds"
     embed_corpus(EmbedConfig(sources=[str(write_corpus(tmp_path / "c") / "*")],
                              out=str(ds), model=ModelSpec.resolve(str(tiny_model_dir)),
-                             n_shards=2, progress=False, executor="local"))
+                             min_items=2, progress=False, executor="local"))
     summary = build_index(str(ds), "top", str(tmp_path / "ix"), kind="flat", compact=False)
     n_tokens = connect(str(ds)).sql("SELECT count(*) FROM tokens").fetchall()[0][0]
     assert summary.rows == n_tokens

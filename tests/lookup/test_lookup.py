@@ -59,7 +59,7 @@ def _model_copy(source_options: Path, source_weights: Path, folder: Path) -> Pat
 
 def _embed(model_dir: Path, corpus: Path, out: Path, part: str = "main") -> None:
     cfg = EmbedConfig(sources=[str(corpus)], out=str(out),
-                      model=ModelSpec.resolve(str(model_dir)), n_shards=2, progress=False,
+                      model=ModelSpec.resolve(str(model_dir)), min_items=2, progress=False,
                       executor="local", part=part)
     embed_corpus(cfg)
 

@@ -51,7 +51,7 @@ def _model_copy(fixture_dir: Path, folder: Path) -> Path:
 
 def _embed(model_dir: Path, corpus: Path, out: Path) -> None:
     embed_corpus(EmbedConfig(sources=[str(corpus)], out=str(out),
-                             model=ModelSpec.resolve(str(model_dir)), n_shards=2,
+                             model=ModelSpec.resolve(str(model_dir)), min_items=2,
                              progress=False, executor="local"))
 
 

@@ -66,7 +66,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = folder / "ds"
     embed_corpus(EmbedConfig(sources=[str(corpus)], out=str(out),
                              model=ModelSpec.resolve(str(REPO / "models" / "default")),
-                             n_shards=2, progress=False, executor="local"))
+                             min_items=2, progress=False, executor="local"))
     return out
 
 

@@ -70,7 +70,7 @@ def test_ray_matches_local_across_actor_counts_and_survives_a_killed_actor(
         ray_cluster: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus")
     local, one, two = tmp_path / "local", tmp_path / "one", tmp_path / "two"
-    kw = {"n_shards": 3, "batch_tokens": 8}  # small budget: several units per shard
+    kw = {"min_items": 3, "batch_tokens": 8}  # small budget: several units per shard
     embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], local, **kw))
     s1 = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], one, executor="ray", actors=1,
                              **kw))
