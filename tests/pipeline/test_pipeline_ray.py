@@ -122,9 +122,10 @@ def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: Path,
                             cpus_per_actor=1, wait_for_resources_s=2.0))
     assert 2 <= time.monotonic() - t0 < 10
     # A GPU the cluster does not have: the message offers the CPU.
-    with pytest.raises(ElmoUserError, match=r"1 CPU \+ 1 GPU each.*--device cpu"):
+    with pytest.raises(ElmoUserError, match=r"1 CPU \+ 1 GPU each.*pass device cpu") as caught:
         embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, executor="ray", actors=1,
                             device="cuda"))
+    assert "pass --device cpu" in caught.value.named(flag_of)
     assert not out.exists()
 
 
