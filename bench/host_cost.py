@@ -15,8 +15,8 @@ or more is new pages, which is most of the system time at 3 x 1024):
 
 read (text -> documents), tokenize (sentences and windows), char ids (the char CNN's
 input, for each distinct token: what a cold token cache computes), model (``embed`` per
-unit, its char ids excluded), rows (``unit_rows``: the Arrow table of a unit), quantize
-(int8 values and scales: each window's rows in ``unit_rows``, or the writer's for float
+unit, its char ids excluded), rows (``rows_of_unit``: the Arrow table of a unit), quantize
+(int8 values and scales: each window's rows in ``rows_of_unit``, or the writer's for float
 input; with ``--encoder pyarrow`` also the Arrow columns), types (layer 0 of each new
 token, and the types file), int8 pages (encode and compress the int8 layers' pages),
 other columns (pyarrow writes the rest of a row group; with ``--encoder pyarrow`` it
@@ -151,7 +151,7 @@ def timing_hooks(clock: Clock) -> Iterator[None]:
     stage = {(assembly, "encode_chunk"): "int8 pages",
              (item_files, "quantize_int8_indices"): "quantize",
              (item_files, "quantize_int8_into"): "quantize",
-             (work_item, "quantized_layer_columns"): "quantize",  # unit_rows, per window
+             (work_item, "quantized_layer_columns"): "quantize",  # rows_of_unit, per window
              (item_files, "vector_columns_of"): "quantize",
              (assembly.AssembledParquetWriter, "_other_chunks"): "other columns",
              (pq.ParquetWriter, "write_table"): "other columns",
@@ -183,8 +183,8 @@ def run(args: argparse.Namespace) -> tuple[Clock, int, dict[str, int]]:
         ItemSettings,
         cut_units,
         load_embedder,
+        rows_of_unit,
         tokenize_item,
-        unit_rows,
     )
 
     torch.set_num_threads(1)
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> tuple[Clock, int, dict[str, int]]:
             with clock("model"):
                 layers = embedder.embed([r.tokens for r in rows])
             with clock("rows"):
-                table = unit_rows(rows, layers, n_out, dim, "int8")
+                table = rows_of_unit(rows, layers, n_out, dim, "int8")
             del layers
             tokens += table.num_rows
             with clock("writer, rest"):

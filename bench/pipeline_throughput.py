@@ -92,7 +92,7 @@ def one_run(args: argparse.Namespace) -> None:
     summary = embed_corpus(EmbedConfig(
         sources=[f"{args.corpus}/*.txt"], out=str(out), model=ModelSpec.resolve(args.model),
         executor=args.executor, actors=args.actors, cpus_per_actor=1.0 if args.actors else None,
-        batch_tokens=args.batch_tokens, tokenizer=args.tokenizer, n_shards=args.shards,
+        batch_tokens=args.batch_tokens, tokenizer=args.tokenizer, min_items=args.shards,
         progress=False))
     seconds = time.perf_counter() - t0
     token_bytes = sum(p.stat().st_size for p in out.glob("tokens/*/*.parquet"))

@@ -39,8 +39,8 @@ import numpy as np
 
 from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex
 from pipeline.lookup.layers.tokens import matrix
-from pipeline.lookup.senses.clusters import centred, form_offsets
-from pipeline.lookup.senses.search import WORD_RE, Hit, distinct_contexts, hits_from_table
+from pipeline.lookup.senses.clusters import WORD_RE, centred, form_offsets
+from pipeline.lookup.senses.hits import Hit, distinct_contexts, hits_from_table
 
 NOUN_BEFORE = frozenset({"the", "a", "an", "this", "that", "his", "her", "my", "your", "our",
                          "their", "its", "no", "any", "some", "every", "what", "which", "whose",

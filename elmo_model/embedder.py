@@ -22,7 +22,7 @@ import torch
 
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, token_char_ids
 from elmo_model.device_copy import HostBatch, HostCopier, Int8Layers, PendingInt8
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from elmo_model.lstm_steps import choose_step
 from elmo_model.model import BiLM, BiLMConfig, LstmState, LstmStep, PackPlan, reference_step
 
@@ -35,8 +35,9 @@ def select_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ElmoUserError(f"device {device!r} asked for, but no CUDA GPU is visible; "
-                            "use --device cpu")
+        raise SettingError("device", lambda name: (
+            f"device {device!r} asked for, but no CUDA GPU is visible; use {name('device')} "
+            "cpu"))
     if device != "cpu" and not device.startswith("cuda"):
         raise ElmoUserError(f"unknown device {device!r}; use auto, cpu or cuda[:N]")
     return torch.device(device)

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -174,8 +174,9 @@ class FieldFilter:
                 try:
                     number = float(v)
                 except (TypeError, ValueError):
-                    raise ElmoUserError(f"{self.field} holds numbers: {self.describe()} needs "
-                                        f"a number (e.g. --where {self.field}>=1900)") from None
+                    raise SettingError("where", lambda name: (
+                        f"{self.field} holds numbers: {self.describe()} needs a number "
+                        f"(e.g. {name('where')} {self.field}>=1900)")) from None
                 return int(number) if number.is_integer() else number
         value = [convert(v) for v in self.value] if self.op == "in" else convert(self.value)
         return FieldFilter(self.field, self.op, value)
@@ -218,12 +219,13 @@ def parse_where(text: str) -> list[FieldFilter]:
     """The CLI's ``--where`` conditions (``WHERE_SYNTAX``); a range gives two filters."""
     found = WHERE.match(text)
     if not found or not found.group(3).strip():
-        raise ElmoUserError(f"--where {text!r}: write {WHERE_SYNTAX}")
+        raise SettingError("where", lambda name: f"{name('where')} {text!r}: write {WHERE_SYNTAX}")
     name, op, value = found.group(1), found.group(2), found.group(3).strip()
     if op == "=" and ".." in value:
         low, _, high = value.partition("..")
         if not low.strip() and not high.strip():
-            raise ElmoUserError(f"--where {text!r}: a range needs an end, e.g. {name}=1900..1950")
+            raise SettingError("where", lambda flag: (
+                f"{flag('where')} {text!r}: a range needs an end, e.g. {name}=1900..1950"))
         return ([FieldFilter(name, ">=", low.strip())] if low.strip() else []) + \
             ([FieldFilter(name, "<=", high.strip())] if high.strip() else [])
     if op == "=" and "|" in value:

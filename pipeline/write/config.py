@@ -21,7 +21,7 @@ from pipeline.write.inputs import ReadOptions, SourceFile, list_sources
 from pipeline.write.setting import exposed, settings_fields, value_problem
 from schemas.layout import STORAGE_DTYPES
 
-DEFAULT_SHARDS = 8  # at least this many work items (small corpora still spread over actors)
+DEFAULT_MIN_ITEMS = 8  # at least this many work items (small corpora still spread over actors)
 DEFAULT_ITEM_TOKENS = 262_144  # target tokens per work item, estimated from input bytes
 DEFAULT_BATCH_TOKENS = 4096
 DEFAULT_MAX_SENTENCE_TOKENS = 256
@@ -98,7 +98,7 @@ class EmbedConfig:
     model: ModelSpec = field(metadata=exposed(
         custom=True, flag="--model", job_key="model",
         help="directory with options.json + weights"))
-    n_shards: int = field(default=DEFAULT_SHARDS, metadata=exposed(
+    min_items: int = field(default=DEFAULT_MIN_ITEMS, metadata=exposed(
         flag="--shards", job_key="shards", minimum=1,
         help="at least this many work items (default %(default)s), so small corpora spread "
              "over actors; each item is one shard=K folder"))

@@ -211,7 +211,7 @@ def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
     sources = cfg.select_sources()
     fs, root = open_fs(cfg.out, cfg.storage_options)
     check_output_dir(fs, root)
-    target = item_bytes(sources, cfg.item_tokens, cfg.n_shards)
+    target = item_bytes(sources, cfg.item_tokens, cfg.min_items)
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     settings = ItemSettings(
         model=cfg.model, tokenizer=tokenizer.name, out=cfg.out, part=cfg.part, run_id=run_id,

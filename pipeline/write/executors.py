@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.write.config import EmbedConfig
 from pipeline.write.plan import WorkItem
 from pipeline.write.process_memory import fix_mmap_threshold
@@ -219,22 +219,25 @@ class RayExecutor:
         alive = [n for n in nodes if n.get("Alive", True)]
         have_cpu = sum(n.get("Resources", {}).get("CPU", 0) for n in alive)
         have_gpu = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
-        fixes = []
-        if fits:
-            fixes.append(f"--actors {fits}")
-        if self.gpus:
-            fixes.append("--device cpu")
-        elif self.cpus > 1 and cfg.cpus_per_actor:
-            fixes.append("a smaller --cpus-per-actor")
-        if self.workers:
-            fixes.append("fewer --cpu-workers")
-        fixes.append("--wait-for-resources SECONDS if the cluster autoscales")
         waited = (f" after waiting {cfg.wait_for_resources_s:g} s"
                   if cfg.wait_for_resources_s else "")
-        raise ElmoUserError(
-            f"the Ray cluster cannot hold {cfg.actors} actors of {self._need()} each{waited}: "
-            f"it has {have_cpu:g} CPUs and {have_gpu:g} GPUs on {len(alive)} nodes "
-            f"(room for {fits}); pass {', or '.join(fixes)}")
+        need, gpus, workers = self._need(), self.gpus, self.workers
+        smaller_cpus = self.cpus > 1 and bool(cfg.cpus_per_actor)
+
+        def render(name: Callable[[str], str]) -> str:
+            fixes = [f"{name('actors')} {fits}"] if fits else []
+            if gpus:
+                fixes.append(f"{name('device')} cpu")
+            elif smaller_cpus:
+                fixes.append(f"a smaller {name('cpus_per_actor')}")
+            if workers:
+                fixes.append(f"fewer {name('cpu_workers')}")
+            fixes.append(f"{name('wait_for_resources_s')} SECONDS if the cluster autoscales")
+            return (f"the Ray cluster cannot hold {cfg.actors} actors of {need} each{waited}: "
+                    f"it has {have_cpu:g} CPUs and {have_gpu:g} GPUs on {len(alive)} nodes "
+                    f"(room for {fits}); pass {', or '.join(fixes)}")
+
+        raise SettingError("actors", render)
 
     def _wait_ready(self, actors: list[Any]) -> None:
         import ray

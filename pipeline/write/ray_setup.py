@@ -10,9 +10,9 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import SettingError
 from pipeline.write.config import EmbedConfig
 
 
@@ -104,12 +104,15 @@ def _preflight_local(cfg: EmbedConfig) -> None:
 
     have = torch.cuda.device_count()
     if math.floor(have / wanted + 1e-9) < cfg.actors:
-        asked = ("--device cuda" if cfg.gpus_per_actor is None
-                 else f"--gpus-per-actor {wanted:g}")
-        raise ElmoUserError(
-            f"--actors {cfg.actors} with {asked} need {wanted * cfg.actors:g} GPUs; "
-            f"this machine has {have}: pass --device cpu (or auto), fewer --actors, or "
-            "--ray-address of a cluster with GPUs")
+        def render(name: Callable[[str], str]) -> str:
+            asked = (f"{name('device')} cuda" if cfg.gpus_per_actor is None
+                     else f"{name('gpus_per_actor')} {wanted:g}")
+            return (f"{name('actors')} {cfg.actors} with {asked} need "
+                    f"{wanted * cfg.actors:g} GPUs; this machine has {have}: pass "
+                    f"{name('device')} cpu (or auto), fewer {name('actors')}, or "
+                    f"{name('ray_address')} of a cluster with GPUs")
+
+        raise SettingError("actors", render)
 
 
 def connect_ray(cfg: EmbedConfig) -> bool:

@@ -49,7 +49,7 @@ from pipeline.write.item_files import (
 )
 from pipeline.write.plan import WorkItem
 from pipeline.write.read import LineCounter, read_range
-from schemas.dataset import open_fs
+from schemas.files import open_fs
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ def cut_units(window_rows: list[WindowRow], unit_tokens: int) -> Iterator[list[W
 # --------------------------------------------------------------------------- embed
 
 
-def unit_rows(rows: list[WindowRow], layers: Any, n_out: int, dim: int, dtype: str) -> Any:
+def rows_of_unit(rows: list[WindowRow], layers: Any, n_out: int, dim: int, dtype: str) -> Any:
     """The stored rows of a unit's windows given the model's ``layers``: one float array
     ``[L + 1, n, dim]`` per window (``embed``), or, for int8, ``Int8Layers`` quantized
     where the model ran (``embed_int8``), which become the stored int8 values and scales
@@ -235,6 +235,7 @@ def unit_rows(rows: list[WindowRow], layers: Any, n_out: int, dim: int, dtype: s
     import pyarrow as pa
 
     from elmo_model.device_copy import Int8Layers
+    from schemas.tables import storage_type
 
     cols = WindowRow(*zip(*rows, strict=True))
     starts, own_start, own_end = (np.array(col, np.int32)
@@ -266,7 +267,7 @@ def unit_rows(rows: list[WindowRow], layers: Any, n_out: int, dim: int, dtype: s
     np_dtype = np.float16 if dtype == "float16" else np.float32
     stacked = np.concatenate([arr[:, a:b] for arr, a, b in zip(layers, lo, hi, strict=True)],
                              axis=1) if layers else np.zeros((n_out, 0, dim), np.float32)
-    value_type = pa.float16() if dtype == "float16" else pa.float32()
+    value_type = storage_type(dtype)
     for k in range(n_out):
         # stacked[k] is a contiguous view: float32 goes to Arrow with no copy
         values = pa.array(stacked[k].astype(np_dtype, copy=False).reshape(-1), value_type)
@@ -424,7 +425,7 @@ class ItemWorker:
         """Write one unit's rows once the model's answer is there; its model tokens."""
         s = self.settings
         layers = self.model.collect(handle)
-        tokens.add(unit_rows(rows, layers, s.n_output_layers, s.dim, s.dtype))
+        tokens.add(rows_of_unit(rows, layers, s.n_output_layers, s.dim, s.dtype))
         del layers  # not held while this item waits for the model with its next unit
         self.progress.add(item, sum(r.own_end - r.own_start for r in rows))
         return sum(len(r.tokens) for r in rows)

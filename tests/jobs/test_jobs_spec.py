@@ -53,7 +53,7 @@ def test_toml_spec_loads_and_resolves_paths_against_the_spec_file(tmp_path: Path
     assert spec.sources == (str(tmp_path / "corpus/*.txt"), "s3://bucket/more/**/*.jsonl")
     assert spec.output == str(tmp_path / "out/ds") and spec.model == str(tmp_path / "models/tiny")
     embed = spec.embed
-    assert (embed["n_shards"], embed["dtype"], spec.delete_missing) == (4, "float32", True)
+    assert (embed["min_items"], embed["dtype"], spec.delete_missing) == (4, "float32", True)
     assert spec.mixes == ("top", "layer:1") and embed["read"].doc_per == "file"
     assert (embed["ray_address"], embed["actors"], embed["gpus_per_actor"]) == ("auto", 2, 1.0)
     assert spec.storage_options == {"anon": True}

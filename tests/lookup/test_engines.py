@@ -29,7 +29,7 @@ def stored(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     for dtype in DTYPES:
         out[dtype] = root / dtype
         embed_corpus(config(tiny_model_dir, [str(corpus)], out[dtype], dtype=dtype,
-                            n_shards=2))
+                            min_items=2))
     return out
 
 

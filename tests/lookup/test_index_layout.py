@@ -18,7 +18,8 @@ from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.sense_index import INDEX_META, TABLE, SenseIndex
 from pipeline.lookup.index.sentences import SENTENCES_TABLE, with_sentences
 from pipeline.lookup.index.words import SELECTED_WORDS, WordSelection
-from pipeline.lookup.senses.search import cluster_senses, nearest_distinct
+from pipeline.lookup.senses.clusters import cluster_senses
+from pipeline.lookup.senses.search import nearest_distinct
 from pipeline.lookup.sql import connect
 from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
@@ -41,7 +42,7 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:
 
 def _embed(model_dir: Path, corpus: Path, out: Path, part: str = "main") -> None:
     embed_corpus(EmbedConfig(sources=[str(corpus)], out=str(out),
-                             model=ModelSpec.resolve(str(model_dir)), n_shards=2,
+                             model=ModelSpec.resolve(str(model_dir)), min_items=2,
                              progress=False, executor="local", part=part))
 
 
@@ -212,7 +213,7 @@ def test_write_corpus_helper_indexes_whole(tiny_model_dir: Path, tmp_path: Path)
     ds = tmp_path / "ds"
     embed_corpus(EmbedConfig(sources=[str(write_corpus(tmp_path / "c") / "*")],
                              out=str(ds), model=ModelSpec.resolve(str(tiny_model_dir)),
-                             n_shards=2, progress=False, executor="local"))
+                             min_items=2, progress=False, executor="local"))
     summary = build_index(str(ds), "top", str(tmp_path / "ix"), kind="flat", compact=False)
     n_tokens = connect(str(ds)).sql("SELECT count(*) FROM tokens").fetchall()[0][0]
     assert summary.rows == n_tokens

@@ -96,7 +96,7 @@ def int8_dataset(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
     root = tmp_path_factory.mktemp("int8")
     corpus = write_corpus(root / "corpus")
-    embed_corpus(config(tiny_model_dir, [str(corpus / "*")], str(root / "ds"), n_shards=3,
+    embed_corpus(config(tiny_model_dir, [str(corpus / "*")], str(root / "ds"), min_items=3,
                         dtype="int8"))
     return root / "ds"
 

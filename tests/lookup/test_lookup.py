@@ -59,7 +59,7 @@ def _model_copy(source_options: Path, source_weights: Path, folder: Path) -> Pat
 
 def _embed(model_dir: Path, corpus: Path, out: Path, part: str = "main") -> None:
     cfg = EmbedConfig(sources=[str(corpus)], out=str(out),
-                      model=ModelSpec.resolve(str(model_dir)), n_shards=2, progress=False,
+                      model=ModelSpec.resolve(str(model_dir)), min_items=2, progress=False,
                       executor="local", part=part)
     embed_corpus(cfg)
 
@@ -375,7 +375,8 @@ def test_search_params_follow_index_size() -> None:
 
 def test_sense_search_finds_its_own_sentence_and_clusters(dataset: Path, tmp_path: Path) -> None:
     from pipeline.lookup.index.build import build_index
-    from pipeline.lookup.senses.search import cluster_senses, search_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
+    from pipeline.lookup.senses.search import search_senses
 
     build_index(str(dataset), "top", str(tmp_path / "ix"))
     # A corpus sentence embedded at query time must find its own stored token first:

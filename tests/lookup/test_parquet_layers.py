@@ -156,7 +156,7 @@ def _embed_test_corpus(model_dir: Path, root: Path, **options: object) -> Path:
 
     corpus = write_corpus(root / "corpus")
     out = root / "ds"
-    embed_corpus(config(model_dir, [str(corpus / "*")], str(out), n_shards=3, **options))
+    embed_corpus(config(model_dir, [str(corpus / "*")], str(out), min_items=3, **options))
     return out
 
 

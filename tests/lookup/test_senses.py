@@ -21,7 +21,7 @@ import pytest
 
 from elmo_model.errors import ElmoUserError
 from pipeline.demo import DEMO_MARK
-from pipeline.lookup.senses.search import ClusterResult
+from pipeline.lookup.senses.clusters import ClusterResult
 from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
 MUSIC = [
@@ -51,7 +51,7 @@ def _model_copy(fixture_dir: Path, folder: Path) -> Path:
 
 def _embed(model_dir: Path, corpus: Path, out: Path) -> None:
     embed_corpus(EmbedConfig(sources=[str(corpus)], out=str(out),
-                             model=ModelSpec.resolve(str(model_dir)), n_shards=2,
+                             model=ModelSpec.resolve(str(model_dir)), min_items=2,
                              progress=False, executor="local"))
 
 
@@ -200,7 +200,7 @@ def test_index_built_before_stems_asks_for_a_rebuild_then_builds_again(
 
 @pytest.fixture(scope="module")
 def clusters(index: str) -> ClusterResult:
-    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
 
     return cluster_senses(index, ["play", "plays", "played", "playing"], k=2)
 
@@ -224,8 +224,8 @@ def test_clusters_hold_each_context_once_and_are_named(clusters: ClusterResult) 
 
 
 def test_clustering_samples_many_contexts_and_says_so(index: str) -> None:
+    from pipeline.lookup.senses.clusters import cluster_senses
     from pipeline.lookup.senses.maps import map_subtitle
-    from pipeline.lookup.senses.search import cluster_senses
 
     result = cluster_senses(index, sorted(PLAY_FORMS), k="auto", max_contexts=6)
     assert len(result.occurrences) == 6 and result.n_distinct == 10 and result.auto
@@ -240,7 +240,8 @@ def test_clustering_samples_many_contexts_and_says_so(index: str) -> None:
 
 
 def test_context_features_name_neighbours_and_content_words() -> None:
-    from pipeline.lookup.senses.search import Hit, context_features
+    from pipeline.lookup.senses.clusters import context_features
+    from pipeline.lookup.senses.hits import Hit
 
     def features(sentence: str, start: int) -> tuple[set[str], set[str]]:
         end = start + 4
@@ -257,7 +258,7 @@ def test_context_features_name_neighbours_and_content_words() -> None:
 
 
 def test_typical_features_favour_the_cluster() -> None:
-    from pipeline.lookup.senses.search import typical
+    from pipeline.lookup.senses.clusters import typical
 
     features = [{"the play", "a"}, {"the play"}, {"to play"}, {"to play", "a"}]
     labels = np.array([0, 0, 1, 1])
@@ -294,19 +295,20 @@ def test_png_map_has_title_axes_and_a_legend_naming_each_sense(clusters: Cluster
     pixels = imread(path)
     assert pixels.shape[:2] == (height, width) and len(np.unique(pixels.reshape(
         -1, pixels.shape[-1]), axis=0)) > 20  # drawn on, not a blank canvas
-    assert not list(tmp_path.glob(".*.tmp"))
+    assert not list(tmp_path.glob("*.tmp"))
     with pytest.raises(ElmoUserError, match="does not exist"):
         write_sense_map_png(clusters, tmp_path / "missing" / "play.png")
 
 
 def test_maps_draw_any_text(tmp_path: Path) -> None:
     """Corpus text is text: dollars (matplotlib math), markup (HTML), one lone cluster."""
+    from pipeline.lookup.senses.clusters import SenseCluster
+    from pipeline.lookup.senses.hits import Hit
     from pipeline.lookup.senses.maps import (
         sense_map_figure,
         write_sense_map_html,
         write_sense_map_png,
     )
-    from pipeline.lookup.senses.search import Hit, SenseCluster
 
     sentence = "It cost $5 and $6 <b>to</b> play & win."
     hits = [Hit(1, 1.0, "play", f"a.txt:{i}", 0, 7, sentence, 28, 32) for i in range(3)]
@@ -355,7 +357,7 @@ def test_html_map_shows_each_sentence_on_hover(clusters: ClusterResult,
 
 
 def test_contexts_are_the_same_only_when_the_text_says_so() -> None:
-    from pipeline.lookup.senses.search import Hit, distinct_contexts
+    from pipeline.lookup.senses.hits import Hit, distinct_contexts
 
     def hit(doc: str, sentence: str, tok_idx: int = 1) -> Hit:
         return Hit(1, 1.0, "play", doc, 0, tok_idx, sentence, 0, 0)
@@ -367,8 +369,8 @@ def test_contexts_are_the_same_only_when_the_text_says_so() -> None:
 
 
 def test_hover_text_escapes_markup() -> None:
+    from pipeline.lookup.senses.hits import Hit
     from pipeline.lookup.senses.maps import hover_text
-    from pipeline.lookup.senses.search import Hit
 
     sentence = 'Tom & <Jerry> play "tricks".'
     hit = Hit(1, 1.0, "play", "a.txt:1", 0, 3, sentence, 14, 18)

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import REPO
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError, cli_flag
 from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
 MONEY = [
@@ -69,7 +69,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = folder / "ds"
     embed_corpus(EmbedConfig(sources=[str(corpus)], out=str(out),
                              model=ModelSpec.resolve(str(REPO / "models" / "default")),
-                             n_shards=2, progress=False, executor="local"))
+                             min_items=2, progress=False, executor="local"))
     return out
 
 
@@ -422,5 +422,6 @@ def test_excess_ranks_by_how_much_z_by_how_sure(index: str) -> None:
     for row in by_excess.rows:
         assert row.change == pytest.approx(row.scores["prt"] - row.null_mean)
         assert row.to_dict()["prt_excess"] == pytest.approx(row.change, abs=1e-6)
-    with pytest.raises(ElmoUserError, match="--score must be one of z, excess"):
+    with pytest.raises(SettingError, match=r"^score must be one of z, excess") as caught:
         _change(index, score="size")
+    assert caught.value.named(cli_flag).startswith("--score must be one of")  # the CLI's

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import REPO
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError, cli_flag
 from pipeline.lookup.doc_fields import FieldFilter, as_filters, parse_where
 from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
 
@@ -66,7 +66,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = folder / "ds"
     embed_corpus(EmbedConfig(sources=[str(corpus)], out=str(out),
                              model=ModelSpec.resolve(str(REPO / "models" / "default")),
-                             n_shards=2, progress=False, executor="local"))
+                             min_items=2, progress=False, executor="local"))
     return out
 
 
@@ -138,16 +138,17 @@ def test_search_hits_carry_fields_and_filters_keep_only_passing_documents(
 
 def test_filter_mistakes_name_the_fix(index: str) -> None:
     from pipeline.lookup.index.sense_index import SenseIndex
-    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
 
     ix = SenseIndex(index)
     with pytest.raises(ElmoUserError, match="no document has a field 'yaer'; the fields are "
                                             "doc_id, source, line, president, sense, "
                                             "speech-type, year"):
         ix.fields_where(as_filters({"yaer": 1900}))
-    with pytest.raises(ElmoUserError, match=r"year holds numbers: year>=the 1900s needs a "
-                                            r"number \(e.g. --where year>=1900\)"):
+    with pytest.raises(SettingError, match=r"year holds numbers: year>=the 1900s needs a "
+                                           r"number \(e.g. where year>=1900\)") as caught:
         ix.fields_where(parse_where("year>=the 1900s"))
+    assert "(e.g. --where year>=1900)" in caught.value.named(cli_flag)  # as the CLI says it
     with pytest.raises(ElmoUserError, match=r"bank: 0 distinct context.* in documents with "
                                             r"president=Nobody"):
         cluster_senses(ix, ["bank"], filters={"president": "Nobody"})
@@ -165,8 +166,9 @@ def test_where_syntax() -> None:
     assert parse_where("speech-type!=written") == [FieldFilter("speech-type", "!=", "written")]
     assert parse_where("president~lincoln") == [FieldFilter("president", "~", "lincoln")]
     for bad in ("year", "year>=", ">=1900", "year=.."):
-        with pytest.raises(ElmoUserError, match="--where"):
+        with pytest.raises(SettingError, match=r"^where ") as caught:
             parse_where(bad)
+        assert caught.value.named(cli_flag).startswith("--where ")
     assert as_filters({"year": [1900, None], "party": ["Whig", "Democratic"]}) == [
         FieldFilter("year", ">=", 1900), FieldFilter("party", "in", ["Whig", "Democratic"])]
 
@@ -181,7 +183,7 @@ def _ari(a: list, b: list) -> float:
 
 
 def test_clusters_are_not_the_case_split(index: str) -> None:
-    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
 
     results = {centre: cluster_senses(index, ["bank"], k=2, centre=centre)
                for centre in ("none", "case", "forms")}
@@ -206,7 +208,7 @@ def test_clusters_are_not_the_case_split(index: str) -> None:
 
 
 def test_breakdown_counts_each_sense_per_bin_of_a_field(index: str) -> None:
-    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
     from pipeline.lookup.senses.tables import breakdown_of, sense_breakdown
 
     table = sense_breakdown(index, "bank", by="year", bin=10, k=2)
@@ -270,7 +272,7 @@ def test_cli_cluster_filters_breaks_down_and_exports(index: str, tmp_path: Path,
 
 
 def test_assignments_cover_repeated_and_unsampled_occurrences(index: str) -> None:
-    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
     from pipeline.lookup.senses.tables import assignments_table
 
     # 10 of 24 distinct contexts clustered: the other 14 go to their nearest centre.
@@ -345,7 +347,7 @@ def test_without_its_dataset_an_index_still_clusters_and_filters_its_own_fields(
     import shutil
 
     from pipeline.lookup.index.sense_index import INDEX_META, SenseIndex
-    from pipeline.lookup.senses.search import cluster_senses
+    from pipeline.lookup.senses.clusters import cluster_senses
 
     moved = tmp_path / "moved"
     shutil.copytree(index, moved)

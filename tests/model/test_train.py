@@ -15,7 +15,7 @@ from helpers import write_tiny_options, write_toy_corpus
 from safetensors.torch import load_file
 
 from elmo_model.char_ids import token_char_ids
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError, cli_flag
 from elmo_model.model import BiLM, BiLMConfig
 from elmo_model.training import load_trained, package_model, train
 from elmo_model.training.config import TrainParams, resolve_config
@@ -176,8 +176,9 @@ def test_device_is_checked_before_any_work(tmp_path: Path) -> None:
         train(corpus, tmp_path / "tpu", str(options), max_steps=1, device="tpu", **QUIET)
     assert not (tmp_path / "tpu").exists()
     if not torch.cuda.is_available():
-        with pytest.raises(ElmoUserError, match="use --device cpu"):
+        with pytest.raises(SettingError, match="use device cpu") as caught:
             train(corpus, tmp_path / "gpu", str(options), max_steps=1, device="cuda", **QUIET)
+        assert caught.value.named(cli_flag).endswith("use --device cpu")  # `elmo train`'s
         assert not (tmp_path / "gpu").exists()
         return
     # with a GPU: train there, resume on the CPU, and come back

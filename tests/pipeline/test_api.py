@@ -21,7 +21,7 @@ CORPUS = REPO / "examples" / "corpus"
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     out = str(tmp_path_factory.mktemp("api") / "ds")
-    summary = pipeline.embed(f"{CORPUS}/*.txt", out, n_shards=2, executor="local",
+    summary = pipeline.embed(f"{CORPUS}/*.txt", out, min_items=2, executor="local",
                              progress=False)
     assert summary.totals["tokens"] > 1000
     return out

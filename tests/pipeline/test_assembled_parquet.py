@@ -48,7 +48,7 @@ class DirFiles:
 
 
 def _units(rows: int, n_out: int, dim: int, unit: int, seed: int = 0) -> list[pa.Table]:
-    """Float token rows as ``unit_rows`` makes them, cut into tables of ``unit`` rows;
+    """Float token rows as ``rows_of_unit`` makes them, cut into tables of ``unit`` rows;
     layer 0 repeats per token string (context free) and is ``[x; x]`` when dim is even."""
     rng = np.random.default_rng(seed)
     words = [f"w{i % 37}" for i in range(rows)]
@@ -271,9 +271,9 @@ def test_layers_quantized_where_the_model_ran_give_the_same_bytes(tmp_path: Path
 
 
 def test_unit_rows_quantize_each_window_as_the_writer_would() -> None:
-    """int8 units leave ``unit_rows`` quantized window by window (no float copy of the
+    """int8 units leave ``rows_of_unit`` quantized window by window (no float copy of the
     unit): the same values and scales as quantizing the float rows."""
-    from pipeline.write.work_item import WindowRow, unit_rows
+    from pipeline.write.work_item import WindowRow, rows_of_unit
 
     rng = np.random.default_rng(5)
     rows, layers = [], []
@@ -283,8 +283,8 @@ def test_unit_rows_quantize_each_window_as_the_writer_would() -> None:
                               list(range(n)), list(range(1, n + 1))))
         batch = rng.normal(size=(3, n + 5, 16)).astype(np.float32)
         layers.append(batch[:, 2:2 + n])  # a view into a batch, as embed returns
-    as_int8 = unit_rows(rows, layers, 3, 16, "int8")
-    as_float = unit_rows(rows, layers, 3, 16, "float32")
+    as_int8 = rows_of_unit(rows, layers, 3, 16, "int8")
+    as_float = rows_of_unit(rows, layers, 3, 16, "float32")
     assert as_int8.num_rows == as_float.num_rows == 7 - 2 + 1 + 30 - 2 + 12 - 2
     for k in range(3):
         floats = as_float.column(f"layer_{k}").combine_chunks()

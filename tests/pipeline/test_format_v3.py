@@ -34,7 +34,7 @@ def datasets(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     out = {}
     for dtype in ("float32", "float16", "int8"):
         out[dtype] = root / dtype
-        embed_corpus(config(tiny_model_dir, [str(corpus)], out[dtype], dtype=dtype, n_shards=2))
+        embed_corpus(config(tiny_model_dir, [str(corpus)], out[dtype], dtype=dtype, min_items=2))
     return out
 
 

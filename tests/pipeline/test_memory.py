@@ -51,7 +51,7 @@ def test_no_per_item_progress_is_kept_after_commit(tmp_path: Path, tiny_model_di
     monkeypatch.setattr(KeptProgress, "made", [])
     monkeypatch.setattr(executors, "PROGRESS_POLL_S", 0.001)
     sources = write_toy_corpus(tmp_path / "corpus", n_lines=400)
-    summary = embed_corpus(config(tiny_model_dir, [sources], tmp_path / "out", n_shards=12,
+    summary = embed_corpus(config(tiny_model_dir, [sources], tmp_path / "out", min_items=12,
                                   unit_tokens=32, progress=True))
     assert summary.items_written >= 10
     (bar,) = KeptProgress.made

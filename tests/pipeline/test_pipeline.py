@@ -29,7 +29,7 @@ def test_round_trip_every_token_once_and_vectors_match_the_model(tiny_model_dir:
 
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
-    summary = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, n_shards=3,
+    summary = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, min_items=3,
                                   dtype="float32", batch_tokens=16))
     assert summary.documents == 9 and summary.errors == 0
     # At least --shards items (a.txt is cut in line-aligned byte ranges).
@@ -78,7 +78,7 @@ def test_long_sentence_goes_through_windows(tiny_model_dir: Path, tmp_path: Path
     words = [f"w{i % 97}" for i in range(600)]
     (tmp_path / "long.txt").write_text(" ".join(words) + "\n")
     out = tmp_path / "ds"
-    embed_corpus(config(tiny_model_dir, [str(tmp_path / "long.txt")], out, n_shards=1,
+    embed_corpus(config(tiny_model_dir, [str(tmp_path / "long.txt")], out, min_items=1,
                         dtype="float32", max_sentence_tokens=100, window_overlap=20))
     rows = read_table(out, "tokens").to_pandas().sort_values("tok_idx")
     assert list(rows.tok_idx) == list(range(600)) and set(rows.sent_idx) == {0}
@@ -94,7 +94,7 @@ def test_duckdb_reads_the_hive_dataset(tiny_model_dir: Path, tmp_path: Path) -> 
 
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
-    summary = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, n_shards=4,
+    summary = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, min_items=4,
                                   dtype="float16"))
     con = duckdb.connect()
     rows = con.execute(
@@ -124,9 +124,9 @@ def test_duckdb_reads_the_hive_dataset(tiny_model_dir: Path, tmp_path: Path) -> 
 def test_items_do_not_depend_on_batching(tiny_model_dir: Path, tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus")
     first, second = tmp_path / "one", tmp_path / "two"
-    embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], first, n_shards=4))
+    embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], first, min_items=4))
     # Another batch size changes the batches, not which item holds what.
-    embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], second, n_shards=4, batch_tokens=7))
+    embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], second, min_items=4, batch_tokens=7))
     a, b = dataset_files(first), dataset_files(second)
     assert a.keys() == b.keys()
     for key in a:
@@ -216,21 +216,21 @@ def test_refuses_a_dataset_of_another_model(tiny_model_dir: Path, tmp_path: Path
 
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
-    embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out, n_shards=2))
+    embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out, min_items=2))
     torch.manual_seed(1)
     other = save_model_dir(BiLM(BiLMConfig(n_layers=1, lstm_dim=16, projection_dim=4,
                                            char_embedding_dim=4, filters=((1, 4),),
                                            n_highway=0)), tmp_path / "other")
     with pytest.raises(ElmoUserError, match="another model"):
-        embed_corpus(config(other, [f"{corpus}/*.txt"], out, n_shards=2))
+        embed_corpus(config(other, [f"{corpus}/*.txt"], out, min_items=2))
     with pytest.raises(ElmoUserError, match="dtype"):
-        embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out, n_shards=2,
+        embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out, min_items=2,
                             dtype="float32"))
     # Same dataset, other inputs: refused rather than silently mixed.
     with pytest.raises(ElmoUserError, match="other inputs"):
-        embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, n_shards=2))
+        embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, min_items=2))
     # Same command again: everything is committed already; no work, same totals.
-    again = embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out, n_shards=2))
+    again = embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], out, min_items=2))
     assert again.items_written == 0 and again.items_resumed >= 2
     assert again.documents_resumed == 5 and again.totals["documents"] == 5
     assert again.lines()[0].startswith(f"resumed: {again.items_resumed} items committed by "
@@ -312,7 +312,7 @@ def test_pretokenized_input_keeps_the_given_tokens(tiny_model_dir: Path, tmp_pat
     (tmp_path / "tok.jsonl").write_text(json.dumps(
         {"id": "x", "tokens": [["Hello", "world"], ["Second", "one", "!"]]}) + "\n")
     out = tmp_path / "ds"
-    embed_corpus(config(tiny_model_dir, [f"{tmp_path}/tok.*"], out, n_shards=1,
+    embed_corpus(config(tiny_model_dir, [f"{tmp_path}/tok.*"], out, min_items=1,
                         read=ReadOptions(pretokenized=True)))
     tokens = read_table(out, "tokens").to_pandas().sort_values(["doc_id", "sent_idx", "tok_idx"])
     got = tokens.groupby(["doc_id", "sent_idx"], sort=True).token.apply(list).to_dict()

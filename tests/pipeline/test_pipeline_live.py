@@ -44,7 +44,7 @@ def test_source_files_give_the_ids_and_vectors_of_a_glob_run(tiny_model_dir: Pat
                                                              tmp_path: Path) -> None:
     src = corpus(tmp_path / "corpus")
     glob = f"{src}/**/*.txt"
-    embed_corpus(config(tiny_model_dir, [glob], tmp_path / "all", n_shards=2))
+    embed_corpus(config(tiny_model_dir, [glob], tmp_path / "all", min_items=2))
     b_rows = [r for r in rows(tmp_path / "all") if r["doc_id"].startswith("sub/b.txt")]
     assert {r["doc_id"] for r in b_rows} == {"sub/b.txt:1", "sub/b.txt:2"}
 
@@ -52,7 +52,7 @@ def test_source_files_give_the_ids_and_vectors_of_a_glob_run(tiny_model_dir: Pat
     by_uri = (f"file://{src}/sub/b.txt",)
     listed = tuple(s for s in list_sources([glob]) if s.path.endswith("sub/b.txt"))
     for name, files in (("uri", by_uri), ("source", listed)):
-        embed_corpus(config(tiny_model_dir, [glob], tmp_path / name, n_shards=2,
+        embed_corpus(config(tiny_model_dir, [glob], tmp_path / name, min_items=2,
                             source_files=files))
         assert rows(tmp_path / name) == b_rows  # same ids, same shards, same vectors
 
@@ -67,7 +67,7 @@ def test_empty_shards_write_no_files_but_are_committed(tiny_model_dir: Path,
 
     src = corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
-    first = embed_corpus(config(tiny_model_dir, [f"{src}/**/*.txt"], out, n_shards=16))
+    first = embed_corpus(config(tiny_model_dir, [f"{src}/**/*.txt"], out, min_items=16))
     assert first.items_written >= 16  # at least --shards work items, cut at line starts
     entries = sorted((out / "_manifest/main").glob("shard=*.json"))
     assert len(entries) == first.items_written  # every item committed, with or without rows
@@ -89,7 +89,7 @@ def test_empty_shards_write_no_files_but_are_committed(tiny_model_dir: Path,
     finally:
         con.close()
 
-    again = embed_corpus(config(tiny_model_dir, [f"{src}/**/*.txt"], out, n_shards=16))
+    again = embed_corpus(config(tiny_model_dir, [f"{src}/**/*.txt"], out, min_items=16))
     assert again.items_written == 0 and again.items_resumed == first.items_written
     assert again.totals == first.totals
 
@@ -100,11 +100,11 @@ def test_readers_follow_the_published_live_view(tiny_model_dir: Path, tmp_path: 
 
     src = corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
-    embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], out, n_shards=2, part="old"))
+    embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], out, min_items=2, part="old"))
     fs, root = open_fs(str(out))
     assert live_parts(fs, root) == ["old"]  # nothing published: every committed part
     publish_live(fs, root, {"old"})
-    embed_corpus(config(tiny_model_dir, [f"{src}/sub/b.txt"], out, n_shards=2, part="new"))
+    embed_corpus(config(tiny_model_dir, [f"{src}/sub/b.txt"], out, min_items=2, part="new"))
 
     def seen() -> tuple[set[str], set[str], set[str]]:
         con = connect(str(out))
@@ -129,9 +129,9 @@ def test_readers_follow_the_published_live_view(tiny_model_dir: Path, tmp_path: 
 def test_plan_mismatch_is_typed(tiny_model_dir: Path, tmp_path: Path) -> None:
     src = corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
-    embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], out, n_shards=2))
+    embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], out, min_items=2))
     with pytest.raises(PlanMismatchError, match="other inputs") as caught:
-        embed_corpus(config(tiny_model_dir, [f"{src}/**/*.txt"], out, n_shards=2))
+        embed_corpus(config(tiny_model_dir, [f"{src}/**/*.txt"], out, min_items=2))
     assert caught.value.part == "main" and isinstance(caught.value, ElmoUserError)
 
 
@@ -158,12 +158,12 @@ def test_device_and_compute_dtype_flags(tiny_model_dir: Path, tmp_path: Path,
     descriptor = json.loads((out / "_dataset.json").read_text())
     assert descriptor["extra"]["compute_dtype"] == "bfloat16"
     # Informative only: a rerun with other compute settings is not refused.
-    fp32 = embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], out, n_shards=2,
+    fp32 = embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], out, min_items=2,
                                device="cpu"))
     assert fp32.items_resumed == 2
 
     with pytest.raises(ElmoUserError, match="CUDA"):
-        embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], tmp_path / "fp16", n_shards=2,
+        embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], tmp_path / "fp16", min_items=2,
                             device="cpu", compute_dtype="float16"))
     with pytest.raises(SettingError, match=r"^device: ") as caught:  # the library's name
         embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], tmp_path / "x", device="tpu"))
@@ -187,7 +187,7 @@ def test_reuse_models_loads_a_model_once(tiny_model_dir: Path, tmp_path: Path,
     with reuse_models():
         for name in ("a.txt", "sub/b.txt"):
             embed_corpus(config(tiny_model_dir, [f"{src}/{name}"], tmp_path / "ds",
-                                n_shards=2, part=name.replace("/", "-")))
+                                min_items=2, part=name.replace("/", "-")))
     assert len(loads) == 1
-    embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], tmp_path / "other", n_shards=2))
+    embed_corpus(config(tiny_model_dir, [f"{src}/a.txt"], tmp_path / "other", min_items=2))
     assert len(loads) == 2  # outside the block: no cache

@@ -62,7 +62,7 @@ def test_removing_a_worker_node_mid_job_loses_and_doubles_nothing(
         cluster: object, tiny_model_dir: Path, tmp_path: Path) -> None:
     corpus = _corpus(tmp_path / "corpus")
     clean, moved = tmp_path / "clean", tmp_path / "moved"
-    kw = {"n_shards": 24}
+    kw = {"min_items": 24}
     embed_corpus(config(tiny_model_dir, [f"{corpus}/*.txt"], clean, **kw))
 
     removed: dict[str, object] = {}

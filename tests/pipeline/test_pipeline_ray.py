@@ -70,7 +70,7 @@ def test_ray_matches_local_across_actor_counts_and_survives_a_killed_actor(
         ray_cluster: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus")
     local, one, two = tmp_path / "local", tmp_path / "one", tmp_path / "two"
-    kw = {"n_shards": 3, "batch_tokens": 8}  # small budget: several units per shard
+    kw = {"min_items": 3, "batch_tokens": 8}  # small budget: several units per shard
     embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], local, **kw))
     s1 = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], one, executor="ray", actors=1,
                              **kw))
@@ -99,6 +99,7 @@ def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: Path,
     import time
 
     from elmo_model.errors import ElmoUserError
+    from pipeline.write.config import flag_of
 
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
@@ -110,7 +111,9 @@ def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: Path,
     message = str(caught.value)
     assert "\n" not in message and "cannot hold 3 actors of 1 CPU each" in message
     assert "it has 2 CPUs and 0 GPUs on 1 nodes (room for 2)" in message
-    assert "pass --actors 2" in message and "--wait-for-resources" in message
+    assert "pass actors 2" in message and "wait_for_resources_s SECONDS" in message
+    as_flags = caught.value.named(flag_of)  # what `elmo embed` prints
+    assert "pass --actors 2" in as_flags and "--wait-for-resources SECONDS" in as_flags
     assert not out.exists()
 
     t0 = time.monotonic()
@@ -119,9 +122,10 @@ def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: Path,
                             cpus_per_actor=1, wait_for_resources_s=2.0))
     assert 2 <= time.monotonic() - t0 < 10
     # A GPU the cluster does not have: the message offers the CPU.
-    with pytest.raises(ElmoUserError, match=r"1 CPU \+ 1 GPU each.*--device cpu"):
+    with pytest.raises(ElmoUserError, match=r"1 CPU \+ 1 GPU each.*pass device cpu") as caught:
         embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, executor="ray", actors=1,
                             device="cuda"))
+    assert "pass --device cpu" in caught.value.named(flag_of)
     assert not out.exists()
 
 

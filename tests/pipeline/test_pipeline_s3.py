@@ -35,7 +35,7 @@ def test_s3_round_trip(s3_endpoint: str, tiny_model_dir: Path, tmp_path: Path,
 
     out = "s3://data-bucket/ds"
     # float16: the layout the direct page reader (checked below over S3) reads.
-    summary = embed_corpus(config(tiny_model_dir, ["s3://corpus-bucket/in/*"], out, n_shards=2,
+    summary = embed_corpus(config(tiny_model_dir, ["s3://corpus-bucket/in/*"], out, min_items=2,
                                   storage_options=options, dtype="float16"))
     assert summary.documents == 9 and summary.errors == 0
     assert fs.exists("data-bucket/ds/_dataset.json")
@@ -74,6 +74,6 @@ def test_s3_round_trip(s3_endpoint: str, tiny_model_dir: Path, tmp_path: Path,
         assert np.array_equal(got[key], np.asarray(stored[i], np.float32))
 
     # A rerun finds every shard committed and does no work.
-    again = embed_corpus(config(tiny_model_dir, ["s3://corpus-bucket/in/*"], out, n_shards=2,
+    again = embed_corpus(config(tiny_model_dir, ["s3://corpus-bucket/in/*"], out, min_items=2,
                                 storage_options=options, dtype="float16"))
     assert again.items_written == 0 and again.totals["tokens"] == summary.tokens

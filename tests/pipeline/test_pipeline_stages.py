@@ -99,7 +99,7 @@ def test_every_executor_writes_the_same_bytes(ray_two_cpus: Path, tiny_model_dir
                                               dtype: str) -> None:
     """Byte-equal tables (one torch thread everywhere, as a Ray actor of 1 CPU has)."""
     corpus = write_corpus(tmp_path / "corpus")
-    kw = {"n_shards": 3, "batch_tokens": 8, "dtype": dtype}  # several units per item
+    kw = {"min_items": 3, "batch_tokens": 8, "dtype": dtype}  # several units per item
     for name, extra in RUNS.items():
         summary = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / name,
                                       **kw, **extra))
@@ -130,7 +130,7 @@ def test_a_killed_model_worker_costs_a_retry_not_a_row(ray_two_cpus: Path,
                                                       tmp_path: Path,
                                                       one_torch_thread: None) -> None:
     corpus = write_corpus(tmp_path / "corpus")
-    kw = {"n_shards": 3, "batch_tokens": 8, **RUNS["stages"]}
+    kw = {"min_items": 3, "batch_tokens": 8, **RUNS["stages"]}
     embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "clean", **kw))
     (ray_two_cpus / "armed").touch()
     try:
@@ -180,7 +180,7 @@ def test_a_model_worker_that_cannot_come_back_stops_the_run_in_one_line(
     try:
         with pytest.raises(ElmoUserError) as caught:
             embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "ds",
-                                n_shards=3, batch_tokens=8, **RUNS["stages"]))
+                                min_items=3, batch_tokens=8, **RUNS["stages"]))
     finally:
         (ray_two_cpus / "armed").unlink()
         (ray_two_cpus / "broken").unlink()

@@ -39,7 +39,7 @@ def run_one_big_item(tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(embed, "TokenProgress", RecordedProgress)
     sources = write_toy_corpus(tmp_path / "corpus", n_lines=600)
     # One item (the corpus is far below --item-tokens), cut into many 16-token model units.
-    summary = embed_corpus(config(model, [sources], tmp_path / "out", n_shards=1,
+    summary = embed_corpus(config(model, [sources], tmp_path / "out", min_items=1,
                                   unit_tokens=16, progress=True, **kw))
     assert summary.items_written == 1
     (bar,) = RecordedProgress.made

@@ -136,7 +136,7 @@ def test_a_dataset_does_not_depend_on_where_its_layers_were_quantized(
     from pipeline.write.embed import embed_corpus
 
     corpus = write_corpus(tmp_path / "corpus")
-    kw = {"n_shards": 3, "batch_tokens": 8}
+    kw = {"min_items": 3, "batch_tokens": 8}
     embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "writer", **kw))
     asked = []
 

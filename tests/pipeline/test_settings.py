@@ -132,7 +132,7 @@ def test_settings_import_without_pyarrow() -> None:
     ({"window_overlap": 8, "max_sentence_tokens": 8},
      "--window-overlap: must be below --max-sentence-tokens (8)",
      "window_overlap: must be below max_sentence_tokens (8)"),
-    ({"n_shards": 0}, "--shards: must be at least 1, not 0", "shards: must be at least 1"),
+    ({"min_items": 0}, "--shards: must be at least 1, not 0", "shards: must be at least 1"),
     ({"actors": 0}, "--actors: must be at least 1, not 0", "ray.actors: must be at least 1"),
     ({"gpus_per_actor": -1.0}, "--gpus-per-actor: must be a number >= 0",
      "ray.num_gpus: must be a number >= 0"),

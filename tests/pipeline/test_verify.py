@@ -45,7 +45,7 @@ def _s3_options(endpoint: str) -> dict:
 
 
 def _embed(model: Path, corpus: Path, out: str, options: dict | None = None, **kw: Any) -> Any:
-    return embed_corpus(config(model, [str(corpus / "*")], out, n_shards=3,
+    return embed_corpus(config(model, [str(corpus / "*")], out, min_items=3,
                                storage_options=options, **kw))
 
 

@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.index.sense_index import SenseIndex
 from pipeline.lookup.index.words import column_words, token_filter
+from pipeline.lookup.layers.vectors import unit_vectors
 from pipeline.lookup.senses.change_scores import (
     DEFAULT_METHOD,
     DEFAULT_MIN_USES,
@@ -130,15 +131,18 @@ class ChangeRanking:
 def _check_arguments(method: str, min_uses: int, top: int | None, blocks: int,
                      resamples: int, words: Sequence[str] | None) -> None:
     if method not in METHODS:
-        raise ElmoUserError(f"--method must be one of {', '.join(METHODS)}, not {method!r}")
+        raise SettingError("method", lambda name: (
+            f"{name('method')} must be one of {', '.join(METHODS)}, not {method!r}"))
     if min_uses < 2:
-        raise ElmoUserError(f"--min-uses must be at least 2, not {min_uses}")
+        raise SettingError("min_uses", lambda name: (
+            f"{name('min_uses')} must be at least 2, not {min_uses}"))
     if top is not None and top < 1:
-        raise ElmoUserError(f"--top must be at least 1, not {top}")
+        raise SettingError("top", lambda name: f"{name('top')} must be at least 1, not {top}")
     if blocks < 2 or resamples < 10:
         raise ElmoUserError("blocks must be at least 2 and resamples at least 10")
     if words is not None and not [w for w in words if w.strip()]:
-        raise ElmoUserError("--words names no word; pass e.g. --words union,state")
+        raise SettingError("words", lambda name: (
+            f"{name('words')} names no word; pass e.g. {name('words')} union,state"))
 
 
 def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
@@ -152,7 +156,8 @@ def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
     (each must); ``top`` keeps the first rows. See the module's docstring."""
     _check_arguments(method, min_uses, top, blocks, resamples, words)
     if score not in SCORES:
-        raise ElmoUserError(f"--score must be one of {', '.join(SCORES)}, not {score!r}")
+        raise SettingError("score", lambda name: (
+            f"{name('score')} must be one of {', '.join(SCORES)}, not {score!r}"))
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
     column = "token_stem" if ix.has_stems else "token_lower"
     wanted = [w.strip() for w in words if w.strip()] if words is not None else None
@@ -160,21 +165,23 @@ def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
         ix.require_indexed(wanted, column)
     rng = np.random.default_rng(seed)
     keys = _read_keys(ix, column, token_filter(wanted, column) if wanted else None)
+    if keys.num_rows == 0 and wanted:
+        raise SettingError("words", lambda name: (
+            f"{' / '.join(map(repr, wanted))} has no uses in this index; check the "
+            f"spelling, or pass other {name('words')}"))
     if keys.num_rows == 0:
-        raise ElmoUserError(f"{' / '.join(map(repr, wanted))} has no uses in this index; "
-                            "check the spelling, or pass other --words" if wanted
-                            else f"{ix.uri} holds no words")
+        raise ElmoUserError(f"{ix.uri} holds no words")
     groups = document_groups(ix, keys, by, bin, blocks, rng)
     plan = _plan(keys, column, groups, min_uses, wanted, rng)
     ranking = ChangeRanking(by, bin, method, groups.labels, min_uses, mix=ix.meta.mix_name,
                             blocks=blocks, resamples=resamples,
                             left_out_docs=groups.left_out_docs, candidates=len(plan.words))
     if not plan.words:
-        raise ElmoUserError(
+        raise SettingError("min_uses", lambda name: (
             f"no word has {min_uses} uses in two groups of {by} "
             f"({len(groups.labels)} groups: {', '.join(groups.labels[:6])}"
-            f"{', ...' if len(groups.labels) > 6 else ''}); lower --min-uses"
-            f"{' or widen --bin' if bin else ''}")
+            f"{', ...' if len(groups.labels) > 6 else ''}); lower {name('min_uses')}"
+            f"{' or widen ' + name('bin') if bin else ''}"))
     sums, samples = _gather(ix, plan, column, progress)
     ranking.rows = _score(plan, groups, sums, samples, method, resamples, rng, progress)
     if score == "excess":
@@ -275,15 +282,16 @@ def _check_wanted(wanted: list[str], column: str, vocab: list[str], uses: np.nda
     for word, stored in zip(wanted, column_words(wanted, column), strict=True):
         i = position.get(stored)
         if i is None:
-            raise ElmoUserError(f"{word!r} has no uses in documents with the field; "
-                                "check the spelling, or pass other --words")
+            raise SettingError("words", lambda name, word=word: (
+                f"{word!r} has no uses in documents with the field; check the spelling, or "
+                f"pass other {name('words')}"))
         if qualifying[i].sum() < 2:
             counts = ", ".join(f"{labels[g]}: {n}" for g, n in enumerate(uses[i]) if n)
             most = sorted(uses[i])[-2] if len(labels) > 1 else 0
-            raise ElmoUserError(
+            raise SettingError("min_uses", lambda name, word=word, counts=counts, most=most: (
                 f"{word!r} has too few uses to compare: it needs {min_uses} in at least two "
-                f"groups and has {counts}; pass --min-uses {max(2, most)} or less, or a wider "
-                "--bin")
+                f"groups and has {counts}; pass {name('min_uses')} {max(2, most)} or less, "
+                f"or a wider {name('bin')}"))
 
 
 def _main_forms(keys: pa.Table, vocab: list[str], candidate: np.ndarray) -> list[str]:
@@ -352,7 +360,7 @@ def _gather(ix: SenseIndex, plan: _Plan, column: str, progress: bool
             if not found.any():
                 continue
             at, x = at[found], vectors[found]
-            x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+            x = unit_vectors(x)
             slot = plan.slot[at]
             order = np.argsort(slot, kind="stable")
             starts = np.r_[0, np.flatnonzero(np.diff(slot[order])) + 1]

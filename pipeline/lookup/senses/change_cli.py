@@ -135,10 +135,12 @@ def _ranking(args: argparse.Namespace) -> int:
     if args.out:
         import pyarrow.parquet as pq
 
-        from pipeline.lookup.senses.maps import write_whole
+        from pipeline.lookup.senses.maps import check_writable
+        from schemas.files import write_whole
 
         table = ranking.table()
-        print(f"wrote {write_whole(args.out, lambda tmp: pq.write_table(table, tmp))} "
+        written = write_whole(check_writable(args.out), lambda tmp: pq.write_table(table, tmp))
+        print(f"wrote {written} "
               f"({table.num_rows} words)", file=sys.stderr)
     return 0
 

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from elmo_model.errors import cli_flag
+
 # Characters of a hit's sentence shown around the word, on one line (a corpus's "sentence"
 # may be a whole multi-line HTML page).
 SNIPPET_CHARS = 110
@@ -75,6 +77,20 @@ examples:
 """
 
 
+# The library's settings whose flags differ from ``cli_flag``'s rule (library errors name
+# the setting; ``pipeline/cli.py`` prints the verb's flag). ``max_k`` has no flag.
+SEARCH_FLAGS = {"k": "-k", "model_dir": "--model"}
+CLUSTER_FLAGS = {"max_k": "max_k"}
+
+
+def search_flag(setting: str) -> str:
+    return SEARCH_FLAGS.get(setting) or cli_flag(setting)
+
+
+def cluster_flag(setting: str) -> str:
+    return CLUSTER_FLAGS.get(setting) or cli_flag(setting)
+
+
 def register_senses(subparsers: Any, add: Callable[..., Any],
                     show_help: Callable[[argparse.ArgumentParser], int]) -> None:
     """The ``senses`` verbs, made with ``cli``'s parser helpers (``add``, ``show_help``)
@@ -105,7 +121,7 @@ def register_senses(subparsers: Any, add: Callable[..., Any],
                    "(default: every metadata field; doc_id is always shown)")
     _index_args(s)
     s.add_argument("--model", metavar="DIR", help="model directory (default: the dataset's)")
-    s.set_defaults(handler=run_senses_search)
+    s.set_defaults(handler=run_senses_search, setting_flag=search_flag)
     c = add(sv, "cluster", "group the occurrences of a word into senses, and map them",
              SENSES_CLUSTER_EPILOG)
     c.add_argument("words", nargs="+", metavar="WORD", help="word(s), matched in lowercase")
@@ -125,7 +141,7 @@ def register_senses(subparsers: Any, add: Callable[..., Any],
                    help="centre written forms before clustering: case (default: capitals "
                         "alone make no sense), forms (every form), none")
     _index_args(c)
-    c.set_defaults(handler=run_senses_cluster)
+    c.set_defaults(handler=run_senses_cluster, setting_flag=cluster_flag)
     from pipeline.lookup.senses.change_cli import add_change_parser
 
     add_change_parser(sv, add, _index_args, _where_arg)
@@ -190,13 +206,13 @@ def run_senses_search(args: argparse.Namespace) -> int:
 
 def run_senses_cluster(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
+    from pipeline.lookup.senses.clusters import cluster_senses
     from pipeline.lookup.senses.maps import (
         check_writable,
         occurrence_count,
         write_sense_map_html,
         write_sense_map_png,
     )
-    from pipeline.lookup.senses.search import cluster_senses
     from pipeline.lookup.senses.tables import breakdown_of, write_assignments
 
     for path in (args.plot, args.html, args.out):

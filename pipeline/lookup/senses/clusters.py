@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import Filters, as_filters
 from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex, stem_words
 from pipeline.lookup.layers.tokens import matrix
+from pipeline.lookup.layers.vectors import unit_vectors
 from pipeline.lookup.senses.hits import Hit, distinct_contexts, hits_from_table
 
 MAX_CONTEXTS = 5_000  # clustered (and drawn) per word at most; more are sampled
@@ -144,10 +145,6 @@ def _kmeans(x: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return model.labels_.astype(np.int64), model.cluster_centers_
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def form_offsets(x: np.ndarray, tokens: Sequence[str], centre: str = "case"
                  ) -> dict[str, np.ndarray]:
     """What to subtract from each written form's unit vectors ``x``: its mean minus its
@@ -175,7 +172,7 @@ def centred(x: np.ndarray, tokens: Sequence[str], offsets: dict[str, np.ndarray]
     if not offsets:
         return x
     shift = np.stack([offsets.get(t, np.zeros(x.shape[1], x.dtype)) for t in tokens])
-    return _unit(x - shift)
+    return unit_vectors(x - shift)
 
 
 def _choose_k(x: np.ndarray, k: int | str, max_k: int, seed: int, sample: int
@@ -187,7 +184,8 @@ def _choose_k(x: np.ndarray, k: int | str, max_k: int, seed: int, sample: int
     if k != "auto":
         chosen = int(k)
         if not 1 <= chosen <= n:
-            raise ElmoUserError(f"--k must be between 1 and the {n} distinct contexts")
+            raise SettingError("k", lambda name: (
+                f"{name('k')} must be between 1 and the {n} distinct contexts"))
         return chosen, scores
     for kk in range(2, min(max_k, n - 1) + 1):
         labels, _ = _kmeans(x, kk, seed)
@@ -232,7 +230,8 @@ def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str =
     if not words:
         raise ElmoUserError("name at least one word to cluster")
     if examples < 0 or max_k < 2:
-        raise ElmoUserError("--examples must be at least 0 and max_k at least 2")
+        raise SettingError("examples" if examples < 0 else "max_k", lambda name: (
+            f"{name('examples')} must be at least 0 and {name('max_k')} at least 2"))
     if centre not in CENTRINGS:
         raise ElmoUserError(f"centre must be one of {', '.join(CENTRINGS)}, not {centre!r}")
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
@@ -254,7 +253,7 @@ def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str =
             if conditions else " in the index"
         raise ElmoUserError(f"{' / '.join(words)}: {n} distinct context(s){shown}; "
                             "need at least 2 to cluster")
-    every = _unit(matrix(table.column("vector")).astype(np.float32))  # cosine geometry
+    every = unit_vectors(matrix(table.column("vector")))  # cosine geometry
     tokens = [h.token for h in rows]
     offsets = form_offsets(every[keep], [tokens[i] for i in keep], centre)
     every = centred(every, tokens, offsets)
@@ -274,7 +273,7 @@ def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str =
     # their cluster); repeated and unsampled contexts get one too.
     all_labels = np.argmin((centres ** 2).sum(1)[None, :] - 2 * every @ centres.T, axis=1)
     all_labels[keep] = labels
-    unit_centres = _unit(centres)
+    unit_centres = unit_vectors(centres)
     occurrences = [rows[i] for i in keep]
     for hit, sim in zip(occurrences, (x * unit_centres[labels]).sum(1), strict=True):
         hit.similarity = float(sim)  # to its cluster's centre

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import value_kind
 from pipeline.lookup.senses.tables import bin_of
 
@@ -48,7 +48,8 @@ def group_values(ix: SenseIndex, parts: list[str], shards: list[int], doc_ids: l
                  by: str, bin: float | None) -> tuple[list[str], list[int]]:
     """The groups of field ``by`` and each document's group (-1: no value), checked."""
     if bin is not None and not bin > 0:
-        raise ElmoUserError(f"--bin must be a positive number, not {bin:g}")
+        raise SettingError("bin", lambda name: (
+            f"{name('bin')} must be a positive number, not {bin:g}"))
     documents = ix.documents()
     if by != "doc_id" and documents.ds is None:
         raise ElmoUserError(f"cannot read field {by!r}: {documents.unreadable}")
@@ -56,12 +57,14 @@ def group_values(ix: SenseIndex, parts: list[str], shards: list[int], doc_ids: l
               for part, shard, doc in zip(parts, shards, doc_ids, strict=True)]
     present = [v for v in values if v is not None]
     if not present:
-        raise ElmoUserError(f"no document has a field {by!r}; pass --by one of "
-                            f"{', '.join(documents.names())}")
+        raise SettingError("by", lambda name: (
+            f"no document has a field {by!r}; pass {name('by')} one of "
+            f"{', '.join(documents.names())}"))
     text = next((v for v in present if value_kind(v) not in ("int", "float")), None)
     if bin is not None and text is not None:
-        raise ElmoUserError(f"{by} holds text (e.g. {str(text)!r}), which has no bins; "
-                            "leave out --bin")
+        raise SettingError("bin", lambda name: (
+            f"{by} holds text (e.g. {str(text)!r}), which has no bins; leave out "
+            f"{name('bin')}"))
     starts: dict[str, Any] = {}
     doc_labels = []
     for value in values:
@@ -73,10 +76,10 @@ def group_values(ix: SenseIndex, parts: list[str], shards: list[int], doc_ids: l
         doc_labels.append(label)
     labels = sorted(starts, key=lambda label: _order(starts[label]))
     if len(labels) < 2:
-        hint = " or a smaller --bin" if bin is not None else ""
-        raise ElmoUserError(f"every document with {by} is in one group ({labels[0]}), so "
-                            f"there is nothing to compare; pass --by a field with two values "
-                            f"or more{hint}")
+        raise SettingError("by", lambda name: (
+            f"every document with {by} is in one group ({labels[0]}), so there is nothing "
+            f"to compare; pass {name('by')} a field with two values or more"
+            f"{' or a smaller ' + name('bin') if bin is not None else ''}"))
     number = {label: i for i, label in enumerate(labels)}
     return labels, [-1 if label is None else number[label] for label in doc_labels]
 

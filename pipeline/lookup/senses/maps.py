@@ -15,18 +15,18 @@ global backend switch.
 from __future__ import annotations
 
 import html
-import os
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
+from schemas.files import write_whole
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from pipeline.lookup.senses.search import ClusterResult, Hit
+    from pipeline.lookup.senses.clusters import ClusterResult
+    from pipeline.lookup.senses.hits import Hit
 
 # matplotlib's tab10 colours, shared by both maps so a sense has one colour everywhere.
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -119,7 +119,7 @@ def sense_map_figure(result: ClusterResult, width: float = 9.0, height: float = 
 
 def write_sense_map_png(result: ClusterResult, path: str | Path, dpi: int = 120) -> Path:
     figure = sense_map_figure(result)
-    return write_whole(path, lambda tmp: figure.savefig(tmp, dpi=dpi, format="png"))
+    return write_whole(check_writable(path), lambda tmp: figure.savefig(tmp, dpi=dpi, format="png"))
 
 
 def hover_text(hit: Hit, chars: int = HOVER_CHARS, wrap: int = 80) -> str:
@@ -162,8 +162,8 @@ def sense_map_plotly(result: ClusterResult) -> Any:
 def write_sense_map_html(result: ClusterResult, path: str | Path) -> Path:
     figure = sense_map_plotly(result)
     # plotly.js inside the file: it must open anywhere, offline included.
-    return write_whole(path, lambda tmp: figure.write_html(tmp, include_plotlyjs=True,
-                                                            full_html=True))
+    return write_whole(check_writable(path), lambda tmp: figure.write_html(
+        tmp, include_plotlyjs=True, full_html=True))
 
 
 def check_writable(path: str | Path) -> Path:
@@ -171,16 +171,4 @@ def check_writable(path: str | Path) -> Path:
     path = Path(path)
     if not path.parent.is_dir():
         raise ElmoUserError(f"cannot write {path}: folder {path.parent} does not exist")
-    return path
-
-
-def write_whole(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """``write`` to a temporary file beside ``path``, then move it in: never half a file."""
-    path = check_writable(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.lookup.doc_fields import Filters
 from pipeline.lookup.senses.clusters import cluster_senses
-from pipeline.lookup.senses.maps import _escape, _plain, colour, write_whole
+from pipeline.lookup.senses.maps import _escape, _plain, check_writable, colour
 from pipeline.lookup.senses.tables import SenseBreakdown, bin_of, breakdown_of, field_value
+from schemas.files import write_whole
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -131,7 +132,7 @@ def timeline_figure(timeline: SenseTimeline, width: float = 10.0, height: float 
 
 def write_timeline_png(timeline: SenseTimeline, path: str | Path, dpi: int = 120) -> Path:
     figure = timeline_figure(timeline)
-    return write_whole(path, lambda tmp: figure.savefig(tmp, dpi=dpi, format="png"))
+    return write_whole(check_writable(path), lambda tmp: figure.savefig(tmp, dpi=dpi, format="png"))
 
 
 def timeline_plotly(timeline: SenseTimeline) -> Any:
@@ -157,5 +158,5 @@ def timeline_plotly(timeline: SenseTimeline) -> Any:
 
 def write_timeline_html(timeline: SenseTimeline, path: str | Path) -> Path:
     figure = timeline_plotly(timeline)
-    return write_whole(path, lambda tmp: figure.write_html(tmp, include_plotlyjs=True,
-                                                            full_html=True))
+    return write_whole(check_writable(path), lambda tmp: figure.write_html(
+        tmp, include_plotlyjs=True, full_html=True))

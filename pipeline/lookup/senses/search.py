@@ -17,8 +17,8 @@ around the same token, e.g. a corpus repeating a passage) is listed once. ``filt
 keeps only occurrences in documents whose fields pass (``doc_fields``), and every hit
 carries its document's fields.
 
-Clustering lives in ``sense_clusters``, hits in ``sense_hits``, breakdowns and exports in
-``sense_tables``; their public names are importable from here too.
+Clustering lives in ``senses.clusters``, hits in ``senses.hits``, breakdowns and exports
+in ``senses.tables``: import their names from there.
 """
 
 from __future__ import annotations
@@ -30,20 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import Filters, as_filters
 from pipeline.lookup.index.sense_index import SenseIndex, stem_words
 from pipeline.lookup.layers.mixes import mix_arrays
-from pipeline.lookup.senses.clusters import (
-    CENTRINGS,
-    MAX_CONTEXTS,
-    WORD_RE,
-    ClusterResult,
-    SenseCluster,
-    cluster_senses,
-    context_features,
-    typical,
-)
 from pipeline.lookup.senses.hits import Hit, distinct_contexts, hits_from_table
 from pipeline.tokenize import get_tokenizer, tokenizer_names
 from schemas.layers import as_stored
@@ -53,11 +43,6 @@ if TYPE_CHECKING:
     from pipeline.tokenize import Tokenizer
     from schemas import DatasetDescriptor
     from schemas.mix_specs import Mix
-
-__all__ = ["CENTRINGS", "MAX_CONTEXTS", "WORD_RE", "ClusterResult", "Hit", "QueryToken",
-           "SenseCluster", "cluster_senses", "context_features", "dataset_tokenizer",
-           "distinct_contexts", "embed_query", "hits_from_table", "locate_word",
-           "model_files_for", "nearest_distinct", "search_senses", "typical"]
 
 MATCHES = ("forms", "word", "any")
 # A search fetches this many times k first, and more while duplicates leave it short.
@@ -93,22 +78,27 @@ def locate_word(sentence: str, word: str, occurrence: int = 1, *,
     """Tokenize ``sentence`` with ``tokenizer`` and find ``word``: the same text, else in
     any case, else the same stem (``--word play`` finds *plays*)."""
     if occurrence < 1:
-        raise ElmoUserError(f"--occurrence must be at least 1, not {occurrence}")
+        raise SettingError("occurrence", lambda name: (
+            f"{name('occurrence')} must be at least 1, not {occurrence}"))
     tokens = [t.text for s in tokenizer.split_sentences(sentence) for t in s.tokens]
     if not tokens:
         raise ElmoUserError("the query sentence has no tokens")
     stem = stem_words([word])[0]
     stems = stem_words(tokens)
+    found: list[int] = []
     for same in (lambda i: tokens[i] == word, lambda i: tokens[i].lower() == word.lower(),
                  lambda i: stems[i] == stem):
         found = [i for i in range(len(tokens)) if same(i)]
         if found:
-            if occurrence > len(found):
-                raise ElmoUserError(f"{word!r} occurs {len(found)} time(s) in the sentence; "
-                                    f"--occurrence {occurrence} is out of range")
-            return QueryToken(tokens, found[occurrence - 1])
-    raise ElmoUserError(f"word {word!r} is not in the sentence (its tokens: "
-                        f"{' '.join(tokens)})")
+            break
+    if not found:
+        raise ElmoUserError(f"word {word!r} is not in the sentence (its tokens: "
+                            f"{' '.join(tokens)})")
+    if occurrence > len(found):
+        raise SettingError("occurrence", lambda name: (
+            f"{word!r} occurs {len(found)} time(s) in the sentence; "
+            f"{name('occurrence')} {occurrence} is out of range"))
+    return QueryToken(tokens, found[occurrence - 1])
 
 
 def model_files_for(descriptor: DatasetDescriptor,
@@ -121,26 +111,30 @@ def model_files_for(descriptor: DatasetDescriptor,
         directory = Path(model_dir)
         options_path = directory / elmo_model.OPTIONS_FILE
         if not options_path.is_file():
-            raise ElmoUserError(f"model not found at {directory} (no "
-                                f"{elmo_model.OPTIONS_FILE}); pass --model DIR")
+            raise SettingError("model_dir", lambda name: (
+                f"model not found at {directory} (no {elmo_model.OPTIONS_FILE}); pass "
+                f"{name('model_dir')} DIR"))
         weights = elmo_model.find_weights(directory)
     else:
         recorded = descriptor.model.get("options")
         if not recorded:
-            raise ElmoUserError("the dataset does not record its model's location; "
-                                "pass --model DIR")
+            raise SettingError("model_dir", lambda name: (
+                f"the dataset does not record its model's location; pass {name('model_dir')} "
+                "DIR"))
         options_path = Path(recorded)
         # Datasets written before the weights path was recorded: the usual file names.
         weights_recorded = descriptor.model.get("weights")
         if not options_path.is_file() or (weights_recorded
                                           and not Path(weights_recorded).is_file()):
-            raise ElmoUserError(f"the dataset's model is no longer at {options_path.parent}; "
-                                "pass --model DIR")
+            raise SettingError("model_dir", lambda name: (
+                f"the dataset's model is no longer at {options_path.parent}; pass "
+                f"{name('model_dir')} DIR"))
         weights = (Path(weights_recorded) if weights_recorded
                    else elmo_model.find_weights(options_path.parent))
     if elmo_model.model_fingerprint(options_path, weights) != descriptor.model_fingerprint:
-        raise ElmoUserError(f"the model at {options_path.parent} is not the one that embedded "
-                            "this dataset (fingerprint differs); pass the right --model DIR")
+        raise SettingError("model_dir", lambda name: (
+            f"the model at {options_path.parent} is not the one that embedded this dataset "
+            f"(fingerprint differs); pass the right {name('model_dir')} DIR"))
     return options_path, weights
 
 
@@ -172,7 +166,7 @@ def nearest_distinct(index: SenseIndex, vector: np.ndarray, k: int,
     rows while repeated contexts leave fewer than ``k`` distinct ones. ``where``: a
     further prefilter (``SenseIndex.fields_where``). Hits carry their documents' fields."""
     if k < 1:
-        raise ElmoUserError("-k must be at least 1")
+        raise SettingError("k", lambda name: f"{name('k')} must be at least 1")
     fetch = min(MAX_FETCH, max(k * FETCH_FACTOR, k + 8))
     while True:
         hits = hits_from_table(index.search(vector, k=fetch, words=words, exact=exact,
@@ -200,7 +194,7 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
     if match not in MATCHES:
         raise ElmoUserError(f"match must be one of {', '.join(MATCHES)}, not {match!r}")
     if k < 1:
-        raise ElmoUserError("-k must be at least 1")
+        raise SettingError("k", lambda name: f"{name('k')} must be at least 1")
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
     if match == "forms":
         ix.require_stems()  # before the model loads: the fix is a rebuild

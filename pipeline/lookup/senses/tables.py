@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import Filters, value_kind
 from pipeline.lookup.index.sense_index import SenseIndex
 from pipeline.lookup.senses.clusters import ClusterResult, cluster_senses
 from pipeline.lookup.senses.hits import Hit
-from pipeline.lookup.senses.maps import write_whole
+from pipeline.lookup.senses.maps import check_writable
+from schemas.files import write_whole
 
 NONE_LABEL = "(none)"  # the group of occurrences whose document lacks the field
 # Columns of an assignments file before the document fields.
@@ -80,7 +81,8 @@ def breakdown_of(result: ClusterResult, by: str, bin: float | None = None) -> Se
     """Occurrences of each sense of ``result`` per value of document field ``by``
     (per bin of width ``bin`` for a numeric field: ``bin=10`` on ``year``, decades)."""
     if bin is not None and not bin > 0:
-        raise ElmoUserError(f"--bin must be a positive number, not {bin}")
+        raise SettingError("bin", lambda name: (
+            f"{name('bin')} must be a positive number, not {bin}"))
     hits = result.all_occurrences or result.occurrences
     labels = result.all_labels if len(result.all_labels) else result.labels
     values = [field_value(h, by) for h in hits]
@@ -89,7 +91,8 @@ def breakdown_of(result: ClusterResult, by: str, bin: float | None = None) -> Se
         raise ElmoUserError(f"no occurrence's document has a field {by!r}; the fields are "
                             f"{', '.join(names)}")
     if bin is not None and any(value_kind(v) == "string" for v in values):
-        raise ElmoUserError(f"{by} holds text, which has no bins; leave out --bin")
+        raise SettingError("bin", lambda name: (
+            f"{by} holds text, which has no bins; leave out {name('bin')}"))
     groups: dict[str, tuple[Any, Counter[int]]] = {}
     for value, label in zip(values, labels.tolist(), strict=True):
         start, text = bin_of(value, bin)
@@ -161,4 +164,5 @@ def write_assignments(result: ClusterResult, path: str | Path) -> Path:
     import pyarrow.parquet as pq
 
     table = assignments_table(result)
-    return write_whole(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+    return write_whole(check_writable(path),
+                       lambda tmp: pq.write_table(table, tmp, compression="zstd"))

@@ -28,7 +28,9 @@ from starlette.exceptions import HTTPException
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.doc_fields import as_filters, parse_where
-from pipeline.lookup.senses.search import Hit, cluster_senses, locate_word
+from pipeline.lookup.senses.clusters import cluster_senses
+from pipeline.lookup.senses.hits import Hit
+from pipeline.lookup.senses.search import locate_word
 from pipeline.lookup.serve.batching import Batcher
 from pipeline.lookup.serve.limits import (
     MAX_BODY_BYTES,

@@ -29,15 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.lookup.index.sense_index import SenseIndex
-from pipeline.lookup.senses.search import (
-    FETCH_FACTOR,
-    MAX_FETCH,
-    Hit,
-    QueryToken,
-    distinct_contexts,
-    hits_from_table,
-    query_vector,
-)
+from pipeline.lookup.senses.hits import Hit, distinct_contexts, hits_from_table
+from pipeline.lookup.senses.search import FETCH_FACTOR, MAX_FETCH, QueryToken, query_vector
 from pipeline.lookup.serve.exact import ExactSearch
 from pipeline.lookup.serve.limits import BATCH_WINDOW_S, LAYER_CACHE_SENTENCES, MAX_BATCH
 

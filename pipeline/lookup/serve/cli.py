@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any
 
+from elmo_model.errors import cli_flag
 from pipeline.lookup.serve.limits import SQL_TIMEOUT_S
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -35,6 +36,14 @@ examples:
   curl -s localhost:8000/senses/search -H 'content-type: application/json' \\
       -d '{"sentence": "He plays the guitar in a band", "word": "plays", "k": 5}'
 """
+
+
+# ``ServedStore.open``'s settings whose flags differ from ``cli_flag``'s rule.
+SERVE_FLAGS = {"index_specs": "--index", "model_dir": "--model"}
+
+
+def serve_flag(setting: str) -> str:
+    return SERVE_FLAGS.get(setting) or cli_flag(setting)
 
 
 def register(subparsers: Any) -> None:
@@ -66,7 +75,7 @@ def register(subparsers: Any) -> None:
                    help="skip checking the dataset's files against its manifest at start "
                         "(by default each file version is read once, then remembered, as "
                         "`elmo sql` does: /sql runs on DuckDB, which skips page checksums)")
-    p.set_defaults(handler=run_serve)
+    p.set_defaults(handler=run_serve, setting_flag=serve_flag)
 
 
 def check_exposure(host: str, token: str | None) -> None:

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.lookup.index.ivf_search import unit_rows
 from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex
 from pipeline.lookup.layers.tokens import matrix
-from pipeline.lookup.senses.search import Hit
+from pipeline.lookup.layers.vectors import unit_vectors
+from pipeline.lookup.senses.hits import Hit
 from pipeline.lookup.serve.limits import EXACT_CACHE_VALUES, EXACT_CANDIDATE_VALUES
 
 
@@ -65,7 +65,7 @@ class ExactSearch:
         column = "token_stem" if forms else "token_lower"
         table = index.occurrences(words, columns=HIT_COLUMNS, limit=max(1, index.meta.rows),
                                   column=column)
-        vectors = unit_rows(matrix(table.column("vector")))
+        vectors = unit_vectors(matrix(table.column("vector")))
         rows = table.drop_columns(["vector"]).to_pylist()
         contexts = [Hit(rank=0, similarity=0.0, **row).context for row in rows]
         found = Candidates(rows, vectors, contexts)
@@ -82,9 +82,7 @@ class ExactSearch:
                 vector: np.ndarray, k: int) -> list[Hit]:
         """The ``k`` nearest candidates, a context once (its nearest use)."""
         found = self.candidates(index, words, forms)
-        query = np.asarray(vector, np.float32)
-        query = query / max(float(np.linalg.norm(query)), 1e-12)
-        similarity = found.unit @ query
+        similarity = found.unit @ unit_vectors(vector)
         hits: list[Hit] = []
         seen: set[tuple[str, ...]] = set()
         # Hits are made lazily, nearest first, until k distinct ones are found.

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import read_documents
 from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex, token_filter
 from pipeline.lookup.layers.mixes import mix_arrays
-from pipeline.lookup.senses.search import Hit, dataset_tokenizer, hits_from_table, model_files_for
+from pipeline.lookup.senses.hits import Hit, hits_from_table
+from pipeline.lookup.senses.search import dataset_tokenizer, model_files_for
 from pipeline.lookup.serve.limits import SQL_TIMEOUT_S
 from pipeline.lookup.serve.sql_guard import GuardedSql
 from schemas.dataset import Dataset, open_dataset
@@ -54,8 +55,9 @@ class ServedStore:
         for spec in index_specs:
             name, uri = index_name(spec)
             if name in indexes:
-                raise ElmoUserError(f"two indexes are named {name!r}; name them: "
-                                    "--index NAME=URI")
+                raise SettingError("index_specs", lambda flag, name=name: (
+                    f"two indexes are named {name!r}; name them: {flag('index_specs')} "
+                    "NAME=URI"))
             ix = SenseIndex(uri)
             if ix.meta.model_fingerprint != ds.descriptor.model_fingerprint:
                 raise ElmoUserError(f"{uri} indexes a dataset of another model than "
