@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 
 class ElmoUserError(Exception):
@@ -29,6 +30,11 @@ class SettingError(ElmoUserError):
 
     def named(self, name: Callable[[str], str]) -> str:
         return self.render(name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in a Ray actor, it crosses to the driver pickled (cloudpickle takes the
+        # render function): rebuilt from its setting and render, not from its message.
+        return (SettingError, (self.setting, self.render))
 
 
 def cli_flag(setting: str) -> str:
