@@ -61,15 +61,15 @@ def exact_truth(vectors, queries: np.ndarray, k: int, block: int = 65_536) -> np
 
 
 def cmd_search(args: argparse.Namespace) -> dict:
-    from pipeline.lookup.index.ivf_search import unit_rows
     from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.layers.vectors import unit_vectors
 
     t0 = time.perf_counter()
     ix = SenseIndex(args.index)
     ivf = ix.ivf()
     rows = len(ivf.vectors)
     picks = np.sort(np.random.default_rng(args.seed).choice(rows, args.queries, replace=False))
-    queries = unit_rows(ivf.vectors[picks])
+    queries = unit_vectors(ivf.vectors[picks])
     truth = exact_truth(ivf.vectors, queries, args.k)
     ivf.search(queries[:1], args.k)  # codes loaded
     opened = time.perf_counter() - t0
@@ -153,8 +153,8 @@ def cmd_lance_pq(args: argparse.Namespace) -> dict:
     import pyarrow as pa
     from lancedb.index import IvfPq
 
-    from pipeline.lookup.index.ivf_search import unit_rows
     from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.layers.vectors import unit_vectors
 
     ivf = SenseIndex(args.index).ivf()
     rows, dim = ivf.vectors.shape
@@ -175,7 +175,7 @@ def cmd_lance_pq(args: argparse.Namespace) -> dict:
                                               num_sub_vectors=args.sub_vectors))
     built = time.perf_counter()
     picks = np.sort(np.random.default_rng(args.seed).choice(rows, args.queries, replace=False))
-    queries = unit_rows(ivf.vectors[picks])
+    queries = unit_vectors(ivf.vectors[picks])
     truth = exact_truth(ivf.vectors, queries, 10)
     times, recalls = [], []
     for i, query in enumerate(queries):

@@ -127,9 +127,9 @@ class TokenWriter:
     """Token rows of one item into one Parquet file, in row groups of ~64 MB, and (from
     schema version 3) each distinct token's ``layer_0`` once, into the ``types`` file.
 
-    ``add`` takes rows with every layer as float (``unit_rows``), or for int8 already
+    ``add`` takes rows with every layer as float (``rows_of_unit``), or for int8 already
     quantized (int8 values and their ``_scale`` column, bytewise what quantizing here
-    gives: ``unit_rows`` quantizes each window, a GPU model stage each batch); the stored
+    gives: ``rows_of_unit`` quantizes each window, a GPU model stage each batch); the stored
     form (int8 dictionary indices and scales, layer 0 moved out) is made here.
     """
 

@@ -27,9 +27,10 @@ from pipeline.lookup.index.ivf_build import (
     probe_steps,
     trained_index,
 )
-from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch, MemoryIvf, unit_rows
+from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch, MemoryIvf
 from pipeline.lookup.index.lance_search import VectorSearch
 from pipeline.lookup.index.sense_index import INDEX_META, SenseIndex
+from pipeline.lookup.layers.vectors import unit_vectors
 
 KEYS = ("doc_id", "sent_idx", "tok_idx")
 DIM = 32
@@ -185,7 +186,7 @@ def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
     if nprobe > steps[0]:  # one step fewer does not reach it
         fewer = steps[steps.index(nprobe) - 1]
         picks = np.sort(np.random.default_rng(0).choice(6000, 500, replace=False))
-        q = unit_rows(ivf.vectors[picks])
+        q = unit_vectors(ivf.vectors[picks])
         truth = exact_nearest(ivf.vectors, q, 10, picks)
         found, _ = ivf.search(q, 10, nprobe=fewer, leave_out=picks)
         assert np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth,
@@ -193,7 +194,7 @@ def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
             < CALIBRATION_RECALL
     # Probing every list with its own row left out gives the exact answer.
     picks = np.arange(0, 6000, 97)
-    q = unit_rows(ivf.vectors[picks])
+    q = unit_vectors(ivf.vectors[picks])
     found, _ = ivf.search(q, 10, nprobe=ivf.index.nlist, leave_out=picks)
     truth = exact_nearest(ivf.vectors, q, 10, picks)
     assert np.mean([len(set(f) & set(t)) for f, t in zip(found, truth, strict=True)]) >= 9.9

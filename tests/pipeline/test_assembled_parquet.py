@@ -270,7 +270,7 @@ def test_layers_quantized_where_the_model_ran_give_the_same_bytes(tmp_path: Path
     assert out["floats"] == out["int8"]
 
 
-def test_unit_rows_quantize_each_window_as_the_writer_would() -> None:
+def test_rows_of_unit_quantize_each_window_as_the_writer_would() -> None:
     """int8 units leave ``rows_of_unit`` quantized window by window (no float copy of the
     unit): the same values and scales as quantizing the float rows."""
     from pipeline.write.work_item import WindowRow, rows_of_unit

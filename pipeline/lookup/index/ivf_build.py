@@ -37,8 +37,8 @@ from pipeline.lookup.index.ivf_search import (
     Sketch,
     ivf_files,
     read_ivf,
-    unit_rows,
 )
+from pipeline.lookup.layers.vectors import unit_vectors
 
 if TYPE_CHECKING:
     import numpy as np
@@ -139,14 +139,14 @@ def build_ivf(table: Any, fs: Any, root: str, show_progress: bool = False,
                 index = _trained(vectors, rows, dim, lists, rng)
             mean = np.zeros(dim, np.float32)  # of the unit rows: the sketches' centre
             for start in range(0, rows, READ_BATCH_ROWS):
-                unit = unit_rows(vectors[start:start + READ_BATCH_ROWS])
+                unit = unit_vectors(vectors[start:start + READ_BATCH_ROWS])
                 index.add(unit)
                 mean += unit.sum(axis=0)
             mean /= max(1, rows)
         with phase(f"index: in-memory IVF: {SKETCH_BITS}-bit sketches", show_progress):
             planes = Sketch.planes_for(dim)
             sketch_codes = np.concatenate([
-                Sketch.encode(unit_rows(vectors[start:start + READ_BATCH_ROWS]), planes, mean)
+                Sketch.encode(unit_vectors(vectors[start:start + READ_BATCH_ROWS]), planes, mean)
                 for start in range(0, rows, READ_BATCH_ROWS)])
             np.savez(f"{work}/{SKETCH_FILE}", planes=planes, mean=mean, codes=sketch_codes)
         ivf = MemoryIvf(index, vectors, Sketch(planes, mean, sketch_codes), kept_rows, lists)
@@ -209,7 +209,7 @@ def _trained(vectors: np.ndarray, rows: int, dim: int, lists: int,
     index = faiss.index_factory(dim, f"IVF{lists},SQ8", faiss.METRIC_INNER_PRODUCT)
     sample = np.sort(rng.choice(rows, min(rows, TRAIN_ROWS_PER_LIST * lists), replace=False))
     index.cp.min_points_per_centroid = 1  # small tables: no warning on stderr
-    index.train(unit_rows(vectors[sample]))
+    index.train(unit_vectors(vectors[sample]))
     return index
 
 
@@ -226,7 +226,7 @@ def calibrate(ivf: MemoryIvf, rng: np.random.Generator,
     if k < 1 or lists == 1:
         return lists, 1.0, 0
     picks = np.sort(rng.choice(rows, min(rows, CALIBRATION_QUERIES), replace=False))
-    queries = unit_rows(ivf.vectors[picks])
+    queries = unit_vectors(ivf.vectors[picks])
     truth = exact_nearest(ivf.vectors, queries, k, picks, on_rows)
 
     def recall(nprobe: int) -> float:
@@ -258,7 +258,7 @@ def exact_nearest(vectors: np.ndarray, queries: np.ndarray, k: int,
     best_rows = np.full((len(queries), k), -1, np.int64)
     block = 65_536
     for start in range(0, len(vectors), block):
-        part = unit_rows(vectors[start:start + block])
+        part = unit_vectors(vectors[start:start + block])
         sims = queries @ part.T
         own = (leave_out >= start) & (leave_out < start + len(part))
         sims[np.flatnonzero(own), leave_out[own] - start] = -np.inf

@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipeline.lookup.layers.vectors import unit_vectors
+
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
@@ -148,7 +150,7 @@ class MemoryIvf:
         one faiss call took longer than 32 calls on 2 cores: BENCHMARKS.md)."""
         import numpy as np
 
-        unit = unit_rows(queries)
+        unit = unit_vectors(queries)
         positions = np.full((len(unit), k), -1, np.int64)
         sims = np.full((len(unit), k), -np.inf, np.float32)
         selector = None if among is None else _Selector(among, self.index.ntotal)
@@ -241,7 +243,7 @@ class MemoryIvf:
         a time, as ``search``: an answer is the same alone or in a batch."""
         import numpy as np
 
-        unit = unit_rows(queries)
+        unit = unit_vectors(queries)
         among = np.arange(len(self.vectors)) if among is None else np.asarray(among, np.int64)
         positions = np.full((len(unit), k), -1, np.int64)
         sims = np.full((len(unit), k), -np.inf, np.float32)
@@ -352,15 +354,6 @@ class IvfSearch:
         found = self.ivf.nearest_rows(self.vectors, self.k, self.columns, self.among,
                                       self.exact)
         return found if self.then is None else self.then(found)
-
-
-def unit_rows(vectors: np.ndarray) -> np.ndarray:
-    """``vectors`` (any float type) scaled to unit length, as float32."""
-    import numpy as np
-
-    vectors = np.asarray(vectors, np.float32)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12))
 
 
 def read_ivf(fs: Any, path: str) -> Any:

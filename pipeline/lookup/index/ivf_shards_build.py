@@ -40,7 +40,6 @@ from pipeline.lookup.index.ivf_search import (
     READ_BATCH_ROWS,
     SKETCH_BITS,
     Sketch,
-    unit_rows,
 )
 from pipeline.lookup.index.ivf_shards import (
     CODE_BYTES,
@@ -61,6 +60,7 @@ from pipeline.lookup.index.ivf_shards import (
     local_fs,
     shard_missing,
 )
+from pipeline.lookup.layers.vectors import unit_vectors
 
 if TYPE_CHECKING:
     import numpy as np
@@ -193,7 +193,7 @@ def sample_rows(vectors: Any, rows: int, take: int, rng: np.random.Generator) ->
     out = np.empty((take, vectors.shape[1]), np.float32)
     for start in range(0, take, READ_BATCH_ROWS):
         block = picks[start:start + READ_BATCH_ROWS]
-        out[start:start + len(block)] = unit_rows(vectors.read_rows(block))
+        out[start:start + len(block)] = unit_vectors(vectors.read_rows(block))
     return out
 
 
@@ -240,7 +240,7 @@ def encode(train_folder: str, source: str, folder: str, rows: int, dim: int,
     lists = np.empty(rows, np.int32)
     sketch = np.empty((rows, SKETCH_BITS // 8), np.uint8)
     for start in range(0, rows, ENCODE_BATCH_ROWS):
-        unit = unit_rows(vectors.read(start, start + ENCODE_BATCH_ROWS))
+        unit = unit_vectors(vectors.read(start, start + ENCODE_BATCH_ROWS))
         both = index.sa_encode(unit)
         stop = start + len(unit)
         lists[start:stop] = sum(both[:, i].astype(np.int32) << (8 * i) for i in range(coarse))
