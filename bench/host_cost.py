@@ -16,13 +16,13 @@ or more is new pages, which is most of the system time at 3 x 1024):
 read (text -> documents), tokenize (sentences and windows), char ids (the char CNN's
 input, for each distinct token: what a cold token cache computes), model (``embed`` per
 unit, its char ids excluded), rows (``rows_of_unit``: the Arrow table of a unit), quantize
-(int8 values and scales: each window's rows in ``rows_of_unit``, or the writer's for float
-input; with ``--encoder pyarrow`` also the Arrow columns), types (layer 0 of each new
-token, and the types file), int8 pages (encode and compress the int8 layers' pages),
-other columns (pyarrow writes the rest of a row group; with ``--encoder pyarrow`` it
-writes every column), writer, rest (the writer's own bookkeeping: buffers, slices,
-concatenation, casts, the footer), hash (the sha256 of the file bytes), write (the bytes
-to the local file system).
+(int8 values and scales: each batch as the model stage makes it, ``embed_int8``; each
+window's rows in ``rows_of_unit``, or the writer's, for float input; with ``--encoder
+pyarrow`` also the Arrow columns), types (layer 0 of each new token, and the types file),
+int8 pages (encode and compress the int8 layers' pages), other columns (pyarrow writes the
+rest of a row group; with ``--encoder pyarrow`` it writes every column), writer, rest (the
+writer's own bookkeeping: buffers, slices, concatenation, casts, the footer), hash (the
+sha256 of the file bytes), write (the bytes to the local file system).
 
 The model-only rate is tokens per CPU second of ``embed`` alone. Corpora come from
 ../shared/corpora, or $ELMO_BENCH_CORPORA.
@@ -144,6 +144,7 @@ def timing_hooks(clock: Clock) -> Iterator[None]:
     """Time the writer's inner stages where they are called (restored afterwards)."""
     import pyarrow.parquet as pq
 
+    import elmo_model.quantize as model_quantize
     import pipeline.write.item_files as item_files
     import pipeline.write.work_item as work_item
     import schemas.parquet_assembly as assembly
@@ -152,6 +153,7 @@ def timing_hooks(clock: Clock) -> Iterator[None]:
              (item_files, "quantize_int8_indices"): "quantize",
              (item_files, "quantize_int8_into"): "quantize",
              (work_item, "quantized_layer_columns"): "quantize",  # rows_of_unit, per window
+             (model_quantize, "quantize_int8_rows"): "quantize",  # the CPU model, per batch
              (item_files, "vector_columns_of"): "quantize",
              (assembly.AssembledParquetWriter, "_other_chunks"): "other columns",
              (pq.ParquetWriter, "write_table"): "other columns",
@@ -183,6 +185,7 @@ def run(args: argparse.Namespace) -> tuple[Clock, int, dict[str, int]]:
         ItemSettings,
         cut_units,
         load_embedder,
+        quantizes_on_device,
         rows_of_unit,
         tokenize_item,
     )
@@ -215,7 +218,9 @@ def run(args: argparse.Namespace) -> tuple[Clock, int, dict[str, int]]:
     with timing_hooks(clock):
         for rows in cut_units(content.windows, settings.unit_tokens):
             with clock("model"):
-                layers = embedder.embed([r.tokens for r in rows])
+                sentences = [r.tokens for r in rows]
+                layers = (embedder.embed_int8(sentences) if quantizes_on_device(embedder, "int8")
+                          else embedder.embed(sentences))
             with clock("rows"):
                 table = rows_of_unit(rows, layers, n_out, dim, "int8")
             del layers

@@ -10,7 +10,9 @@ run reuses the same few blocks instead of pinning new memory per batch.
 On the CPU the same calls run with plain host buffers and synchronous copies (torch has no
 pinned memory, side streams or events there): the buffers, the copies and the slicing
 below are the code a GPU runs; pinning, the stream, the event and ``record_stream`` are
-not (they have not run anywhere yet: no GPU was lent while they were written).
+not (they have not run anywhere yet: no GPU was lent while they were written). The
+embedder's own CPU int8 path does not copy at all: it quantizes each batch from its
+reused float buffer straight into the host arrays (``quantize.quantize_int8_rows``).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ Two state modes:
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -55,43 +56,106 @@ class TokenCache:
     """LRU of context-free token vectors (char CNN + highway + projection) by token string.
 
     On running text most tokens repeat, and the char CNN is a fifth of the biLM's FLOPs.
+    The vectors live in one ``[capacity, P]`` table, filled as tokens come (``torch.empty``
+    touches no memory before): a slot per token string, reused when its token is dropped,
+    so the cache holds at most ``capacity`` vectors and ``max_bytes`` bytes whatever the
+    corpus, and no tensor per token.
     """
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._vectors: OrderedDict[str, torch.Tensor] = OrderedDict()
+    def __init__(self, capacity: int, max_bytes: int = 64 << 20) -> None:
+        if capacity < 1 or max_bytes < 1:
+            raise ValueError("a token cache needs a capacity and max_bytes of at least 1")
+        self.capacity, self.max_bytes = capacity, max_bytes
+        self._slots: OrderedDict[str, int] = OrderedDict()  # token -> row of _table, LRU first
+        self._table: torch.Tensor | None = None  # [capacity, P] float32, made at first use
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
-        return len(self._vectors)
+        return len(self._slots)
+
+    def _table_for(self, width: int, device: torch.device) -> torch.Tensor:
+        if self._table is None or self._table.shape[1] != width or self._table.device != device:
+            self.capacity = max(1, min(self.capacity, self.max_bytes // (4 * width)))
+            self._table = torch.empty((self.capacity, width), dtype=torch.float32, device=device)
+            self._slots.clear()
+        return self._table
 
     def lookup(self, model: BiLM, tokens: list[str], device: torch.device,
-               step: LstmStep = reference_step) -> torch.Tensor:
-        """Vectors for ``tokens`` in order, ``[len(tokens), P]``; computes only the misses
-        (with ``step``'s char CNN matmuls)."""
+               step: LstmStep = reference_step, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Vectors for ``tokens`` in order, ``[len(tokens), P]`` (into ``out`` when given);
+        computes only the misses (with ``step``'s char CNN matmuls)."""
         unique = list(dict.fromkeys(tokens))
-        missing = [t for t in unique if t not in self._vectors]
+        table = self._table_for(model.config.projection_dim, device)
+        missing = [t for t in unique if t not in self._slots]
         self.hits += len(unique) - len(missing)
         self.misses += len(missing)
-        fresh: dict[str, torch.Tensor] = {}
+        if len(unique) > self.capacity:
+            return self._lookup_beyond_capacity(model, unique, missing, tokens, step, out)
+        for token in unique:  # this call's hits are the newest: never dropped below
+            if token in self._slots:
+                self._slots.move_to_end(token)
         if missing:
-            fresh = dict(zip(missing, fresh_token_vectors(model, missing, device, step),
-                             strict=True))
-        rows = []
-        for token in unique:
-            vector = fresh.get(token)
-            if vector is None:
-                vector = self._vectors[token]
-                self._vectors.move_to_end(token)
-            rows.append(vector)
-        for token, vector in fresh.items():
-            self._vectors[token] = vector
-        while len(self._vectors) > self.capacity:
-            self._vectors.popitem(last=False)
+            slots = []
+            for token in missing:
+                if len(self._slots) < self.capacity:
+                    slot = len(self._slots)
+                else:
+                    _, slot = self._slots.popitem(last=False)
+                self._slots[token] = slot
+                slots.append(slot)
+            table[torch.tensor(slots, device=device)] = fresh_token_vectors(
+                model, missing, device, step)
+        return _gather(table, self._slots, tokens, out)
+
+    def _lookup_beyond_capacity(self, model: BiLM, unique: list[str], missing: list[str],
+                                tokens: list[str], step: LstmStep,
+                                out: torch.Tensor | None) -> torch.Tensor:
+        """``lookup`` when a call has more distinct tokens than the cache has slots: its
+        vectors gathered in a table of their own; the cache keeps the last ``capacity``."""
+        assert self._table is not None
+        vectors = self._table.new_empty(len(unique), self._table.shape[1])
         position = {t: i for i, t in enumerate(unique)}
-        table = torch.stack(rows)
-        return table[torch.tensor([position[t] for t in tokens], device=table.device)]
+        if missing:
+            rows = torch.tensor([position[t] for t in missing], device=vectors.device)
+            vectors[rows] = fresh_token_vectors(model, missing, vectors.device, step)
+        known = [t for t in unique if t in self._slots]
+        if known:
+            rows = torch.tensor([position[t] for t in known], device=vectors.device)
+            slots = torch.tensor([self._slots[t] for t in known], device=vectors.device)
+            vectors[rows] = self._table[slots]
+        kept = unique[-self.capacity:]
+        self._slots = OrderedDict((t, slot) for slot, t in enumerate(kept))
+        self._table[:len(kept)] = vectors[len(unique) - len(kept):]
+        return _gather(vectors, position, tokens, out)
+
+
+def _gather(table: torch.Tensor, row_of: dict[str, int], tokens: list[str],
+            out: torch.Tensor | None) -> torch.Tensor:
+    """``table``'s rows of ``tokens`` in order, ``[len(tokens), P]``, into ``out`` if given."""
+    rows = torch.tensor([row_of[t] for t in tokens], device=table.device)
+    if out is None:
+        return table.index_select(0, rows)
+    return torch.index_select(table, 0, rows, out=out)
+
+
+class Workspace:
+    """Float32 buffers an embedder reuses from batch to batch, by name, grown on demand:
+    a fresh ``[L + 1, N, 2P]`` per batch would be new pages every time (the workers fix
+    glibc's mmap threshold, so every large block is a fresh mapping). Only what does not
+    leave a call lives here: the int8 path's float layers, the packed LSTM input."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        size = int(np.prod(shape))
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < size:
+            buffer = torch.empty(size, dtype=torch.float32, device=self.device)
+            self._buffers[name] = buffer
+        return buffer[:size].view(shape)
 
 
 def stateless_batches(rows: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
@@ -168,6 +232,8 @@ class ElmoEmbedder:
         self.initial_state = "warm" if warm_state else "zeros"
         self._carried: LstmState | None = None  # stateful mode: per row, grown on demand
         self._copier = HostCopier(self.device)
+        self._workspace = Workspace(self.device)
+        self._one_call = threading.Lock()  # the workspace serves one call at a time
 
     @property
     def config(self) -> BiLMConfig:
@@ -184,7 +250,8 @@ class ElmoEmbedder:
 
     def _token_vectors(self, tokens: list[str]) -> torch.Tensor:
         if self.cache is not None:
-            return self.cache.lookup(self.model, tokens, self.device, self.step)
+            out = self._workspace.get("tokens", (len(tokens), self.config.projection_dim))
+            return self.cache.lookup(self.model, tokens, self.device, self.step, out)
         return fresh_token_vectors(self.model, tokens, self.device, self.step)
 
     def _initial_state(self, batch_size: int) -> LstmState | None:
@@ -199,20 +266,23 @@ class ElmoEmbedder:
             return [(h[:, :batch_size], c[:, :batch_size]) for h, c in self._carried]
         return expand_state(self.warm_state, batch_size)
 
-    def _batch_layers(self, sentences: list[list[str]]) -> torch.Tensor:
+    def _batch_layers(self, sentences: list[list[str]], reused: bool = False) -> torch.Tensor:
         """``[L + 1, N, 2P]`` float32 on the device, sentence after sentence with their
-        ``<S>`` and ``</S>`` rows (carries the stateful mode's state)."""
+        ``<S>`` and ``</S>`` rows (carries the stateful mode's state); ``reused``: in the
+        workspace, valid until the next batch."""
         flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
         plan = PackPlan.build(np.array([len(s) + 2 for s in sentences]), self.device)
         n_layers = self.model.config.n_layers
         with self._autocast():
             tokens = self._token_vectors(flat)  # [N, P]
             # [L + 1, N, 2P]: layer 0 is [x; x]; the LSTM layers are written into the rest
-            layers = torch.empty((n_layers + 1, plan.n_tokens, 2 * tokens.shape[1]),
-                                 dtype=torch.float32, device=tokens.device)
+            shape = (n_layers + 1, plan.n_tokens, 2 * tokens.shape[1])
+            layers = (self._workspace.get("layers", shape) if reused else
+                      torch.empty(shape, dtype=torch.float32, device=tokens.device))
+            packed = self._workspace.get("packed", (2, *tokens.shape))
             _, final_state = self.model.contextualize(
                 tokens, plan, self._initial_state(len(sentences)), step=self.step,
-                out=layers[1:])
+                out=layers[1:], packed_out=packed)
         if self.mode == "stateful":
             assert self._carried is not None
             for (h, c), (fh, fc) in zip(self._carried, final_state, strict=True):
@@ -234,7 +304,11 @@ class ElmoEmbedder:
     def _quantize_batch(self, sentences: list[list[str]], copier: HostCopier) -> HostBatch:
         """One batch's real-token rows quantized on the device (stored int8 rule), on
         their way to host memory (``copier``)."""
-        from elmo_model.quantize import quantize_int8_torch  # imports pyarrow: int8 runs only
+        from elmo_model.quantize import quantize_int8_rows, quantize_int8_torch  # pyarrow
+
+        if not copier.cuda:  # the CPU: each sentence's rows quantized where they lie
+            layers = self._batch_layers(sentences, reused=True)
+            return HostBatch(*quantize_int8_rows(layers, [len(s) for s in sentences]))
 
         keep, start = [], 0
         for sentence in sentences:  # drop <S> and </S> on the device: fewer bytes to copy
@@ -261,10 +335,11 @@ class ElmoEmbedder:
     def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
         """All layers for each tokenized sentence, ``[L + 1, n, 2P]`` float32 each."""
         results: list[np.ndarray | None] = [None] * len(sentences)
-        for batch in self._batches(sentences):
-            for i, vectors in zip(batch, self._run_batch([sentences[i] for i in batch]),
-                                  strict=True):
-                results[i] = vectors
+        with self._one_call:
+            for batch in self._batches(sentences):
+                for i, vectors in zip(batch, self._run_batch([sentences[i] for i in batch]),
+                                      strict=True):
+                    results[i] = vectors
         return results  # type: ignore[return-value]
 
     @torch.inference_mode()
@@ -274,12 +349,13 @@ class ElmoEmbedder:
         waiting for the copies, so the caller can start the next call."""
         host: list[HostBatch] = []
         where: list[tuple[int, int, int]] = [(0, 0, 0)] * len(sentences)
-        for batch in self._batches(sentences):
-            start = 0
-            for i in batch:
-                where[i] = (len(host), start, len(sentences[i]))
-                start += len(sentences[i])
-            host.append(self._quantize_batch([sentences[i] for i in batch], self._copier))
+        with self._one_call:
+            for batch in self._batches(sentences):
+                start = 0
+                for i in batch:
+                    where[i] = (len(host), start, len(sentences[i]))
+                    start += len(sentences[i])
+                host.append(self._quantize_batch([sentences[i] for i in batch], self._copier))
         return PendingInt8(host, where)
 
     def embed_int8(self, sentences: list[list[str]]) -> Int8Layers:

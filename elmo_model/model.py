@@ -371,6 +371,7 @@ class BiLM(VersionedWeights):
         backward_tokens: torch.Tensor | None = None,
         step: LstmStep | None = None,
         out: torch.Tensor | None = None,
+        packed_out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, LstmState]:
         """Run both LSTM stacks over token vectors in canonical order.
 
@@ -382,18 +383,18 @@ class BiLM(VersionedWeights):
         of ``tokens`` (bilm-tf trains each direction on its own text stream, so truncated
         back-propagation can carry both states across consecutive windows).
         out: a float32 ``[L, N, 2P]`` to write the layers into (and return) instead of a
-        new tensor, e.g. a slice of the caller's own ``[L + 1, N, 2P]``.
-        """
+        new tensor, e.g. a slice of the caller's own ``[L + 1, N, 2P]``; ``packed_out``: the
+        same for the packed input ``[2, N, P]`` (inference: a buffer reused per batch)."""
         n_sentences = len(plan.lengths)
-        if initial_state is None:
-            initial_state = self.zero_state(n_sentences, tokens.device)
+        initial_state = initial_state or self.zero_state(n_sentences, tokens.device)
         order = torch.from_numpy(plan.order).to(tokens.device)
         p = self.config.projection_dim
-        # Inference runs this once per batch of a corpus: each [N, P]-sized temporary is
-        # a fresh mapping under the workers' fixed mmap threshold, so the packed input is
-        # gathered in one go and each layer lands straight in the output.
-        if backward_tokens is None:
-            x = tokens[torch.stack([plan.forward_index, plan.backward_index])]  # [2, N, P]
+        # Inference runs this per batch: [N, P]-sized temporaries are fresh mappings under
+        # the workers' mmap threshold, so each layer lands straight in ``out``.
+        if backward_tokens is None:  # [2, N, P]
+            both = torch.stack([plan.forward_index, plan.backward_index]).view(-1)
+            x = (tokens.index_select(0, both) if packed_out is None else torch.index_select(
+                tokens, 0, both, out=packed_out.view(-1, p))).view(2, -1, p)
         else:
             x = torch.stack([tokens[plan.forward_index], backward_tokens[plan.backward_index]])
         shape = (self.config.n_layers, plan.n_tokens, 2 * p)
@@ -410,8 +411,8 @@ class BiLM(VersionedWeights):
             y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order], step)  # y [2, N, P]
             if self.config.use_skip_connections and index > 0:
                 y += x  # residual between LSTM layers, not into the first one
-            layers[index, plan.forward_index, :p] = y[0]
-            layers[index, plan.backward_index, p:] = y[1]
+            layers[index, :, :p].index_copy_(0, plan.forward_index, y[0])
+            layers[index, :, p:].index_copy_(0, plan.backward_index, y[1])
             unsort_h, unsort_c = torch.empty_like(h), torch.empty_like(c)
             unsort_h[:, order], unsort_c[:, order] = h, c
             final_state.append((unsort_h, unsort_c))

@@ -36,3 +36,28 @@ def quantize_int8_torch(vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     q = x.div(safe.unsqueeze(-1))
     q.round_().clamp_(-INT8_LIMIT, INT8_LIMIT)
     return q.to(torch.int8), scale
+
+
+def quantize_int8_rows(layers: torch.Tensor, lengths: list[int]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A CPU batch's ``[L + 1, N, 2P]`` float32 layers (each sentence's rows between its
+    ``<S>`` and ``</S>`` rows) -> its real tokens' (``[L + 1, n, 2P]`` int8 values,
+    ``[L + 1, n]`` float32 scales), the same bytes as ``quantize_int8_torch``, by the
+    compiled kernel of ``schemas.layers.quantize_int8_into``, straight from where each
+    sentence's rows lie: no float copy of them."""
+    from schemas import quantize_kernels  # numba: imported when int8 layers are written
+
+    if layers.device.type != "cpu" or layers.dtype != torch.float32 or layers.ndim != 3:
+        raise ValueError("quantize_int8_rows takes float32 [L + 1, N, 2P] CPU layers")
+    array = layers.numpy()
+    n_out, _, dim = array.shape
+    values = torch.empty((n_out, sum(lengths), dim), dtype=torch.int8)
+    scales = torch.empty((n_out, sum(lengths)), dtype=torch.float32)
+    out_values, out_scales = values.numpy(), scales.numpy()
+    start = at = 0
+    for n in lengths:
+        for k in range(n_out):
+            quantize_kernels.quantize_rows(array[k, start + 1:start + 1 + n],
+                                           out_values[k, at:at + n], out_scales[k, at:at + n], 0)
+        start, at = start + n + 2, at + n
+    return values, scales

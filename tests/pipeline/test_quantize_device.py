@@ -129,7 +129,7 @@ def test_a_dataset_does_not_depend_on_where_its_layers_were_quantized(
         tiny_model_dir, one_torch_thread, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole device path on the CPU: the model quantizes each batch and hands the
     writer int8 values and scales (as on a GPU), against the writer quantizing float32
-    layers (the CPU's default): the same files, byte for byte."""
+    layers: the same files, byte for byte."""
     from helpers import config, dataset_files, write_corpus
 
     from pipeline.write import work_item
@@ -137,7 +137,9 @@ def test_a_dataset_does_not_depend_on_where_its_layers_were_quantized(
 
     corpus = write_corpus(tmp_path / "corpus")
     kw = {"min_items": 3, "batch_tokens": 8}
-    embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "writer", **kw))
+    with monkeypatch.context() as writer_quantizes:  # float32 layers to the writer
+        writer_quantizes.setattr(work_item, "quantizes_on_device", lambda embedder, dtype: False)
+        embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "writer", **kw))
     asked = []
 
     def on_device(embedder, dtype: str) -> bool:
