@@ -172,7 +172,7 @@ def test_a_changed_dataset_is_followed_by_the_next_build(built: Path, tmp_path: 
     # Building again without --compact keeps what it is; asking for the other kind is refused.
     assert build_index(str(ds), "top", str(ix)).skipped_files == 2
     assert SenseIndex(str(ix)).meta.compact
-    with pytest.raises(ElmoUserError, match=r"is a compact index.*--rebuild"):
+    with pytest.raises(ElmoUserError, match=r"is a compact index.*add rebuild=True"):
         build_index(str(ds), "top", str(ix), compact=False)
     # One of the shards the index holds is committed no more: the index answers from its
     # own vectors as it was built, until a build drops that shard.
