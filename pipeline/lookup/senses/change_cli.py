@@ -185,12 +185,9 @@ def _one_word(args: argparse.Namespace) -> int:
         if value is not None:
             raise ElmoUserError(f"{flag} ranks words; with WORD leave it out (or drop WORD "
                                 "to rank every word)")
-    k: int | str = args.k
-    if k != "auto":
-        try:
-            k = int(k)
-        except ValueError:
-            raise ElmoUserError(f"--k must be a number or auto, not {args.k!r}") from None
+    from pipeline.lookup.senses.clusters import sense_count
+
+    k = sense_count(args.k)
     filters = [f for item in args.where for f in parse_where(item)]
     timeline = sense_timeline(_need(args), args.word, args.by, args.bin, k=k,
                               filters=filters, seed=args.seed)

@@ -220,12 +220,9 @@ def run_senses_cluster(args: argparse.Namespace) -> int:
             check_writable(path)
     if args.bin is not None and not args.by:
         raise ElmoUserError("--bin groups the values of --by FIELD; add --by (e.g. --by year)")
-    k: int | str = args.k
-    if k != "auto":
-        try:
-            k = int(k)
-        except ValueError:
-            raise ElmoUserError(f"--k must be a number or auto, not {args.k!r}") from None
+    from pipeline.lookup.senses.clusters import sense_count
+
+    k = sense_count(args.k)
     result = cluster_senses(_need_index(args), args.words, k=k, examples=args.examples,
                             filters=_where(args.where), centre=args.centre)
     # Before anything prints: a wrong --by is a user error, not half an answer.

@@ -215,6 +215,17 @@ def _name_clusters(occurrences: list[Hit], labels: np.ndarray, k: int, words: Se
     return clusters
 
 
+def sense_count(text: str) -> int | str:
+    """A number of senses as a user writes it: a whole number, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise SettingError("k", lambda n: f"{n('k')} must be a number or auto, not {text!r}"
+                           ) from None
+
+
 def cluster_senses(index: str | SenseIndex, words: Sequence[str], k: int | str = "auto",
                    examples: int = 3, max_k: int = 8, seed: int = 0, sample: int = 2000,
                    max_contexts: int = MAX_CONTEXTS, *, filters: Filters = None,

@@ -43,12 +43,9 @@ def run_senses_label(args: argparse.Namespace) -> int:
 
     if not args.index:
         raise ElmoUserError("which index? pass --index URI (or set ELMO_INDEX)")
-    k: int | str = args.k
-    if k != "auto":
-        try:
-            k = int(k)
-        except ValueError:
-            raise ElmoUserError(f"--k must be a number or auto, not {args.k!r}") from None
+    from pipeline.lookup.senses.clusters import sense_count
+
+    k = sense_count(args.k)
     print("\n".join(labels_summary(label_words(args.index, args.words, k,
                                                centre=args.centre))))
     return 0
