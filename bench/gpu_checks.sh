@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, for a GPU machine lent for minutes: one call each.
 #
+#   bash bench/gpu_checks.sh stages               # issue 36: model only vs end to end
 #   bash bench/gpu_checks.sh checks               # kernels, training, benchmarks, pipeline
 #   bash bench/gpu_checks.sh fused                # the fused-kernel checks alone
 #   bash bench/gpu_checks.sh train STEPS MINUTES  # the default model's CUDA training run
@@ -20,10 +21,17 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export PY=${PY:-python3} DEV=${DEV:-cuda}  # DEV=cpu: a dry run of the plumbing
 # Python packages the project needs and the GPU machine's image lacks, carried as wheels
 # (`pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .gpu/whl`).
-if ls .gpu/whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl \
-        && export PYTHONPATH=$PWD:/tmp/site
+# Ray's wheel is over a call's 64 MiB, so it travels unpacked, pruned (no Java, RLlib, Tune,
+# Train, Serve, Data or dashboard pages) and xz'd: .gpu/ray312.tar.xz (28 MB), made by
+# `unzip ray-*-cp312-*.whl; rm -rf ray/{jars,rllib,tune,train,llm,serve,data,dashboard/client/build}`.
+SITE=${SITE:-/tmp/site}
+if ls .gpu/whl/*.whl >/dev/null 2>&1 && [ ! -e $SITE/jsonschema ]; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --target $SITE .gpu/whl/*.whl
 fi
+if [ -f .gpu/ray312.tar.xz ] && [ ! -e $SITE/ray ]; then
+    mkdir -p $SITE && xz -T0 -dc .gpu/ray312.tar.xz | tar -C $SITE -xf -
+fi
+[ -d $SITE ] && export PYTHONPATH=$PWD:$SITE${EXTRA_PATH:+:$EXTRA_PATH}
 # The default model's training mix: the recipe's sources, the classics counted twice.
 export CORPUS=/tmp/corpus-mix
 export TRAIN_SETTINGS=${TRAIN_SETTINGS:-"--set precision=bfloat16 --set batch_size=256
@@ -55,12 +63,12 @@ elmo() { $PY -c "import sys; from pipeline.cli import main; sys.exit(main(sys.ar
 
 standard_model() {  # random weights in the paper's shape (speed and bytes, not fidelity)
     $PY - "$1" <<'EOF'
-import json, sys
+import json, os, sys
 import torch
 from elmo_model import BiLM, save_model_dir
 from elmo_model.training.config import resolve_config
 torch.manual_seed(0)
-config, _ = resolve_config("standard")
+config, _ = resolve_config(os.environ.get("MODEL_CONFIG", "standard"))
 folder = save_model_dir(BiLM(config).eval(), sys.argv[1])
 options = json.loads((folder / "options.json").read_text())
 options.pop("training", None)
@@ -96,6 +104,22 @@ EOF
 export -f elmo standard_model train_probe
 
 case "${1:-checks}" in
+stages)  # issue 36 item 6: >= 2M tokens of real text (.gpu/corpus3.txt.xz: austen, moby_dick
+    # and shakespeare from ../shared/corpora, 2,135,993 tokens), standard config, bf16, int8
+    : >"$LOG"
+    step environment 30 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version \
+        --format=csv; nproc; free -g | head -2; $PY -c 'import torch, triton, pyarrow, numpy, ray; \
+        print(torch.__version__, triton.__version__, pyarrow.__version__, numpy.__version__, \
+        ray.__version__, torch.cuda.get_device_name())'"
+    xz -T0 -dc .gpu/corpus3.txt.xz | head -c "${CORPUS_BYTES:-100000000}" >/tmp/corpus3.txt
+    step standard-model 60 standard_model /tmp/standard
+    step gpu-stages "${STAGES_LIMIT:-560}" $PY bench/gpu_stages.py --corpus /tmp/corpus3.txt \
+        --model /tmp/standard --device "$DEV" --compute-dtype bfloat16 --keep /tmp/ds-stages \
+        ${STAGES_RUNS:+--runs $STAGES_RUNS}
+    step dataset-verify 60 elmo dataset verify /tmp/ds-stages
+    grep -E "^\||^RESULT|^model only|rror" "$LOG" | tail -n 40
+    exit 0
+    ;;
 checks)
     : >"$LOG"
     step environment 30 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version \
