@@ -115,8 +115,8 @@ stages)  # issue 36 item 6: >= 2M tokens of real text (.gpu/corpus3.txt.xz: aust
     step standard-model 60 standard_model /tmp/standard
     step gpu-stages "${STAGES_LIMIT:-560}" $PY bench/gpu_stages.py --corpus /tmp/corpus3.txt \
         --model /tmp/standard --device "$DEV" --compute-dtype bfloat16 --keep /tmp/ds-stages \
-        ${STAGES_RUNS:+--runs $STAGES_RUNS}
-    step dataset-verify 60 elmo dataset verify /tmp/ds-stages
+        ${STAGES_RUNS+--runs "$STAGES_RUNS"} ${STAGES_ARGS:-}
+    [ -d /tmp/ds-stages ] && step dataset-verify 60 elmo dataset verify /tmp/ds-stages
     grep -E "^\||^RESULT|^model only|rror" "$LOG" | tail -n 40
     exit 0
     ;;

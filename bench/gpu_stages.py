@@ -8,13 +8,12 @@ GPU and with the node's default (`--cpu-workers`), and how busy the GPU was in e
 memory) over the corpus's sentences in units of the pipeline's size, one unit ahead, timed
 on a second pass (the first compiles kernels and captures graphs); "end to end" is `elmo
 embed` from the file to committed int8 Parquet, in a fresh process: its rate over the
-whole wall time (Ray's start and the model's load included) and between its first and its
-last commit (from the manifest's commit times). The runs (``RUNS``): the node's default
+whole wall time (Ray's start and the model's load included). The runs (``RUNS``): the node's default
 item workers, the same with smaller items, the local executor, one item worker, and two
 model actors sharing the GPU; each has a time limit, and a row is printed as each ends, so
 a cut-off call still reports. The GPU's busy fraction is the mean of `nvidia-smi`'s
 utilization samples (every 200 ms) while a run lasts ("n/a" without nvidia-smi: `--device
-cpu` dry runs). The ratio columns are end to end over model only (issue 36's target on one
+cpu` dry runs). The ratio column is end to end over model only (issue 36's target on one
 GPU: >= 0.5).
 """
 
@@ -88,7 +87,7 @@ def model_only(args: argparse.Namespace) -> tuple[float, int, str]:
     embedder = elmo_model.load(spec.options, spec.weights, mode="stateless",
                                device=args.device, dtype=args.compute_dtype,
                                max_batch_tokens=args.batch_tokens)
-    units = corpus_units(args.corpus, args.tokenizer, 4 * args.batch_tokens)
+    units = corpus_units(args.corpus, args.tokenizer, args.unit_tokens)
     tokens = sum(len(s) for unit in units for s in unit)
 
     def one_pass() -> float:
@@ -111,28 +110,24 @@ def model_only(args: argparse.Namespace) -> tuple[float, int, str]:
     with BusyMeter() as meter:
         seconds = one_pass()
     print(f"model only: first pass {first:.1f} s, timed pass {seconds:.1f} s", flush=True)
+    if args.profile:  # where the host's time goes in a third pass, by function
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile()
+        profile.runcall(one_pass)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(28)
     return tokens / seconds, tokens, meter.busy
 
 
-def committed_rate(out: Path) -> str:
-    """Tokens per second between the first and the last commit (Ray's start, the model's
-    load and the first item's fill left out), from the manifest's commit times."""
-    records = (json.loads(path.read_text()) for path in (out / "_manifest").rglob("*.json"))
-    commits = sorted((r for r in records if "committed_at" in r),
-                     key=lambda record: record["committed_at"])
-    if len(commits) < 2:
-        return "n/a"
-    span = commits[-1]["committed_at"] - commits[0]["committed_at"]
-    return f"{sum(c['counts']['tokens'] for c in commits[1:]) / span:,.0f}"
-
-
 def end_to_end(args: argparse.Namespace, corpus: str, extra: list[str], out: Path,
-               limit_s: float) -> tuple[float, int, str, str, float]:
+               limit_s: float) -> tuple[float, int, str, float]:
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "-m", "pipeline.cli", "embed", corpus, "--out", str(out),
                "--model", args.model, "--tokenizer", args.tokenizer, "--no-progress",
                "--device", args.device, "--compute-dtype", args.compute_dtype,
-               "--dtype", "int8", "--batch-tokens", str(args.batch_tokens), *extra]
+               "--dtype", "int8", "--batch-tokens", str(args.batch_tokens),
+               "--unit-tokens", str(args.unit_tokens), *extra]
     with BusyMeter() as meter:
         began = time.perf_counter()
         try:
@@ -150,7 +145,7 @@ def end_to_end(args: argparse.Namespace, corpus: str, extra: list[str], out: Pat
         raise RuntimeError(f"rc {done.returncode}: {done.stderr[-3000:]}")
     summary = next(line for line in done.stderr.splitlines() if line.startswith("embedded "))
     tokens = int(summary.split(" tokens in ")[0].rsplit(" ", 1)[1])
-    return tokens / seconds, tokens, meter.busy, committed_rate(out), seconds
+    return tokens / seconds, tokens, meter.busy, seconds
 
 
 def prefix_corpus(corpus: str, tokens: int, work: Path) -> str:
@@ -174,6 +169,8 @@ RUNS = {
     "default-64k-items": (["--executor", "ray", "--item-tokens", "65536"], None, 120),
     "two-models": (["--executor", "ray", "--actors", "2", "--gpus-per-actor", "0.5",
                     "--item-tokens", "65536"], None, 120),
+    "four-models": (["--executor", "ray", "--actors", "4", "--gpus-per-actor", "0.25",
+                     "--item-tokens", "65536"], None, 120),
 }
 TITLES = {
     "default": "end to end, the node's default item workers",
@@ -181,6 +178,7 @@ TITLES = {
     "local": "end to end, local executor (one process, 2 items on threads)",
     "one-worker": "end to end, 1 item worker per GPU (--cpu-workers 1)",
     "two-models": "end to end, 2 model actors on the GPU (0.5 each), default workers",
+    "four-models": "end to end, 4 model actors on the GPU (0.25 each), default workers",
 }
 
 
@@ -192,20 +190,26 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compute-dtype", default="bfloat16")
     parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--unit-tokens", type=int, default=0,
+                        help="tokens per model call (default: 4 x --batch-tokens, as embed)")
     parser.add_argument("--runs", default=",".join(RUNS),
                         help=f"which end-to-end runs, in order (default: all of {list(RUNS)})")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile a model-only pass (cProfile, top functions)")
     parser.add_argument("--keep", default="", help="keep the dataset of the first run here")
     args = parser.parse_args()
+    args.unit_tokens = args.unit_tokens or 4 * args.batch_tokens
     rate, tokens, busy = model_only(args)
     print(f"RESULT gpu_stages: {tokens:,} tokens, {args.device}, {args.compute_dtype}, int8, "
-          f"{os.cpu_count()} CPUs")
-    print("| run | tokens | tokens/s (wall, Ray start incl.) | of model only | "
-          "tokens/s between first and last commit | of model only | GPU busy | wall |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"{os.cpu_count()} CPUs, batches of {args.batch_tokens:,} tokens, model calls of "
+          f"{args.unit_tokens:,}")
+    print("| run | tokens | tokens/s (wall, Ray's start incl.) | of model only | GPU busy | "
+          "wall |")
+    print("|---|---|---|---|---|---|")
     print(f"| model only (embed_int8, one unit ahead) | {tokens:,} | {rate:,.0f} | 1.00 | "
-          f"| | {busy} | |", flush=True)
+          f"{busy} | |", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu-stages-") as work:
-        for name in args.runs.split(","):
+        for name in filter(None, args.runs.split(",")):
             extra, prefix_tokens, limit_s = RUNS[name]
             if args.device == "cpu" and "ray" in extra:
                 extra = [*extra, "--cpus-per-actor", "1"]
@@ -214,13 +218,12 @@ def main() -> None:
             out = Path(args.keep) if args.keep and name == args.runs.split(",")[0] else \
                 Path(work) / "ds"
             try:
-                e2e, n, busy, steady, wall = end_to_end(args, corpus, extra, out, limit_s)
+                e2e, n, busy, wall = end_to_end(args, corpus, extra, out, limit_s)
             except RuntimeError as failed:
                 print(f"| {TITLES[name]} | failed: {str(failed)[-600:]} |", flush=True)
                 continue
-            ratio = f"{float(steady.replace(',', '')) / rate:.2f}" if steady != "n/a" else ""
-            print(f"| {TITLES[name]} | {n:,} | {e2e:,.0f} | {e2e / rate:.2f} | {steady} | "
-                  f"{ratio} | {busy} | {wall:.0f} s |", flush=True)
+            print(f"| {TITLES[name]} | {n:,} | {e2e:,.0f} | {e2e / rate:.2f} | {busy} | "
+                  f"{wall:.0f} s |", flush=True)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,9 @@ class TokenCache:
         self.capacity, self.max_bytes = capacity, max_bytes
         self._slots: OrderedDict[str, int] = OrderedDict()  # token -> row of _table, LRU first
         self._table: torch.Tensor | None = None  # [capacity, P] float32, made at first use
+        # the device the table was asked for: a table made for torch.device("cuda") lives
+        # on "cuda:0", which compares unequal to it and so would be rebuilt at every call
+        self._device: torch.device | None = None
         self.hits = 0
         self.misses = 0
 
@@ -75,9 +78,10 @@ class TokenCache:
         return len(self._slots)
 
     def _table_for(self, width: int, device: torch.device) -> torch.Tensor:
-        if self._table is None or self._table.shape[1] != width or self._table.device != device:
+        if self._table is None or self._table.shape[1] != width or self._device != device:
             self.capacity = max(1, min(self.capacity, self.max_bytes // (4 * width)))
             self._table = torch.empty((self.capacity, width), dtype=torch.float32, device=device)
+            self._device = device
             self._slots.clear()
         return self._table
 

@@ -24,6 +24,10 @@ from schemas.layout import STORAGE_DTYPES
 DEFAULT_MIN_ITEMS = 8  # at least this many work items (small corpora still spread over actors)
 DEFAULT_ITEM_TOKENS = 262_144  # target tokens per work item, estimated from input bytes
 DEFAULT_BATCH_TOKENS = 4096
+# On a GPU a model call is its own batch, 8x wider: the recurrence launches its kernels
+# once per time step, so a wider batch does more per launch (BENCHMARKS.md, "One GPU: model
+# only vs end to end": model only 80k -> 153k tokens/s, end to end 35k -> 44k on an H200).
+GPU_BATCH_TOKENS = 32_768
 DEFAULT_MAX_SENTENCE_TOKENS = 256
 DEFAULT_WINDOW_OVERLAP = 32
 EXECUTORS = ("auto", "local", "ray")
@@ -148,10 +152,10 @@ class EmbedConfig:
         flag="--compute-dtype", job_key="compute_dtype", choices=COMPUTE_DTYPES,
         help="model arithmetic (default %(default)s); bfloat16 is faster on CPUs with bf16 "
              "matmuls, float16 needs --device cuda/auto on a GPU"))
-    batch_tokens: int = field(default=DEFAULT_BATCH_TOKENS, metadata=exposed(
-        flag="--batch-tokens",
-                                job_key="batch_tokens", minimum=1,
-        help="token budget of one model batch (default %(default)s)"))
+    batch_tokens: int | None = field(default=None, metadata=exposed(
+        flag="--batch-tokens", job_key="batch_tokens", minimum=1, metavar="N",
+        help=f"token budget of one model batch (default: {DEFAULT_BATCH_TOKENS} on a CPU, "
+             f"{GPU_BATCH_TOKENS} on a GPU)"))
     read: ReadOptions = field(default_factory=ReadOptions, metadata=exposed(
         custom=True, flag="(read flags)",
                                 job_key="read", help="the fields of ReadOptions"))
@@ -177,7 +181,8 @@ class EmbedConfig:
         not_in_job="how a run reports, not what it stores: `elmo jobs run --progress`"))
     unit_tokens: int | None = field(default=None, metadata=exposed(
         flag="--unit-tokens", job_key="unit_tokens", minimum=1, metavar="N",
-        help="tokens per model call inside a work item (default: 4 x --batch-tokens)"))
+        help="tokens per model call inside a work item (default: 4 x --batch-tokens on a "
+             "CPU, --batch-tokens on a GPU)"))
     storage_options: dict | None = field(default=None, metadata=exposed(
         job_key="storage_options",
         not_on_cli="a nested mapping of fsspec options; on the command line fsspec reads "
@@ -217,6 +222,13 @@ class EmbedConfig:
         if self.source_files is not None and not self.source_files:
             found.append(("source_files", "is empty: nothing to embed"))
         return found
+
+    def model_call_sizes(self, on_gpu: bool) -> tuple[int, int]:
+        """``(batch_tokens, unit_tokens)``, the defaults filled in for where the model runs.
+        On a GPU a unit is one batch: a 131k-token unit of int8 layers would hold 400 MB
+        in each item worker for each call in flight."""
+        batch = self.batch_tokens or (GPU_BATCH_TOKENS if on_gpu else DEFAULT_BATCH_TOKENS)
+        return batch, self.unit_tokens or (batch if on_gpu else 4 * batch)
 
     def validate(self) -> None:
         """Raise the first problem as a ``SettingError`` naming the setting to fix (the

@@ -216,7 +216,9 @@ def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
     settings = ItemSettings(
         model=cfg.model, tokenizer=tokenizer.name, out=cfg.out, part=cfg.part, run_id=run_id,
         dtype=cfg.dtype, n_output_layers=descriptor.n_output_layers, dim=descriptor.dim,
-        batch_tokens=cfg.batch_tokens, unit_tokens=cfg.unit_tokens or 4 * cfg.batch_tokens,
+        # the CPU's sizes until an executor finds its model on a GPU (executors.py)
+        batch_tokens=cfg.model_call_sizes(on_gpu=False)[0],
+        unit_tokens=cfg.model_call_sizes(on_gpu=False)[1],
         compute_dtype=cfg.compute_dtype, device=cfg.device,
         max_sentence_tokens=cfg.max_sentence_tokens, window_overlap=cfg.window_overlap,
         read=cfg.read, storage_options=cfg.storage_options)

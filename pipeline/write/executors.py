@@ -28,11 +28,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from elmo_model import select_device
 from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.write.config import EmbedConfig
 from pipeline.write.plan import WorkItem
@@ -64,12 +66,17 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, settings: ItemSettings, in_flight: int = IN_FLIGHT_PER_ACTOR) -> None:
+    def __init__(self, settings: ItemSettings, in_flight: int = IN_FLIGHT_PER_ACTOR,
+                 gpu_sizes: tuple[int, int] | None = None) -> None:
         self.worker = ItemWorker(settings)
         self.in_flight = in_flight
+        self.gpu_sizes = gpu_sizes  # (batch, unit) tokens when the model lands on a GPU
 
     def start(self) -> None:
         fix_mmap_threshold()
+        settings = self.worker.settings
+        if self.gpu_sizes and select_device(settings.device).type == "cuda":
+            self.worker = ItemWorker(with_model_call_sizes(settings, self.gpu_sizes))
         self.worker.load()
 
     def run(self, items: Iterator[WorkItem], on_progress: ProgressCallback | None = None
@@ -153,6 +160,8 @@ class RayExecutor:
             share = int(resources.get("CPU", 1) // cfg.actors)
             self.cpus = max(1.0, float(share - self.workers))
         self._wait_for_capacity()
+        if self.gpus:
+            self.settings = with_model_call_sizes(self.settings, cfg.model_call_sizes(True))
         model_threads = max(1, int(self.cpus))
         if not self.workers:
             remote_cls = ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=-1,
@@ -393,6 +402,12 @@ class RayExecutor:
             self.started_ray = False
 
 
+def with_model_call_sizes(settings: ItemSettings, sizes: tuple[int, int]) -> ItemSettings:
+    return dataclasses.replace(settings, batch_tokens=sizes[0], unit_tokens=sizes[1])
+
+
 def make_executor(cfg: EmbedConfig, settings: ItemSettings) -> LocalExecutor | RayExecutor:
-    return RayExecutor(cfg, settings) if choose_executor(cfg) == "ray" else LocalExecutor(
-        settings)
+    if choose_executor(cfg) == "ray":
+        return RayExecutor(cfg, settings)
+    return LocalExecutor(settings, gpu_sizes=None if cfg.device == "cpu" else
+                         cfg.model_call_sizes(on_gpu=True))

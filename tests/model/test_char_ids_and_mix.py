@@ -140,3 +140,19 @@ def test_char_cnn_reads_only_the_char_positions_it_needs() -> None:
         padded = F.pad(ids, (0, 0, 0, -len(words) % 64))
         full = torch.cat([cnn._dense(cnn._pooled(part), None) for part in padded.split(64)])
     assert torch.allclose(got, full[: len(words)], atol=1e-6)
+
+
+def test_token_cache_keeps_its_table_when_the_device_has_an_index(tiny_model_dir) -> None:
+    """A table asked for on "cuda" lives on "cuda:0" (here: "cpu:0" on "cpu"): the cache
+    must not take the two for different devices and rebuild itself at every call."""
+    import elmo_model
+    from elmo_model.embedder import TokenCache
+
+    model = elmo_model.load_model_dir(tiny_model_dir, device="cpu").model
+    cache = TokenCache(capacity=10)
+    device = torch.device("cpu:0")
+    with torch.inference_mode():
+        first = cache.lookup(model, ["the", "cat", "the"], device)
+        again = cache.lookup(model, ["the", "cat", "dog"], device)
+    assert (cache.misses, cache.hits) == (3, 2)
+    assert torch.equal(first[:2], again[:2])

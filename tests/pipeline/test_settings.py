@@ -167,3 +167,17 @@ def test_cli_refuses_a_bad_value_on_one_line(monkeypatch: pytest.MonkeyPatch,
         "elmo: error: --compute-dtype: float16 compute needs a CUDA device; use bfloat16 on "
         "the CPU")
     assert not (tmp_path / "o").exists()
+
+
+def test_model_call_sizes_follow_the_device_unless_given() -> None:
+    """A batch is 8x wider on a GPU and a unit is one batch there; given sizes stay."""
+    from pipeline.write.config import DEFAULT_BATCH_TOKENS, GPU_BATCH_TOKENS
+
+    cfg = EmbedConfig(sources=["x"], out="y", model=ModelSpec("o", "w"))
+    assert cfg.model_call_sizes(on_gpu=False) == (DEFAULT_BATCH_TOKENS, 4 * DEFAULT_BATCH_TOKENS)
+    assert cfg.model_call_sizes(on_gpu=True) == (GPU_BATCH_TOKENS, GPU_BATCH_TOKENS)
+    given = dataclasses.replace(cfg, batch_tokens=100)
+    assert given.model_call_sizes(on_gpu=True) == (100, 100)
+    assert given.model_call_sizes(on_gpu=False) == (100, 400)
+    both = dataclasses.replace(cfg, batch_tokens=100, unit_tokens=250)
+    assert both.model_call_sizes(on_gpu=True) == both.model_call_sizes(on_gpu=False) == (100, 250)
