@@ -24,9 +24,9 @@ from schemas.layout import STORAGE_DTYPES
 DEFAULT_MIN_ITEMS = 8  # at least this many work items (small corpora still spread over actors)
 DEFAULT_ITEM_TOKENS = 262_144  # target tokens per work item, estimated from input bytes
 DEFAULT_BATCH_TOKENS = 4096
-# On a GPU a model call is its own batch, 8x wider: the recurrence launches its kernels
-# once per time step, so a wider batch does more per launch (BENCHMARKS.md, "One GPU: model
-# only vs end to end": model only 80k -> 153k tokens/s, end to end 35k -> 44k on an H200).
+# On a GPU a model call is one batch, 8x wider: the recurrence launches its kernels from
+# the host once per time step, so a wider batch does more per launch (BENCHMARKS.md, "One
+# GPU: model only vs end to end").
 GPU_BATCH_TOKENS = 32_768
 DEFAULT_MAX_SENTENCE_TOKENS = 256
 DEFAULT_WINDOW_OVERLAP = 32
