@@ -117,8 +117,8 @@ class ItemActor:
         self.worker = ItemWorker(settings)
         self.worker.node_id = ray.get_runtime_context().get_node_id()
 
-    def ready(self) -> str | None:
-        """None once the model is loaded; else the reason it cannot be, in one line."""
+    def ready(self) -> ElmoUserError | None:
+        """None once the model is loaded; else the reason it cannot be."""
         return model_problem(self.worker.load)
 
     def process(self, item: WorkItem) -> CommitRecord:
@@ -265,7 +265,7 @@ class RayExecutor:
                 raise ElmoUserError(f"a Ray actor failed to start: "
                                     f"{str(error).strip().splitlines()[-1][:300]}") from None
             if problem:
-                raise ElmoUserError(problem)
+                raise problem
 
     # ---------------------------------------------------------------- run
 
@@ -330,7 +330,7 @@ class RayExecutor:
                     probing[self.actors[a].ready.remote()] = a
                     continue
                 if problem:
-                    raise ElmoUserError(problem)
+                    raise problem
                 continue
             item, a = in_flight.pop(ref)
             load[a] -= 1

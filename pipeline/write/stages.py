@@ -43,14 +43,15 @@ from pipeline.write.work_item import (
 MODEL_CALLS_AT_ONCE = 3  # one computing, the others copying out or waiting their turn
 
 
-def model_problem(load: Any) -> str | None:
-    """None once ``load()`` has run; else why it failed, in one line."""
+def model_problem(load: Any) -> ElmoUserError | None:
+    """None once ``load()`` has run; else why it failed, as an error the driver raises: a
+    ``SettingError`` crosses Ray whole, so the CLI still names its flag."""
     try:
         load()
     except ElmoUserError as error:
-        return str(error)
+        return error
     except Exception as error:  # e.g. a torch error on a broken device
-        return f"{type(error).__name__}: {error}"
+        return ElmoUserError(f"{type(error).__name__}: {error}")
     return None
 
 
@@ -77,8 +78,8 @@ class ModelActor:
                 self.embedder = load_embedder(s.model, s.batch_tokens, s.compute_dtype,
                                               s.device)
 
-    def ready(self) -> str | None:
-        """None once the model is loaded; else the reason it cannot be, in one line."""
+    def ready(self) -> ElmoUserError | None:
+        """None once the model is loaded; else the reason it cannot be."""
         return model_problem(self._load)
 
     def node(self) -> str:
@@ -137,8 +138,8 @@ class ItemStageActor:
         self.worker = ItemWorker(settings, RemoteModel(model_actor))
         self.worker.node_id = ray.get_runtime_context().get_node_id()
 
-    def ready(self) -> str | None:
-        """None once this worker and its model actor can work; else why not, one line."""
+    def ready(self) -> ElmoUserError | None:
+        """None once this worker and its model actor can work; else why not."""
         import ray
 
         problem = model_problem(self.worker.load)

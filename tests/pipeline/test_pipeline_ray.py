@@ -127,6 +127,15 @@ def test_a_request_the_cluster_cannot_hold_fails_in_seconds(ray_cluster: Path,
                             device="cuda"))
     assert "pass --device cpu" in caught.value.named(flag_of)
     assert not out.exists()
+    # Placed without a GPU but told to use one: the actor's own SettingError crosses Ray
+    # whole, so the CLI still names the flag (not the Python keyword).
+    from elmo_model.errors import SettingError
+
+    with pytest.raises(SettingError) as caught:
+        embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, executor="ray", actors=1,
+                            device="cuda", gpus_per_actor=0.0, cpus_per_actor=1))
+    assert caught.value.named(flag_of).endswith("use --device cpu")
+    assert not out.exists()
 
 
 def test_actors_that_fit_counts_per_node() -> None:
