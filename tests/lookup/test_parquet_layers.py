@@ -271,3 +271,21 @@ def test_float32_storage_mixes_the_same_way(tiny_model_dir: Path, tmp_path: Path
     assert layers[0].dtype == np.float32
     assert np.array_equal(vectors, mix_arrays(layers, ds.mix("average")))
     assert meta.num_rows == table.num_rows
+
+
+def test_a_page_header_cut_short_or_of_other_types_is_an_unsupported_layout() -> None:
+    """The page walk decodes headers with the project's one Thrift codec; a header that
+    ends early, or names a read field with a type we do not read, is a layout to leave
+    to pyarrow (UnsupportedLayoutError), never an IndexError or a wrong number."""
+    from pipeline.lookup.layers.parquet import UnsupportedLayoutError, page_header
+    from schemas.thrift_compact import binary, encode_struct, i32, struct
+
+    header = encode_struct({1: i32(0), 2: i32(40), 3: i32(30),
+                            5: struct({1: i32(10), 2: i32(0), 3: i32(3), 4: i32(3)})})
+    fields, end = page_header(header, 0, {1: True, 2: True, 3: True, 5: {1: True, 2: True}})
+    assert fields == {1: 0, 2: 40, 3: 30, 5: {1: 10, 2: 0}} and end == len(header)
+    for cut in range(len(header)):
+        with pytest.raises(UnsupportedLayoutError):
+            page_header(header[:cut], 0, {1: True})
+    with pytest.raises(UnsupportedLayoutError, match="field 2 has Thrift type 8"):
+        page_header(encode_struct({1: i32(0), 2: binary(b"x")}), 0, {2: True})

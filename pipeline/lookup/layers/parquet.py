@@ -9,7 +9,8 @@ The layer columns the pipeline writes are the case the format lets us read direc
 PLAIN-encoded float16 (``FIXED_LEN_BYTE_ARRAY(2)``) or float32 values, no dictionary, no
 null lists or values. Then the value section of each data page is a run of the row-major
 ``[rows, dim]`` matrix, and reading a column chunk means: walk its pages (the page headers
-are Thrift compact-protocol structs, parsed here for the few fields needed), decompress
+are Thrift compact-protocol structs, decoded by ``schemas.thrift_compact``; the few fields
+needed are picked from them), decompress
 each page with pyarrow's codec, skip the level sections, copy the values out.
 
 Each page's CRC (PageHeader field 4, CRC-32 of the page bytes as stored), when the writer
@@ -26,6 +27,7 @@ readers bitwise.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,6 +36,7 @@ import numpy as np
 from zlib_ng import zlib_ng
 
 from elmo_model.errors import ElmoUserError
+from schemas.thrift_compact import BOOL, I8, I16, I32, I64, STRUCT, Struct, ThriftError, read_struct
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -66,87 +69,30 @@ class CorruptPageError(ElmoUserError):
 # --------------------------------------------------------------------------- Thrift
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise UnsupportedLayoutError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _zigzag(n: int) -> int:
-    return (n >> 1) ^ -(n & 1)
-
-
-def _skip(buf: bytes, pos: int, kind: int) -> int:
-    """Skip one value of compact-protocol type ``kind``."""
-    if kind in (1, 2):  # bool: the value is in the field header
-        return pos
-    if kind == 3:  # byte
-        return pos + 1
-    if kind in (4, 5, 6):  # i16, i32, i64: zigzag varints
-        return _varint(buf, pos)[1]
-    if kind == 7:  # double
-        return pos + 8
-    if kind == 8:  # binary / string
-        size, pos = _varint(buf, pos)
-        return pos + size
-    if kind in (9, 10):  # list, set
-        header = buf[pos]
-        pos += 1
-        size, element = header >> 4, header & 0x0F
-        if size == 15:
-            size, pos = _varint(buf, pos)
-        for _ in range(size):
-            pos = pos + 1 if element in (1, 2) else _skip(buf, pos, element)
-        return pos
-    if kind == 11:  # map
-        size, pos = _varint(buf, pos)
-        if size:
-            types = buf[pos]
-            pos += 1
-            for _ in range(size):
-                pos = _skip(buf, _skip(buf, pos, types >> 4), types & 0x0F)
-        return pos
-    if kind == 12:  # struct
-        return _struct(buf, pos, {})[1]
-    raise UnsupportedLayoutError(f"unknown Thrift type {kind}")
-
-
-def _struct(buf: bytes, pos: int, fields: dict[int, Any]) -> tuple[dict[int, Any], int]:
-    """Decode the integer, bool and struct fields named in ``fields``; skip the rest."""
+def _picked(fields: Struct, wanted: dict[int, Any]) -> dict[int, Any]:
+    """The integer, bool and (nested) struct fields of a decoded struct named in
+    ``wanted``, as bare values; a named field of another type is a layout we do not read."""
     out: dict[int, Any] = {}
-    field_id = 0
-    while True:
-        if pos >= len(buf):
-            raise UnsupportedLayoutError("truncated page header")
-        header = buf[pos]
-        pos += 1
-        if header == 0:  # stop
-            return out, pos
-        kind, delta = header & 0x0F, header >> 4
-        if delta:
-            field_id += delta
-        else:
-            raw, pos = _varint(buf, pos)
-            field_id = _zigzag(raw)
-        spec = fields.get(field_id)
-        if spec is None:
-            pos = _skip(buf, pos, kind)
-        elif kind in (1, 2):
-            out[field_id] = kind == 1
-        elif kind in (4, 5, 6):
-            raw, pos = _varint(buf, pos)
-            out[field_id] = _zigzag(raw)
-        elif kind == 12 and isinstance(spec, dict):
-            out[field_id], pos = _struct(buf, pos, spec)
+    for field_id, spec in wanted.items():
+        if field_id not in fields:
+            continue
+        kind, value = fields[field_id]
+        if kind == STRUCT and isinstance(spec, dict):
+            out[field_id] = _picked(value, spec)
+        elif kind in (BOOL, I8, I16, I32, I64):
+            out[field_id] = value
         else:
             raise UnsupportedLayoutError(f"page header field {field_id} has Thrift type {kind}")
+    return out
+
+
+def page_header(data: Any, pos: int, wanted: dict[int, Any]) -> tuple[dict[int, Any], int]:
+    """The page header at ``pos`` (its ``wanted`` fields) and the position after it."""
+    try:
+        fields, pos = read_struct(data, pos)
+    except (ThriftError, IndexError, struct.error) as error:  # cut short or not Thrift
+        raise UnsupportedLayoutError(f"page header: {error}") from None
+    return _picked(fields, wanted), pos
 
 
 # --------------------------------------------------------------------------- chunks
@@ -274,7 +220,7 @@ def page_bodies(data: Any, start: int, header_fields: dict[int, Any]
     view = memoryview(data)
     pos = 0
     while pos < len(data):
-        header, pos = _struct(data, pos, header_fields)
+        header, pos = page_header(data, pos, header_fields)
         compressed_size, size = header.get(3, -1), header.get(2, -1)
         if compressed_size < 0 or size < 0 or pos + compressed_size > len(data):
             raise UnsupportedLayoutError("bad page sizes")
