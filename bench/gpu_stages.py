@@ -8,7 +8,8 @@ GPU and with the node's default (`--cpu-workers`), and how busy the GPU was in e
 memory) over the corpus's sentences in units of the pipeline's size, one unit ahead, timed
 on a second pass (the first compiles kernels and captures graphs); "end to end" is `elmo
 embed` from the file to committed int8 Parquet, in a fresh process: its rate over the
-whole wall time (Ray's start and the model's load included). The runs (``RUNS``): the node's default
+whole wall time (Ray's start and the model's load included), and once started (less the
+seconds `elmo embed` reports before its first item). The runs (``RUNS``): the node's default
 item workers, the same with smaller items, the local executor, one item worker, and two
 model actors sharing the GPU; each has a time limit, and a row is printed as each ends, so
 a cut-off call still reports. The GPU's busy fraction is the mean of `nvidia-smi`'s
@@ -121,7 +122,7 @@ def model_only(args: argparse.Namespace) -> tuple[float, int, str]:
 
 
 def end_to_end(args: argparse.Namespace, corpus: str, extra: list[str], out: Path,
-               limit_s: float) -> tuple[float, int, str, float]:
+               limit_s: float) -> tuple[float, int, str, float, float]:
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "-m", "pipeline.cli", "embed", corpus, "--out", str(out),
                "--model", args.model, "--tokenizer", args.tokenizer, "--no-progress",
@@ -145,7 +146,8 @@ def end_to_end(args: argparse.Namespace, corpus: str, extra: list[str], out: Pat
         raise RuntimeError(f"rc {done.returncode}: {done.stderr[-3000:]}")
     summary = next(line for line in done.stderr.splitlines() if line.startswith("embedded "))
     tokens = int(summary.split(" tokens in ")[0].rsplit(" ", 1)[1])
-    return tokens / seconds, tokens, meter.busy, seconds
+    starting = float(summary.split("; ")[-1].split(" s of it")[0])
+    return tokens / seconds, tokens, meter.busy, seconds, starting
 
 
 def prefix_corpus(corpus: str, tokens: int, work: Path) -> str:
@@ -203,10 +205,10 @@ def main() -> None:
     print(f"RESULT gpu_stages: {tokens:,} tokens, {args.device}, {args.compute_dtype}, int8, "
           f"{os.cpu_count()} CPUs, batches of {args.batch_tokens:,} tokens, model calls of "
           f"{args.unit_tokens:,}")
-    print("| run | tokens | tokens/s (wall, Ray's start incl.) | of model only | GPU busy | "
-          "wall |")
-    print("|---|---|---|---|---|---|")
-    print(f"| model only (embed_int8, one unit ahead) | {tokens:,} | {rate:,.0f} | 1.00 | "
+    print("| run | tokens | tokens/s (wall, Ray's start incl.) | of model only | tokens/s once "
+          "started | of model only | GPU busy | wall (starting) |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| model only (embed_int8, one unit ahead) | {tokens:,} | {rate:,.0f} | 1.00 | | | "
           f"{busy} | |", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu-stages-") as work:
         for name in filter(None, args.runs.split(",")):
@@ -218,12 +220,14 @@ def main() -> None:
             out = Path(args.keep) if args.keep and name == args.runs.split(",")[0] else \
                 Path(work) / "ds"
             try:
-                e2e, n, busy, wall = end_to_end(args, corpus, extra, out, limit_s)
+                e2e, n, busy, wall, starting = end_to_end(args, corpus, extra, out, limit_s)
             except RuntimeError as failed:
                 print(f"| {TITLES[name]} | failed: {str(failed)[-600:]} |", flush=True)
                 continue
-            print(f"| {TITLES[name]} | {n:,} | {e2e:,.0f} | {e2e / rate:.2f} | {busy} | "
-                  f"{wall:.0f} s |", flush=True)
+            started = n / max(1e-9, wall - starting)
+            print(f"| {TITLES[name]} | {n:,} | {e2e:,.0f} | {e2e / rate:.2f} | {started:,.0f} | "
+                  f"{started / rate:.2f} | {busy} | {wall:.0f} s ({starting:.0f} s) |",
+                  flush=True)
 
 
 if __name__ == "__main__":

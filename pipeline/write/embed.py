@@ -69,6 +69,7 @@ class EmbedSummary:
     documents_resumed: int = 0
     tokens_resumed: int = 0
     elapsed_s: float = 0.0
+    start_s: float = 0.0  # of elapsed_s, before the first item: Ray, actors, the model's load
     executor: str = "local"
     totals: dict[str, int] = field(default_factory=dict)  # whole dataset, from the manifest
     # Measurements (benchmarks): peak RSS of every worker process and of the driver, and
@@ -89,7 +90,8 @@ class EmbedSummary:
         lines.append(
             f"embedded {self.documents} documents, {self.sentences} sentences, {self.tokens} "
             f"tokens in {self.items_written} items in {self.elapsed_s:.1f} s "
-            f"({self.tokens_per_s:,.0f} tokens/s, {self.executor})")
+            f"({self.tokens_per_s:,.0f} tokens/s, {self.executor}; {self.start_s:.1f} s of it "
+            "starting)")
         if self.errors:
             lines.append(f"{self.errors} bad inputs listed in {self.out.rstrip('/')}/errors/")
         t = self.totals
@@ -228,6 +230,7 @@ def embed_corpus(cfg: EmbedConfig) -> EmbedSummary:
     try:
         # Fail fast: resources and the model are checked before the output is touched.
         executor.start()
+        summary.start_s = time.perf_counter() - t0
         _write(fs, root, cfg, descriptor, sources, target, executor, run_id, summary, write)
     except BaseException:
         abandon_part(fs, root, write)

@@ -32,6 +32,9 @@ def test_round_trip_every_token_once_and_vectors_match_the_model(tiny_model_dir:
     summary = embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], out, min_items=3,
                                   dtype="float32", batch_tokens=16))
     assert summary.documents == 9 and summary.errors == 0
+    # The summary says how much of the run was starting (the model's load, here).
+    assert 0 < summary.start_s < summary.elapsed_s
+    assert f"{summary.start_s:.1f} s of it starting" in summary.lines()[-2]
     # At least --shards items (a.txt is cut in line-aligned byte ranges).
     assert summary.items_written >= 3
     entries = [json.loads(e.read_text()) for e in (out / "_manifest/main").glob("shard=*.json")]
