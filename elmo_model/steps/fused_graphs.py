@@ -4,11 +4,16 @@ kernels on a padded ``[steps, batch]`` grid, captured as a CUDA graph per bucket
 
 A fixed grid lets a whole time loop be captured once and replayed without per-step launch
 overhead; rows past their length keep their state (the kernels mask them by ``lengths``).
-Importing this module imports triton, as ``fused_lstm`` does.
+A batch of mixed lengths is cut into groups of one length bucket each, and each group
+that pads well runs its own graph: on real text a packed loop launches four kernels a time
+step from Python, and that host time, not the GPU, bounded the model (BENCHMARKS.md, "One
+GPU: model only vs end to end"). Importing this module imports triton, as ``fused_lstm``
+does.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +27,7 @@ from elmo_model.weight_versions import DerivedWeights
 # Bucket sizes: 4 per octave (8, 10, 12, 14, 16, 20, ...), so a bucket wastes under 25% of a
 # dimension and a long job sees a few dozen distinct shapes at most.
 _BUCKETS = sorted({(4 + j) << shift for shift in range(1, 24) for j in range(4)})
+_BUCKET_ARRAY = np.array(_BUCKETS)
 
 
 def bucket_size(n: int) -> int:
@@ -32,6 +38,24 @@ def bucket_size(n: int) -> int:
         if size >= n:
             return size
     raise ValueError(f"{n} is beyond the largest bucket {_BUCKETS[-1]}")
+
+
+def length_groups(sorted_lengths: np.ndarray) -> list[tuple[int, int]]:
+    """Rank ranges ``[r0, r1)`` of sequences (lengths in descending order) whose lengths
+    share a bucket, longest first."""
+    buckets = _BUCKET_ARRAY[np.searchsorted(_BUCKET_ARRAY, sorted_lengths)]
+    bounds = [0, *(np.flatnonzero(np.diff(buckets)) + 1).tolist(), len(sorted_lengths)]
+    return list(itertools.pairwise(bounds))
+
+
+def group_positions(batch_sizes: list[int], offsets: list[int], r0: int, r1: int,
+                    steps: int) -> tuple[np.ndarray, list[int]]:
+    """The packed positions of ranks ``[r0, r1)`` (whose longest has ``steps`` tokens), in
+    their own packed order, and their batch sizes per step."""
+    sizes = np.minimum(np.asarray(batch_sizes[:steps]), r1) - r0
+    starts = np.asarray(offsets[:steps]) + r0
+    within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return np.repeat(starts, sizes) + within, sizes.tolist()
 
 
 def padded_positions(batch_sizes: list[int], padded_batch: int) -> np.ndarray:
@@ -96,17 +120,22 @@ class RecurrenceGraphs:
     # Padded grid cells per real token above which the packed loop is the better deal:
     # padding costs FLOPs in proportion, launch overhead only matters for small batches.
     max_padding = 1.35
+    # A grid this small is padded whatever its share of padding: its FLOPs cost the GPU
+    # less than launching its steps one by one costs the host (the long sentences of a
+    # batch, a few rows for up to 256 steps).
+    small_grid = 4096
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.buffers = Buffers(device)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.padded_runs = 0  # time loops run padded (replayed, on a GPU), for benchmarks
 
     def fits(self, batch_sizes: list[int]) -> bool:
         """Whether a batch is worth padding to its bucket (similar sentence lengths, as
-        the stateless embedder's length-sorted batches have)."""
+        a group of one length bucket has, or a small grid)."""
         grid = bucket_size(batch_sizes[0]) * bucket_size(len(batch_sizes))
-        return grid <= self.max_padding * sum(batch_sizes)
+        return grid <= self.max_padding * sum(batch_sizes) or grid <= self.small_grid
 
     def run(
         self,
@@ -123,6 +152,7 @@ class RecurrenceGraphs:
         h, c initial state ``[2, B, *]`` rank order. Returns as ``packed_steps``."""
         batch, p, d = h.shape[1], h.shape[-1], c.shape[-1]
         padded_batch, steps = bucket_size(batch), bucket_size(len(batch_sizes))
+        self.padded_runs += 1
         self.buffers.grew = False
         run = PaddedRun.allocate(self.buffers, padded_batch, steps, d, p, weights.dtype)
         if self.buffers.grew:
@@ -189,9 +219,10 @@ def step_weights(layer: BiLstmLayer, dtype: torch.dtype) -> tuple[torch.Tensor, 
 class FusedStep:
     """``LstmStep``: the fused Triton step (CUDA; the interpreter in tests).
 
-    With ``graphs`` (what ``auto`` picks on CUDA), batches that pad well
-    (``RecurrenceGraphs.fits``, as the stateless embedder's length-sorted batches do) run
-    the captured padded loop, the others the packed loop; without, all run packed.
+    With ``graphs`` (what ``auto`` picks on CUDA), a batch that pads well
+    (``RecurrenceGraphs.fits``) runs the captured padded loop; one of mixed lengths runs
+    as groups of one length bucket each, padded where the group pads well, packed where
+    not; without ``graphs``, every batch runs packed.
     """
 
     def __init__(self, graphs: bool = True) -> None:
@@ -211,15 +242,35 @@ class FusedStep:
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w_in, weights = step_weights(layer, dtype)
         graphs = self.recurrence_graphs(x.device) if self.graphs else None
-        if graphs is None or not graphs.fits(plan.batch_sizes):
+        sorted_lengths = plan.lengths[plan.order]
+        groups = length_groups(sorted_lengths) if graphs is not None else []
+        if graphs is None or (len(groups) == 1 and not graphs.fits(plan.batch_sizes)):
             pre = torch.bmm(x.to(dtype), w_in)  # [2, N, 4D]; the kernel adds the bias
             return packed_steps(weights, pre, plan.batch_sizes, plan.offsets, h, c)
         # The graph reads these weight tensors by address: a recast (new dtype, new
         # weights) makes new tensors, and so a new key and a new capture.
         key = (id(layer), weights.w_rec.data_ptr(), weights.w_proj.data_ptr(),
                weights.bias.data_ptr())
-        return graphs.run(key, weights, x.to(dtype), w_in, plan.batch_sizes,
-                          plan.lengths[plan.order], h, c)
+        if graphs.fits(plan.batch_sizes):
+            return graphs.run(key, weights, x.to(dtype), w_in, plan.batch_sizes,
+                              sorted_lengths, h, c)
+        out = x.new_empty(2, x.shape[1], h.shape[-1], dtype=torch.float32)
+        h_out = torch.empty_like(h, dtype=torch.float32)
+        c_out = torch.empty_like(c, dtype=torch.float32)
+        for r0, r1 in groups:  # each group's rows are independent of the others'
+            positions, sizes = group_positions(plan.batch_sizes, plan.offsets, r0, r1,
+                                               int(sorted_lengths[r0]))
+            rows = torch.from_numpy(positions).to(x.device)
+            x_group = x[:, rows].to(dtype)
+            if graphs.fits(sizes):
+                got = graphs.run(key, weights, x_group, w_in, sizes, sorted_lengths[r0:r1],
+                                 h[:, r0:r1], c[:, r0:r1])
+            else:
+                offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()
+                got = packed_steps(weights, torch.bmm(x_group, w_in), sizes, offsets,
+                                   h[:, r0:r1], c[:, r0:r1])
+            out[:, rows], h_out[:, r0:r1], c_out[:, r0:r1] = got
+        return out, h_out, c_out
 
     def char_cnn_linears(self, char_cnn: CharCNN, dtype: torch.dtype) -> None:
         return None

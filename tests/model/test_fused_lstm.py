@@ -254,8 +254,30 @@ def check_graphs_only_for_batches_that_pad_well(fixture_dir: Path) -> None:
     graphs = RecurrenceGraphs(DEVICE)
     similar = PackPlan.build(np.full(30, 18) + np.arange(30) % 3)  # 18-20 tokens: 32 x 20
     assert graphs.fits(similar.batch_sizes)
-    ragged = PackPlan.build(np.array([40] + [5] * 31))  # 32 x 40 grid for 195 tokens
+    ragged = PackPlan.build(np.array([300] + [5] * 63))  # 64 x 320 grid for 615 tokens
     assert not graphs.fits(ragged.batch_sizes)
+    small = PackPlan.build(np.array([40] + [5] * 31))  # 32 x 40: padded, though 6.6x
+    assert graphs.fits(small.batch_sizes)
+
+
+def check_a_batch_of_mixed_lengths_runs_as_length_groups(fixture_dir: Path) -> None:
+    """A batch that does not pad well as a whole runs as groups of one length bucket,
+    each padded where it pads well: the same outputs and final state as the reference."""
+    from elmo_model.steps.fused_graphs import FusedStep, length_groups
+
+    lengths = np.array([30] * 8 + [7] * 9 + [13, 6])  # buckets 32, 14, 8 (7 and 6)
+    assert length_groups(np.sort(lengths)[::-1]) == [(0, 8), (8, 9), (9, 19)]
+    step = FusedStep()
+    graphs = step.recurrence_graphs(DEVICE)
+    graphs.small_grid = 0  # only the padding rule: the whole batch does not pass it
+    layer, plan, x = _layer_and_input(lengths)
+    assert not graphs.fits(plan.batch_sizes)
+    want = _run_layer(layer, plan, x, reference_step)
+    got = _run_layer(layer, plan, x, step)
+    for name, a, b in zip(("out", "h", "c"), got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
+    # 8 x 30 and 9 x 7 + 6 pad well (240 of 256 cells, 69 of 80); 13 alone does not
+    assert graphs.padded_runs == 2
 
 
 CHECKS: dict[str, Callable[[Path], None]] = {
