@@ -223,13 +223,28 @@ class ShardedIvf(MemoryIvf):
         """The IVF ``record`` (``IndexMeta.ivf``) describes, its folders under
         ``root/_ivf``; a folder missing or damaged is an error naming the shard and
         ``rebuild`` (the command that makes it again). On an object store the folders are
-        copied to ``cache`` (a local folder) first."""
+        copied to ``cache`` (a local folder) first, or to a temporary folder removed with
+        the IVF."""
         from schemas.dataset import is_local
 
         base = f"{root}/{IVF_DIR}"
-        if not is_local(fs):
-            base = _local_copy(fs, base, record, cache)
-        return cls.from_folders(base, record, rebuild)
+        if is_local(fs):
+            return cls.from_folders(base, record, rebuild)
+        import shutil
+        import weakref
+
+        copy = _local_copy(fs, base, record, cache)
+        try:
+            ivf = cls.from_folders(copy, record, rebuild)
+        except BaseException:
+            if cache is None:
+                shutil.rmtree(copy, ignore_errors=True)
+            raise
+        if cache is None:
+            # A temporary copy (the vectors: GBs) goes when the IVF does, or at exit; its
+            # mapped files stay readable until then.
+            weakref.finalize(ivf, shutil.rmtree, copy, True)
+        return ivf
 
     @classmethod
     def from_folders(cls, base: str, record: dict[str, Any], rebuild: str) -> ShardedIvf:
