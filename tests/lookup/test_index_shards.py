@@ -183,3 +183,30 @@ def test_a_stale_shard_is_named_not_left_out(built: Path, tmp_path: Path) -> Non
         index.search(np.ones(DIM, np.float32), k=3, words=["w1"], columns=KEYS)
     with pytest.raises(ElmoUserError, match=stale):
         index.occurrences(["w1"], columns=KEYS)
+
+
+def test_training_reports_each_round_and_trains_as_faiss(tmp_path: Path) -> None:
+    """The training's progress steps (coarse k-means rounds, then each sub-quantizer) are
+    ``train_steps``, and the coarse centroids are those of faiss's own one-call training."""
+    import faiss
+
+    from pipeline.lookup.index.ivf_shards import TRAIN_FILE
+    from pipeline.lookup.index.ivf_shards_build import train, train_steps
+
+    rng = np.random.default_rng(2)
+    sample = rng.standard_normal((2_000, 32)).astype(np.float32)
+    sample /= np.linalg.norm(sample, axis=1, keepdims=True)
+    for codes in ("PQ16", "SQ8"):
+        steps: list[int] = []
+        train(str(tmp_path / codes), sample, 20, codes, steps.append)
+        assert sum(steps) == train_steps(codes, 32) >= 10
+        ours = faiss.read_index(str(tmp_path / codes / TRAIN_FILE))
+        theirs = faiss.index_factory(32, f"IVF20,{codes}", faiss.METRIC_INNER_PRODUCT)
+        theirs.cp.min_points_per_centroid = 1
+        if codes.startswith("PQ"):  # as ``train`` sets them
+            theirs.do_polysemous_training = False
+            theirs.pq.cp.min_points_per_centroid = 1
+        theirs.train(sample)
+        coarse = [faiss.rev_swig_ptr(faiss.downcast_index(i.quantizer).get_xb(), 20 * 32)
+                  for i in (ours, theirs)]
+        assert np.array_equal(coarse[0], coarse[1]) and ours.is_trained
