@@ -278,10 +278,19 @@ def test_vectors_of_rows_in_any_order(built: Path, truth: tuple) -> None:
 
 
 def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch,
-                      truth: tuple) -> None:
+                      truth: tuple, tmp_path: Path) -> None:
     """On an object store the shards are written whole and, when opened, copied to a local
-    folder once: the same answers as the local index."""
+    folder once: the same answers as the local index. The build's local copy is removed,
+    also when it is killed, and the search's with its IVF."""
+    import gc
+    import tempfile
+
+    from pipeline.lookup.index import ivf_shards_build
     from pipeline.lookup.index.ivf_shards_build import build_shards
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
 
     fs = moto_fs(s3_endpoint, monkeypatch)
     fs.mkdir("compact-bucket")
@@ -295,12 +304,28 @@ def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyP
         folder = f"compact-bucket/ix/_ivf/{shard['folder']}"
         assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(folder, detail=False)) \
             == sorted(SHARD_FILES)
+    # The build's local copy is gone; the search's lives as long as its IVF.
+    assert list(temp.iterdir()) == []
     remote = ShardedIvf.load(fs, "compact-bucket/ix", held, "`elmo index build`")
+    assert len(list(temp.iterdir())) == 1
     local = index.ivf()
     assert local is not None
     q = _queries(truth[2], 5)
     got, want = remote.nearest_rows(q, 10, KEYS), local.nearest_rows(q, 10, KEYS)
     assert got.select(list(KEYS)).equals(want.select(list(KEYS)))
+    del remote
+    gc.collect()
+    assert list(temp.iterdir()) == []
+    # A build killed half way on S3: its local copy gone, nothing written to the bucket.
+    monkeypatch.setattr(ivf_shards_build, "calibrate", _killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_shards(index.table, fs, "compact-bucket/killed", meta, ds,
+                     dict(ds.shard_files("tokens")))
+    assert list(temp.iterdir()) == [] and not fs.exists("compact-bucket/killed")
+
+
+def _killed(*args: object, **kwargs: object) -> None:
+    raise KeyboardInterrupt
 
 
 def test_served_compact_index(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import bench_lookup, uncommit_shard_1
+from helpers import uncommit_shard_1
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index import ivf_shards_build
@@ -41,11 +41,8 @@ def product_codes_from_few_rows() -> object:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("shards")
-    bench_lookup().write_synthetic(root / "ds", ROWS, DIM, n_shards=2, vocab=200)
-    build_index(str(root / "ds"), "top", str(root / "ix"), compact=True)
-    return root
+def built(sharded_index: Path) -> Path:
+    return sharded_index
 
 
 def _keys(table) -> list[tuple]:
@@ -165,3 +162,51 @@ def test_memory_bound_follows_the_sample_not_the_rows() -> None:
     assert train_rows_for(10**8, 4096, "PQ64") == TRAIN_MAX_ROWS
     big, bigger = bytes_needed(10**7, 1024), bytes_needed(2 * 10**7, 1024)
     assert bigger - big == 2 * 10**7 * MEMORY_BYTES_PER_ROW
+
+
+def test_a_stale_shard_is_named_not_left_out(built: Path, tmp_path: Path) -> None:
+    """The table holds rows of a file the IVF's record no longer lists (an IVF older than
+    its table): a filtered search names that shard instead of leaving its rows out."""
+    import json
+
+    from pipeline.lookup.index.meta import INDEX_META
+
+    ix = Path(shutil.copytree(built / "ix", tmp_path / "ix"))
+    meta = json.loads((ix / INDEX_META).read_text())
+    key = list(meta["ivf"]["shards"])[-1]
+    del meta["ivf"]["shards"][key]
+    (ix / INDEX_META).write_text(json.dumps(meta))
+    part, shard, _ = key.split("/")
+    stale = rf"index shard {part}/{shard} is missing or stale .*`elmo index build .* makes it"
+    index = SenseIndex(str(ix))
+    with pytest.raises(ElmoUserError, match=stale):
+        index.search(np.ones(DIM, np.float32), k=3, words=["w1"], columns=KEYS)
+    with pytest.raises(ElmoUserError, match=stale):
+        index.occurrences(["w1"], columns=KEYS)
+
+
+def test_training_reports_each_round_and_trains_as_faiss(tmp_path: Path) -> None:
+    """The training's progress steps (coarse k-means rounds, then each sub-quantizer) are
+    ``train_steps``, and the coarse centroids are those of faiss's own one-call training."""
+    import faiss
+
+    from pipeline.lookup.index.ivf_shards import TRAIN_FILE
+    from pipeline.lookup.index.ivf_shards_build import train, train_steps
+
+    rng = np.random.default_rng(2)
+    sample = rng.standard_normal((2_000, 32)).astype(np.float32)
+    sample /= np.linalg.norm(sample, axis=1, keepdims=True)
+    for codes in ("PQ16", "SQ8"):
+        steps: list[int] = []
+        train(str(tmp_path / codes), sample, 20, codes, steps.append)
+        assert sum(steps) == train_steps(codes, 32) >= 10
+        ours = faiss.read_index(str(tmp_path / codes / TRAIN_FILE))
+        theirs = faiss.index_factory(32, f"IVF20,{codes}", faiss.METRIC_INNER_PRODUCT)
+        theirs.cp.min_points_per_centroid = 1
+        if codes.startswith("PQ"):  # as ``train`` sets them
+            theirs.do_polysemous_training = False
+            theirs.pq.cp.min_points_per_centroid = 1
+        theirs.train(sample)
+        coarse = [faiss.rev_swig_ptr(faiss.downcast_index(i.quantizer).get_xb(), 20 * 32)
+                  for i in (ours, theirs)]
+        assert np.array_equal(coarse[0], coarse[1]) and ours.is_trained

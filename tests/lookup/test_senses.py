@@ -480,3 +480,16 @@ def test_demo_writes_both_sense_maps_and_says_where(fixture_model: Path, corpus_
                      "--model", str(fixture_model)]) == 2
     assert "demo step 1 failed" in capsys.readouterr().err
     assert (out / "dataset" / "_dataset.json").is_file()
+
+
+def test_cli_search_on_ray_refuses_before_ray_starts(index: str, capsys: pytest.CaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--ray-actors`` alone, and a full (not compact) index: one line naming the fix,
+    before a Ray starts (test_index_ray searches on a Ray cluster)."""
+    argv = ["senses", "search", MUSIC[0], "--word", "plays", "--index", index]
+    assert run_cli(monkeypatch, [*argv, "--ray-actors", "2"]) != 0
+    assert "--ray-actors needs --ray-address" in capsys.readouterr().err
+    assert run_cli(monkeypatch, [*argv, "--ray-address", "local"]) != 0
+    err = capsys.readouterr().err
+    assert "not a compact index in shards" in err and "--rebuild" in err
+    assert "Traceback" not in err

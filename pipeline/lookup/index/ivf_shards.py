@@ -200,6 +200,7 @@ class ShardedIvf(MemoryIvf):
         import numpy as np
 
         self.record, self.folder, self.nprobe = record, folder, nprobe
+        self.rebuild = "`elmo index build`"  # the command that makes it again (``load``)
         shards = record["shards"]
         self.keys = list(shards)
         rows = [int(shards[k]["rows"]) for k in self.keys]
@@ -222,13 +223,28 @@ class ShardedIvf(MemoryIvf):
         """The IVF ``record`` (``IndexMeta.ivf``) describes, its folders under
         ``root/_ivf``; a folder missing or damaged is an error naming the shard and
         ``rebuild`` (the command that makes it again). On an object store the folders are
-        copied to ``cache`` (a local folder) first."""
+        copied to ``cache`` (a local folder) first, or to a temporary folder removed with
+        the IVF."""
         from schemas.dataset import is_local
 
         base = f"{root}/{IVF_DIR}"
-        if not is_local(fs):
-            base = _local_copy(fs, base, record, cache)
-        return cls.from_folders(base, record, rebuild)
+        if is_local(fs):
+            return cls.from_folders(base, record, rebuild)
+        import shutil
+        import weakref
+
+        copy = _local_copy(fs, base, record, cache)
+        try:
+            ivf = cls.from_folders(copy, record, rebuild)
+        except BaseException:
+            if cache is None:
+                shutil.rmtree(copy, ignore_errors=True)
+            raise
+        if cache is None:
+            # A temporary copy (the vectors: GBs) goes when the IVF does, or at exit; its
+            # mapped files stay readable until then.
+            weakref.finalize(ivf, shutil.rmtree, copy, True)
+        return ivf
 
     @classmethod
     def from_folders(cls, base: str, record: dict[str, Any], rebuild: str) -> ShardedIvf:
@@ -239,9 +255,11 @@ class ShardedIvf(MemoryIvf):
                 raise ElmoUserError(f"index shard {key} ({IVF_DIR}/{shard['folder']}) lacks "
                                     f"{gone}; {rebuild} makes it again")
         try:
-            return cls(f"{base}/{record['train']}", record,
-                       [f"{base}/{s['folder']}" for s in record["shards"].values()],
-                       int(record["nprobe"]))
+            ivf = cls(f"{base}/{record['train']}", record,
+                      [f"{base}/{s['folder']}" for s in record["shards"].values()],
+                      int(record["nprobe"]))
+            ivf.rebuild = rebuild
+            return ivf
         except (OSError, ValueError) as error:
             raise ElmoUserError(f"an index shard is unreadable ({error}); {rebuild} makes "
                                 "it again") from error
@@ -299,9 +317,17 @@ class ShardedIvf(MemoryIvf):
     def take_rows(self, columns: Sequence[str], positions: np.ndarray) -> pa.Table:
         return self.rows.take(columns, positions)
 
+    def held_mask(self, keys: pa.Table) -> list[bool]:
+        """Whether each of ``keys``' rows (``part``, ``shard``) is of a file this IVF holds."""
+        return [(p, int(s)) in self._shard_of for p, s in
+                zip(keys.column("part").to_pylist(), keys.column("shard").to_pylist(),
+                    strict=True)]
+
     def positions_of_keys(self, keys: pa.Table) -> np.ndarray:
-        """Positions of the rows whose ``part``, ``shard`` and ``row`` are ``keys``' (rows of
-        the LanceDB table); rows of a file this IVF does not hold are left out."""
+        """Positions, ascending, of the rows whose ``part``, ``shard`` and ``row`` are
+        ``keys``' (rows of the LanceDB table). A row of a file this IVF does not hold, or
+        not in its shard's rows, is an error naming the shard and the build that makes it
+        again: a search would otherwise leave it out without a word."""
         import numpy as np
 
         parts = keys.column("part").to_pylist()
@@ -313,11 +339,18 @@ class ShardedIvf(MemoryIvf):
         for s in np.unique(which[which >= 0]):
             mine = which == s
             held = self.rows.row_column(int(s))
-            at = np.searchsorted(held, rows[mine])
-            at = np.minimum(at, len(held) - 1)
-            ok = held[at] == rows[mine]
+            at = np.minimum(np.searchsorted(held, rows[mine]), max(0, len(held) - 1))
+            ok = held[at] == rows[mine] if len(held) else np.zeros(int(mine.sum()), bool)
             found[np.flatnonzero(mine)[ok]] = at[ok] + self.offsets[s]
-        return found[found >= 0]
+        if (found < 0).any():
+            first = int(np.flatnonzero(found < 0)[0])
+            shard = f"{parts[first]}/shard={int(shards[first])}"
+            why = "holds no such file" if which[first] < 0 else \
+                f"lacks its row {int(rows[first])}"
+            raise ElmoUserError(f"index shard {shard} is missing or stale (the IVF {why}, "
+                                f"which the index's table has); {self.rebuild} makes it "
+                                "again")
+        return np.sort(found)
 
 
 def _pair(key: str) -> tuple[str, int]:

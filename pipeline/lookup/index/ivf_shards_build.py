@@ -77,6 +77,7 @@ MAX_LISTS = TRAIN_MAX_ROWS // 32
 # Rows encoded at a time: faiss's product quantizer computes a table of rows x 256 x
 # sub-quantizers floats (4.3 GB for 65,536 rows of 64 bytes).
 ENCODE_BATCH_ROWS = 4_096
+SAMPLE_BLOCK_ROWS = 8_192
 # What a build's process holds besides the training sample and the codes it measures
 # probes with (the interpreter, torch, LanceDB, a batch being mixed).
 BASE_BYTES = 900 << 20
@@ -185,20 +186,28 @@ def shard_rows(table: Any, key: str) -> pa.Table:
     return found.sort_by("row").combine_chunks()
 
 
-def sample_rows(vectors: Any, rows: int, take: int, rng: np.random.Generator) -> np.ndarray:
-    """``take`` rows of ``vectors`` (``ShardVectors``) at random, as unit float32."""
+def sample_rows(vectors: Any, rows: int, take: int, rng: np.random.Generator,
+                on_rows: Callable[[int], Any] | None = None) -> np.ndarray:
+    """``take`` rows of ``vectors`` (``ShardVectors``) at random, as unit float32;
+    ``on_rows``: told the rows read (progress)."""
     import numpy as np
 
     picks = np.sort(rng.choice(rows, take, replace=False))
     out = np.empty((take, vectors.shape[1]), np.float32)
-    for start in range(0, take, READ_BATCH_ROWS):
-        block = picks[start:start + READ_BATCH_ROWS]
+    # Blocks of a few thousand rows: one read a row, so a block is a second or so of reads.
+    for start in range(0, take, SAMPLE_BLOCK_ROWS):
+        block = picks[start:start + SAMPLE_BLOCK_ROWS]
         out[start:start + len(block)] = unit_vectors(vectors.read_rows(block))
+        if on_rows is not None:
+            on_rows(len(block))
     return out
 
 
-def train(folder: str, sample: np.ndarray, lists: int, codes: str) -> None:
-    """The empty trained IVF and the sketches' planes and centre, from ``sample`` (unit)."""
+def train(folder: str, sample: np.ndarray, lists: int, codes: str,
+          on_step: Callable[[int], Any] | None = None) -> None:
+    """The empty trained IVF and the sketches' planes and centre, from ``sample`` (unit).
+    ``on_step``: told of each step done (``train_steps``: a round of the coarse k-means, a
+    sub-quantizer of the product codes), so that a long training shows progress."""
     import faiss
     import numpy as np
 
@@ -211,11 +220,67 @@ def train(folder: str, sample: np.ndarray, lists: int, codes: str) -> None:
     index.cp.min_points_per_centroid = 1  # small tables: no warning on stderr
     if hasattr(index, "pq"):
         index.pq.cp.min_points_per_centroid = 1
-    index.train(sample)
+    step = on_step or (lambda n: None)
+    # The coarse k-means one round a call: each starts from the last one's centroids, and
+    # the result is faiss's own (the same sample, the same rounds).
+    coarse = faiss.Clustering(dim, lists, _one_round(index.cp))
+    for _ in range(index.cp.niter):
+        coarse.train(sample, faiss.IndexFlatIP(dim))
+        step(1)
+    centroids = faiss.vector_to_array(coarse.centroids).reshape(lists, dim)
+    index.quantizer.add(centroids)
+    if hasattr(index, "pq"):
+        _train_product_codes(index, sample, centroids, step)
+    else:
+        index.train(sample)  # the scalar quantizer's ranges: the quantizer is trained
     os.makedirs(folder, exist_ok=True)
     faiss.write_index(index, f"{folder}/{TRAIN_FILE}")
     np.savez(f"{folder}/{PLANES_FILE}", planes=Sketch.planes_for(dim),
              mean=sample.mean(axis=0).astype(np.float32))
+
+
+def train_steps(codes: str, dim: int) -> int:
+    """The steps ``train`` reports for ``codes`` of ``dim`` values: the coarse rounds,
+    then one a sub-quantizer of product codes."""
+    import faiss
+
+    index = faiss.index_factory(dim, f"IVF1,{codes}", faiss.METRIC_INNER_PRODUCT)
+    return index.cp.niter + (index.pq.M if hasattr(index, "pq") else 0)
+
+
+def _one_round(cp: Any) -> Any:
+    import faiss
+
+    one = faiss.ClusteringParameters()
+    for name in ("nredo", "spherical", "int_centroids", "update_index", "frozen_centroids",
+                 "min_points_per_centroid", "max_points_per_centroid", "seed",
+                 "decode_block_size"):
+        setattr(one, name, getattr(cp, name))
+    one.niter = 1
+    return one
+
+
+def _train_product_codes(index: Any, sample: np.ndarray, centroids: np.ndarray,
+                         step: Callable[[int], Any]) -> None:
+    """``IndexIVFPQ.train``'s codes, a sub-quantizer at a time: each a k-means of the
+    residuals' slice (what ``ProductQuantizer.train`` runs in one call)."""
+    import faiss
+    import numpy as np
+
+    pq = index.pq
+    _, assigned = index.quantizer.search(sample, 1)
+    residuals = sample - centroids[assigned[:, 0]]
+    trained = np.empty((pq.M, pq.ksub, pq.dsub), np.float32)
+    for m in range(pq.M):
+        clus = faiss.Clustering(pq.dsub, pq.ksub, pq.cp)
+        clus.train(np.ascontiguousarray(residuals[:, m * pq.dsub:(m + 1) * pq.dsub]),
+                   faiss.IndexFlatL2(pq.dsub))
+        trained[m] = faiss.vector_to_array(clus.centroids).reshape(pq.ksub, pq.dsub)
+        step(1)
+    faiss.copy_array_to_vector(trained.ravel(), pq.centroids)
+    pq.sync_transposed_centroids()
+    index.is_trained = True
+    index.precompute_table()
 
 
 def encode(train_folder: str, source: str, folder: str, rows: int, dim: int,
@@ -351,7 +416,7 @@ def _train_or_keep(previous: dict[str, Any] | None, base: str, shards: dict[str,
     import numpy as np
 
     from pipeline.lookup.index.ivf_shards import ShardVectors
-    from pipeline.lookup.index.progress import phase
+    from pipeline.lookup.index.progress import rows_bar, steps_bar
 
     codes = codes_for(rows, dim)
     if previous is not None and previous.get("codes") == codes and previous.get("dim") == dim \
@@ -366,9 +431,12 @@ def _train_or_keep(previous: dict[str, Any] | None, base: str, shards: dict[str,
     made.append(folder)
     vectors = ShardVectors([f"{base}/{s['folder']}/{VECTORS_FILE}" for s in shards.values()],
                            [s["rows"] for s in shards.values()], dim)
-    with phase(f"index: train {lists} lists of {codes} codes on {take:,} of {rows:,} rows",
-               show_progress):
-        train(f"{base}/{folder}", sample_rows(vectors, rows, take, np.random.default_rng(0)),
-              lists, codes)
+    with rows_bar(take, show_progress) as bar:
+        bar.set_description("index: read the training sample", refresh=False)
+        sample = sample_rows(vectors, rows, take, np.random.default_rng(0), bar.update)
+    with steps_bar(train_steps(codes, dim), show_progress,
+                   f"index: train {lists} lists of {codes} codes on {take:,} of {rows:,} rows"
+                   ) as bar:
+        train(f"{base}/{folder}", sample, lists, codes, bar.update)
     return {"format": SHARDS_FORMAT, "train": folder, "lists": lists, "codes": codes,
             "trained_rows": rows, "dim": dim, "train_sample": take}

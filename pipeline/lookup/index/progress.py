@@ -25,6 +25,16 @@ def rows_bar(total: int, enabled: bool) -> Any:
                 file=sys.stderr, delay=1.0)
 
 
+def steps_bar(total: int, enabled: bool, description: str) -> Any:
+    """A bar of a phase's steps (k-means rounds, ...) with its rate and time left."""
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    return tqdm(total=total, unit="step", desc=description, disable=not enabled,
+                mininterval=0.5 if tty else 30.0, dynamic_ncols=True, file=sys.stderr,
+                delay=1.0)
+
+
 @contextmanager
 def phase(description: str, enabled: bool) -> Iterator[None]:
     """``description`` with a spinner and its elapsed time, redrawn until the block ends;

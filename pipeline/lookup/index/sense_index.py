@@ -157,9 +157,7 @@ class SenseIndex:
         if self._ivf is None:
             from pipeline.lookup.index.vectors import vectors_from_dataset
 
-            held, rebuild = self.meta.ivf, (
-                f"`elmo index build {self.meta.dataset} --mix {self.meta.mix_name} --out "
-                f"{self.uri}`")
+            held, rebuild = self.meta.ivf, self._rebuild()
             if is_sharded(held):
                 fs, root = open_fs(self.uri, self.storage_options)
                 self._ivf = ShardedIvf.load(fs, root, held, rebuild)
@@ -178,11 +176,20 @@ class SenseIndex:
                                     f"({error}); {rebuild}") from error
         return self._ivf
 
+    def _rebuild(self) -> str:
+        return f"`elmo index build {self.meta.dataset} --mix {self.meta.mix_name} --out " \
+            f"{self.uri}`"
+
+    def search_with(self, ivf: Any) -> None:
+        """Answer this compact index's searches with ``ivf`` (``ivf_ray.RayIvf``: Ray
+        actors holding its shards) instead of opening its IVF here."""
+        self._ivf = ivf
+
     def _compact_positions(self, where: str) -> np.ndarray:
         """Positions in the compact IVF of the rows that pass ``where``."""
         # One small column: an empty selection would read them all.
         ivf = self._compact_ivf()
-        if isinstance(ivf, ShardedIvf):
+        if is_sharded(self.meta.ivf):
             keys = (self.table.search().where(where).select(["part", "shard", "row"])
                     .limit(max(1, self.meta.rows)).to_arrow())
             return ivf.positions_of_keys(keys)
@@ -411,7 +418,7 @@ class SenseIndex:
         import pyarrow as pa
 
         held = self._compact_ivf()
-        if isinstance(held, ShardedIvf):
+        if is_sharded(self.meta.ivf):
             keys = [c for c in ("part", "shard", "row") if c not in columns]
             rows = (self.table.search().where(where).select([*columns, *keys])
                     .limit(limit).to_arrow())
@@ -420,8 +427,17 @@ class SenseIndex:
         else:
             rows = (self.table.search().where(where).select(list(columns))
                     .with_row_id(True).limit(limit).to_arrow())
-            vectors = held.vectors[held.positions_of(rows.column("_rowid").to_numpy())]
+            try:
+                vectors = held.vectors[held.positions_of(rows.column("_rowid").to_numpy())]
+            except ValueError as error:
+                raise ElmoUserError(f"{self.uri}: {error}; {self._rebuild()} makes it "
+                                    "again") from error
             rows = rows.drop_columns(["_rowid"])
+        if len(vectors) != rows.num_rows:
+            # Rows and vectors pair by place: a count that differs pairs them wrongly.
+            raise ElmoUserError(f"{self.uri}: {rows.num_rows} rows but {len(vectors)} vectors "
+                                f"from its IVF (the IVF is stale); {self._rebuild()} makes "
+                                "it again")
         return rows.append_column(
             "vector", pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)),
                                                         held.dim))

@@ -43,6 +43,10 @@ word) is listed once. Each result shows its document's fields (--fields picks wh
   FIELD=A|B (any of)   FIELD~TEXT (contains, any case)
 FIELD is doc_id, source, line or a field of the documents' metadata (JSON Lines fields).
 
+--ray-address spreads a compact index's shards over Ray actors (one per node, or
+--ray-actors N), each holding only its shards; the hits are those of one process
+(docs/index_sizing.md: how to size a cluster).
+
 examples:
   elmo senses search "He plays the guitar in a band" --word plays --index data/ds-top.lance
   elmo senses search "She sat on the bank of the river" --word bank -k 20
@@ -50,6 +54,7 @@ examples:
   elmo senses search "The play was a success" --word play --same-form --exact
   elmo senses search "The Union must be preserved" --word Union --where year=1850..1870
   elmo senses search "The Union must be preserved" --word Union --where "president~lincoln"
+  elmo senses search "She sat on the bank" --word bank --index s3://b/ix --ray-address auto
 """
 
 SENSES_CLUSTER_EPILOG = """\
@@ -121,6 +126,12 @@ def register_senses(subparsers: Any, add: Callable[..., Any],
                    "(default: every metadata field; doc_id is always shown)")
     _index_args(s)
     s.add_argument("--model", metavar="DIR", help="model directory (default: the dataset's)")
+    s.add_argument("--ray-address", metavar="ADDR",
+                   help="search on Ray actors that each hold some of the index's shards: "
+                        "auto (the running cluster), HOST:PORT, or local (a Ray started here)")
+    s.add_argument("--ray-actors", type=int, metavar="N",
+                   help="with --ray-address: actors to spread the shards over (default: one "
+                        "per node)")
     s.set_defaults(handler=run_senses_search, setting_flag=search_flag)
     c = add(sv, "cluster", "group the occurrences of a word into senses, and map them",
              SENSES_CLUSTER_EPILOG)
@@ -182,9 +193,19 @@ def _highlight() -> tuple[str, str]:
 
 
 def run_senses_search(args: argparse.Namespace) -> int:
+    from elmo_model.errors import ElmoUserError
+    from pipeline.lookup.index.sense_index import SenseIndex
     from pipeline.lookup.senses.search import search_senses
 
-    hits = search_senses(_need_index(args), args.sentence, args.word, k=args.k,
+    index: str | SenseIndex = _need_index(args)
+    if args.ray_actors is not None and not args.ray_address:
+        raise ElmoUserError("--ray-actors needs --ray-address (auto, HOST:PORT or local)")
+    if args.ray_address:
+        from pipeline.lookup.index.ivf_ray import scatter
+
+        index = SenseIndex(str(index))
+        scatter(index, args.ray_address, args.ray_actors)
+    hits = search_senses(index, args.sentence, args.word, k=args.k,
                          match=args.match, occurrence=args.occurrence,
                          model_dir=args.model, exact=args.exact, filters=_where(args.where))
     left, right = _highlight()
