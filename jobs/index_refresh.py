@@ -31,6 +31,7 @@ from pipeline.lookup.index.build import build_index, finish_index
 # shard owns, and how LanceDB is opened.
 from pipeline.lookup.index.meta import LAYOUT, STEMMER, TABLE, lance_options, read_meta
 from pipeline.lookup.index.rows import BuildSummary, IndexTables, documents_of, shard_filter
+from pipeline.lookup.index.shard_work import ShardRunner
 from pipeline.lookup.index.words import read_selected
 from schemas.dataset import (
     Dataset,
@@ -90,7 +91,7 @@ def refresh_indexes(spec: JobSpec, fs: Any, root: str, live: set[str]) -> dict[s
             refresh_index(spec.output, mix=mix, index_uri=spec.index_uri(mix),
                           add_files=add_files, remove_doc_ids=remove_ids,
                           storage_options=spec.storage_options or None,
-                          compact=spec.index_compact)
+                          compact=spec.index_compact, ray_address=spec.ray_address)
         except Exception as error:  # one mix failing must not hide the others' results
             results[mix] = f"failed: {type(error).__name__}: {error}"[:500]
             continue
@@ -119,7 +120,8 @@ def _named_files(ds: Dataset, live: Sequence[ShardFile], names: Sequence[str]
 
 def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence[str] = (),
                   remove_doc_ids: Sequence[str] = (), storage_options: dict | None = None,
-                  compact: bool | None = None) -> BuildSummary:
+                  compact: bool | None = None, ray_address: str | None = None
+                  ) -> BuildSummary:
     """Apply a delta to the sense index at ``index_uri``: delete the rows of
     ``remove_doc_ids``, add the rows of the token files ``add_files`` (live files of the
     dataset, as paths or URIs) and nothing else, then update the indexes and metadata.
@@ -127,7 +129,27 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
     An index that does not exist yet, was built without word stems or document fields
     or in an older layout, or holds another mix or is not of the kind ``compact`` asks
     (True, False; None: either) goes to ``build_index`` (which builds it in full, or says
-    to rebuild). The index keeps the words it was created with."""
+    to rebuild). The index keeps the words it was created with.
+
+    ``ray_address`` (a job's ``[ray] address``): a compact index's per-shard work (the new
+    files' vectors, the shards' codes) runs as Ray tasks on that cluster
+    (``ray_work.ShardTasks``), giving the index a local refresh gives."""
+    if ray_address:
+        from pipeline.lookup.index.ray_work import ShardTasks
+
+        tasks = ShardTasks(ray_address)
+        try:
+            return _refresh_index(dataset, mix, index_uri, add_files, remove_doc_ids,
+                                  storage_options, compact, tasks)
+        finally:
+            tasks.close()
+    return _refresh_index(dataset, mix, index_uri, add_files, remove_doc_ids,
+                          storage_options, compact, None)
+
+
+def _refresh_index(dataset: str, mix: str, index_uri: str, add_files: Sequence[str],
+                   remove_doc_ids: Sequence[str], storage_options: dict | None,
+                   compact: bool | None, tasks: ShardRunner | None) -> BuildSummary:
     os.environ.setdefault("LANCEDB_LOG", "error")  # as build_index: no k-means warnings
     import lancedb
 
@@ -140,7 +162,7 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
             or (compact is not None and meta.compact != compact)
             or TABLE not in db.list_tables().tables):
         return build_index(dataset, mix, index_uri, storage_options=storage_options,
-                           compact=compact)
+                           compact=compact, shard_runner=tasks)
     live = ds.shard_files("tokens")
     adding = _named_files(ds, live, add_files)
     tables = IndexTables(db)
@@ -168,4 +190,5 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
                         selected, summary)
         if file.key not in meta.indexed:
             meta.indexed.append(file.key)
-    return finish_index(tables, meta, summary, index_uri, storage_options)
+    return finish_index(tables, meta, summary, index_uri, storage_options,
+                        shard_runner=tasks)

@@ -4,8 +4,10 @@ training tests, and a dataset comparison."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -192,3 +194,28 @@ def uncommit_shard_1(dataset: Path) -> tuple[Path, bytes]:
     kept = record.read_bytes()
     record.unlink()
     return record, kept
+
+
+@contextlib.contextmanager
+def local_ray_cluster(factory: pytest.TempPathFactory, head_cpus: int = 1,
+                      worker_cpus: int = 1) -> Iterator[str]:
+    """A two-node Ray cluster on this machine (``ray.cluster_utils.Cluster``: a head and one
+    worker node, each its own raylet); yields its address. This process does not join
+    it (``ray.init(address=...)`` does; leave with ``ray.shutdown`` before the end)."""
+    import os
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from ray.cluster_utils import Cluster
+
+    # A short temp dir: Ray's socket paths must stay under the 107-byte AF_UNIX limit.
+    temp = factory.mktemp("rc")
+    (temp / "ray").mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", str(temp))
+        made = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus})
+        try:
+            made.add_node(num_cpus=worker_cpus)
+            made.wait_for_nodes()
+            yield made.address
+        finally:
+            made.shutdown()

@@ -46,6 +46,18 @@ def served_data(factory: pytest.TempPathFactory) -> Served:
     return data
 
 
+def served_compact_index(factory: pytest.TempPathFactory) -> Path:
+    """``served_data``'s dataset in a compact index (in shards, one a dataset file): built
+    by the first test that asks, reused by the others of the session."""
+    from pipeline.lookup.index.build import build_index
+
+    data = served_data(factory)
+    out = data.index.parent / "compact.lance"
+    if not (out / "_elmo_index.json").exists():
+        build_index(str(data.dataset), "top", str(out), compact=True)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

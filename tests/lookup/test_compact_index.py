@@ -332,11 +332,10 @@ def test_served_compact_index(tmp_path_factory: pytest.TempPathFactory, tmp_path
     """Over HTTP a compact index of the bundled model answers a word's senses as the flat
     (exact) index of the same dataset does, and searches without a word too."""
     import httpx
-    from serve_helpers import Served, running_server, served_data
+    from serve_helpers import Served, running_server, served_compact_index, served_data
 
     data = served_data(tmp_path_factory)
-    compact = tmp_path / "compact.lance"
-    build_index(str(data.dataset), "top", str(compact), compact=True)
+    compact = served_compact_index(tmp_path_factory)
     ask = {"sentence": "Will you play upon this pipe ?", "word": "play", "k": 5}
     answers = []
     for index in (data.index, compact):

@@ -57,7 +57,7 @@ from schemas.dataset import Dataset, open_dataset, open_fs
 from schemas.mix_specs import Mix
 
 if TYPE_CHECKING:
-    pass
+    from pipeline.lookup.index.shard_work import ShardRunner
 
 
 def _write_meta(out: str, meta: IndexMeta, storage_options: dict | None = None) -> None:
@@ -141,13 +141,14 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                 storage_options: dict | None = None,
                 progress: Callable[[str], None] | None = None,
                 words: WordSelection | None = None, show_progress: bool = False,
-                vector_dtype: str = VECTOR_DTYPE, compact: bool | None = None
-                ) -> BuildSummary:
+                vector_dtype: str = VECTOR_DTYPE, compact: bool | None = None,
+                shard_runner: ShardRunner | None = None) -> BuildSummary:
     """Create or extend the index at ``out`` with the dataset's committed shard files.
     ``words``: which words a new index holds (an existing one keeps its own selection);
     ``show_progress``: bars and phase lines on stderr; ``compact``: the index keeps no
     vectors (``index_vectors``) or keeps them (False: LanceDB's HNSW, tunable with ``kind``
-    and ``search``); None: as the index at ``out`` was made, or compact for a new one."""
+    and ``search``); None: as the index at ``out`` was made, or compact for a new one.
+    ``shard_runner``: what runs a compact index's per-shard work (``build_shards``)."""
     # LanceDB logs k-means "empty cluster" warnings to stderr unless told otherwise.
     os.environ.setdefault("LANCEDB_LOG", "error")
     import lancedb
@@ -233,7 +234,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
         raise ElmoUserError(f"{dataset} has no committed token rows to index"
                             + ("" if selected is None else f" of {meta.selection().describe()}"))
     return finish_index(tables, meta, summary, out, storage_options, show_progress,
-                        fresh=created)
+                        fresh=created, shard_runner=shard_runner)
 
 
 def _scalar_indexes(table: Any, columns: tuple[str, ...]) -> None:
@@ -257,10 +258,11 @@ def _optimize(table: Any, drop_old_versions: bool) -> None:
 
 def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, out: str,
                  storage_options: dict | None = None, show_progress: bool = False,
-                 fresh: bool = False) -> BuildSummary:
+                 fresh: bool = False, shard_runner: ShardRunner | None = None
+                 ) -> BuildSummary:
     """After rows were added or deleted: scalar and vector indexes, word counts, search
     parameters and the metadata (``meta.indexed`` already says what the table holds).
-    ``fresh``: the index was created by this build."""
+    ``fresh``: the index was created by this build; ``shard_runner``: ``build_shards``'."""
     t0 = time.perf_counter()
     table = tables.tokens
     meta.rows = table.count_rows()
@@ -300,7 +302,8 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
         if not shards_current(fs, root, meta.ivf, meta.indexed):
             ds = open_dataset(meta.dataset, storage_options)
             meta.ivf = summary.ivf = build_shards(
-                table, fs, root, meta, ds, dict(ds.shard_files("tokens")), show_progress)
+                table, fs, root, meta, ds, dict(ds.shard_files("tokens")), show_progress,
+                shard_runner)
         meta.ivf["table_version"] = table.version
     elif not (current(meta.ivf, table.version) and present(fs, root, meta.ivf)):
         # The table changed (or never had one): the in-memory IVF follows it.

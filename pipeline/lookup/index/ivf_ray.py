@@ -23,13 +23,13 @@ gathered hits are one process's, or nearer ones.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.ivf_search import CANDIDATES_PER_RESULT, EXACT_FILTER_ROWS
 from pipeline.lookup.index.ivf_shards import SHARD_CANDIDATES_PER_RESULT, ShardedIvf, is_sharded
+from pipeline.lookup.index.ray_work import connect
 
 if TYPE_CHECKING:
     import numpy as np
@@ -179,6 +179,17 @@ class ShardSearcher:
             which.append(np.full(len(local), i, np.int64))
         return self._answer(columns, *(np.concatenate(x) for x in (found, sims, which)))
 
+    def vectors_at(self, whole: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which of the whole-index positions ``whole`` this actor holds (a mask), and
+        their vectors in that order (``RayVectors``)."""
+        import numpy as np
+
+        whole = np.asarray(whole, np.int64)
+        s = np.maximum(np.searchsorted(self.starts, whole, side="right") - 1, 0)
+        offset = whole - self.starts[s]
+        held = (offset >= 0) & (offset < np.diff(self.local)[s])
+        return held, self.ivf.vectors[self.local[s[held]] + offset[held]]
+
     def _answer(self, columns: Sequence[str], local: np.ndarray, sims: np.ndarray,
                 which: np.ndarray) -> pa.Table:
         """``columns`` of the rows at ``local`` positions, with their whole-index position,
@@ -288,15 +299,54 @@ class RayIvf:
         self.actors = []
 
     @property
-    def vectors(self) -> Any:
-        raise ElmoUserError("this search runs on Ray actors, which hold the index's vectors; "
-                            "run it without --ray-address")
+    def vectors(self) -> RayVectors:
+        """The rows' vectors by position, read by the actors that hold them: what a word's
+        occurrences (the server's exact search, a sense map) take."""
+        return RayVectors(self.actors, self.rows, self.dim)
+
+
+class RayVectors:
+    """``ShardedIvf.vectors`` of an index held by ``ShardSearcher`` actors: indexing by
+    whole-index positions asks every actor for the ones it holds."""
+
+    def __init__(self, actors: Sequence[Any], rows: int, dim: int) -> None:
+        self.actors, self.shape = list(actors), (rows, dim)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, where: Any) -> np.ndarray:
+        import numpy as np
+        import ray
+
+        positions = np.asarray(where, np.int64).reshape(-1)
+        wanted = ray.put(positions)
+        parts = ray.get([a.vectors_at.remote(wanted) for a in self.actors])
+        out = np.empty((len(positions), self.shape[1]), parts[0][1].dtype)
+        found = np.zeros(len(positions), bool)
+        for held, vectors in parts:
+            out[held] = vectors
+            found |= held
+        if not found.all():
+            raise ElmoUserError(f"index position {int(positions[~found][0])} is in no "
+                                f"actor's shards (of {len(self)} rows)")
+        return out
 
 
 def scatter(index: SenseIndex, address: str, actors: int | None = None) -> RayIvf:
     """Search ``index`` (a compact index in shards) with ``actors`` Ray actors on the
     cluster at ``address`` (``local``: a Ray started here; ``auto``: the running one),
     one per alive node with a CPU by default; the index answers through them from now on."""
+    ivf = start_searchers(index, address, actors)
+    index.search_with(ivf)
+    return ivf
+
+
+def start_searchers(index: SenseIndex, address: str, actors: int | None = None) -> RayIvf:
+    """``scatter``'s actors, started and ready, without giving them to ``index``: the
+    returned ``RayIvf`` may be sent to other processes (``elmo serve``'s Ray Serve
+    replicas), each giving it to its own ``SenseIndex`` of the same index
+    (``search_with``); only the process that started them ends them (``close``)."""
     import ray
 
     if actors is not None and actors < 1:
@@ -308,7 +358,7 @@ def scatter(index: SenseIndex, address: str, actors: int | None = None) -> RayIv
         raise ElmoUserError(f"{index.uri} is not a compact index in shards, which Ray "
                             f"actors search; {rebuild} makes one (add --rebuild for a "
                             "--full index)")
-    _connect(address)
+    connect(address)
     if actors is None:
         actors = max(1, sum(1 for n in ray.nodes()
                             if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0))
@@ -330,9 +380,7 @@ def scatter(index: SenseIndex, address: str, actors: int | None = None) -> RayIv
             for actor in started:
                 ray.kill(actor)
             raise ElmoUserError(columns)
-    ivf = RayIvf(started, ready[0][1], record, [node for node, _ in ready])
-    index.search_with(ivf)
-    return ivf
+    return RayIvf(started, ready[0][1], record, [node for node, _ in ready])
 
 
 def _best(parts: Sequence[Sequence[np.ndarray]], n: int, larger: bool = False
@@ -344,24 +392,3 @@ def _best(parts: Sequence[Sequence[np.ndarray]], n: int, larger: bool = False
     score = np.concatenate([p[0] for p in parts]).astype(np.float64)
     found = np.concatenate([p[1] for p in parts])
     return found[np.lexsort((found, -score if larger else score))[:n]]
-
-
-def _connect(address: str) -> None:
-    """``ray.init`` quietly: ``local`` starts a Ray in this process, else joins
-    ``address``."""
-    import logging
-
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
-    if address == "local":
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60: token auth by default
-        ray.init(logging_level=logging.WARNING, log_to_driver=False, include_dashboard=False)
-        return
-    try:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as error:
-        raise ElmoUserError(f"no Ray cluster at {address} ({error}); start one (`ray start "
-                            "--head`) or pass --ray-address local") from None

@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
@@ -37,20 +38,14 @@ from pipeline.lookup.index.ivf_build import (
 )
 from pipeline.lookup.index.ivf_search import (
     IVF_DIR,
-    READ_BATCH_ROWS,
-    SKETCH_BITS,
     Sketch,
 )
 from pipeline.lookup.index.ivf_shards import (
     CODE_BYTES,
-    CODES_FILE,
-    LISTS_FILE,
     MEMORY_BYTES_PER_ROW,
     PLANES_FILE,
-    ROWS_FILE,
     SHARD_FILES,
     SHARDS_FORMAT,
-    SKETCH_FILE,
     TRAIN_FILE,
     TRAIN_FILES,
     VECTORS_FILE,
@@ -60,11 +55,17 @@ from pipeline.lookup.index.ivf_shards import (
     local_fs,
     shard_missing,
 )
+from pipeline.lookup.index.shard_work import (
+    ShardJob,
+    ShardRunner,
+    encode,
+    new_shard,
+    run_here,
+)
 from pipeline.lookup.layers.vectors import unit_vectors
 
 if TYPE_CHECKING:
     import numpy as np
-    import pyarrow as pa
 
     from pipeline.lookup.index.meta import IndexMeta
     from schemas.dataset import Dataset
@@ -74,9 +75,6 @@ TRAIN_ROWS_PER_LIST = 48
 TRAIN_MAX_ROWS = 131_072
 # ... and so the lists' bound: a list trains on at least 32 rows.
 MAX_LISTS = TRAIN_MAX_ROWS // 32
-# Rows encoded at a time: faiss's product quantizer computes a table of rows x 256 x
-# sub-quantizers floats (4.3 GB for 65,536 rows of 64 bytes).
-ENCODE_BATCH_ROWS = 4_096
 SAMPLE_BLOCK_ROWS = 8_192
 # What a build's process holds besides the training sample and the codes it measures
 # probes with (the interpreter, torch, LanceDB, a batch being mixed).
@@ -138,52 +136,6 @@ def check_fits(rows: int, new_rows: int, dim: int, itemsize: int, work: str) -> 
     if disk > room:
         raise ElmoUserError(f"the index's new vectors need {disk / 2**30:.1f} GiB on disk "
                             f"under {work}; {room / 2**30:.1f} GiB are free")
-
-
-def write_shard(folder: str, ds: Dataset, mix: Any, path: str, rows: pa.Table, dtype: str,
-                on_rows: Callable[[int], Any]) -> None:
-    """A shard's ``rows.arrow`` and ``vectors.npy``: ``rows`` (one tokens file's index rows,
-    sorted by ``row``) and their vectors mixed on read from ``path``, a batch at a time."""
-    import numpy as np
-    import pyarrow as pa
-
-    from pipeline.lookup.layers.mixes import iter_mixed
-    from schemas.layers import cast_floats
-
-    os.makedirs(folder, exist_ok=True)
-    with pa.OSFile(f"{folder}/{ROWS_FILE}", "wb") as sink, \
-            pa.ipc.new_file(sink, rows.schema) as writer:
-        writer.write_table(rows, max_chunksize=READ_BATCH_ROWS)
-    wanted = rows.column("row").to_numpy()
-    dim = ds.descriptor.dim
-    with open(f"{folder}/{VECTORS_FILE}", "wb") as handle:
-        np.lib.format.write_array_header_1_0(handle, {
-            "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
-            "shape": (len(wanted), dim)})
-        start = written = 0
-        for _, vec in iter_mixed(ds, mix, columns=(), files=[path]):
-            end = start + len(vec)
-            lo, hi = np.searchsorted(wanted, [start, end])
-            if hi > lo:
-                picked = wanted[lo:hi] - start
-                block = vec[picked[0]:picked[-1] + 1] if picked[-1] - picked[0] == hi - lo - 1 \
-                    else vec[picked]
-                handle.write(cast_floats(block, dtype).tobytes())
-                written += hi - lo
-                on_rows(hi - lo)
-            start = end
-    if written != len(wanted):
-        raise ElmoUserError(f"{path} holds {start} rows; the index's rows of it point past "
-                            "them: rebuild the index with --rebuild")
-
-
-def shard_rows(table: Any, key: str) -> pa.Table:
-    """The LanceDB rows of one dataset file (``key``), sorted by ``row``."""
-    from pipeline.lookup.index.rows import shard_filter
-
-    found = table.search().where(shard_filter(key)).limit(max(1, table.count_rows())) \
-        .to_arrow()
-    return found.sort_by("row").combine_chunks()
 
 
 def sample_rows(vectors: Any, rows: int, take: int, rng: np.random.Generator,
@@ -283,52 +235,14 @@ def _train_product_codes(index: Any, sample: np.ndarray, centroids: np.ndarray,
     index.precompute_table()
 
 
-def encode(train_folder: str, source: str, folder: str, rows: int, dim: int,
-           on_rows: Callable[[int], Any]) -> None:
-    """A shard's codes, lists and sketches in ``folder``, from the vectors in ``source``
-    (another folder of the same shard), whose vectors and rows are linked in."""
-    import faiss
-    import numpy as np
-
-    from pipeline.lookup.index.ivf_shards import ShardVectors
-
-    index = faiss.read_index(f"{train_folder}/{TRAIN_FILE}")
-    with np.load(f"{train_folder}/{PLANES_FILE}") as stored:
-        planes, mean = stored["planes"], stored["mean"]
-    os.makedirs(folder, exist_ok=True)
-    if source != folder:
-        for name in (VECTORS_FILE, ROWS_FILE):
-            _link(f"{source}/{name}", f"{folder}/{name}")
-    vectors = ShardVectors([f"{folder}/{VECTORS_FILE}"], [rows], dim)
-    coarse = index.coarse_code_size()
-    codes = np.empty((rows, index.code_size), np.uint8)
-    lists = np.empty(rows, np.int32)
-    sketch = np.empty((rows, SKETCH_BITS // 8), np.uint8)
-    for start in range(0, rows, ENCODE_BATCH_ROWS):
-        unit = unit_vectors(vectors.read(start, start + ENCODE_BATCH_ROWS))
-        both = index.sa_encode(unit)
-        stop = start + len(unit)
-        lists[start:stop] = sum(both[:, i].astype(np.int32) << (8 * i) for i in range(coarse))
-        codes[start:stop] = both[:, coarse:]
-        sketch[start:stop] = Sketch.encode(unit, planes, mean)
-        on_rows(len(unit))
-    np.save(f"{folder}/{CODES_FILE}", codes)
-    np.save(f"{folder}/{LISTS_FILE}", lists)
-    np.save(f"{folder}/{SKETCH_FILE}", sketch)
-
-
-def _link(source: str, target: str) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
-
-
 def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
-                 files: dict[str, str], show_progress: bool = False) -> dict[str, Any]:
+                 files: dict[str, str], show_progress: bool = False,
+                 run: ShardRunner | None = None) -> dict[str, Any]:
     """Bring the sharded IVF of ``meta`` (a compact index) to the files ``meta.indexed``
     names (``files``: key -> the dataset's path); returns what ``IndexMeta.ivf`` records.
-    The caller commits it by writing the metadata, then calls ``drop_other_folders``."""
+    The caller commits it by writing the metadata, then calls ``drop_other_folders``.
+    ``run``: what runs the per-shard work (``shard_work``; ``ray_work.ShardTasks``: Ray
+    tasks), for an index on local storage; by default this process does."""
     import numpy as np
 
     from pipeline.lookup.index.progress import rows_bar
@@ -352,28 +266,35 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
         check_fits(rows, sum(new_rows.values()), meta.dim,
                    np.dtype(meta.vector_dtype).itemsize, base)
         shards: dict[str, dict[str, Any]] = {}
+        here = run is None or not local  # an object store's goes through a local folder
+        jobs: list[ShardJob] = []
+        for key in new:
+            folder = f"s-{uuid.uuid4().hex[:12]}"
+            made.append(folder)
+            # A Ray task opens the table itself (the table object does not travel).
+            jobs.append((new_rows[key], partial(
+                new_shard, table if here else root, key, f"{base}/{folder}", ds,
+                meta.the_mix(), files[key], meta.vector_dtype)))
+            shards[key] = {"folder": folder, "rows": new_rows[key], "train": None}
         with rows_bar(sum(new_rows.values()), show_progress) as bar:
             bar.set_description("index: shards: mix + write vectors", refresh=False)
-            for key in new:
-                folder = f"s-{uuid.uuid4().hex[:12]}"
-                made.append(folder)
-                found = shard_rows(table, key)
-                write_shard(f"{base}/{folder}", ds, meta.the_mix(), files[key], found,
-                            meta.vector_dtype, bar.update)
-                shards[key] = {"folder": folder, "rows": found.num_rows, "train": None}
+            (run_here if here else run)(jobs, bar.update)
         shards |= kept
         shards = {key: shards[key] for key in meta.indexed}
         record = _train_or_keep(previous, base, shards, rows, meta.dim, show_progress, made)
         stale = [key for key, s in shards.items() if s.get("train") != record["train"]]
+        jobs = []
+        for key in stale:
+            folder = f"s-{uuid.uuid4().hex[:12]}"
+            made.append(folder)
+            jobs.append((shards[key]["rows"], partial(
+                encode, f"{base}/{record['train']}", f"{base}/{shards[key]['folder']}",
+                f"{base}/{folder}", shards[key]["rows"], meta.dim)))
+            shards[key] = {"folder": folder, "rows": shards[key]["rows"],
+                           "train": record["train"]}
         with rows_bar(sum(shards[k]["rows"] for k in stale), show_progress) as bar:
             bar.set_description(f"index: {record['codes']} codes", refresh=False)
-            for key in stale:
-                folder = f"s-{uuid.uuid4().hex[:12]}"
-                made.append(folder)
-                encode(f"{base}/{record['train']}", f"{base}/{shards[key]['folder']}",
-                       f"{base}/{folder}", shards[key]["rows"], meta.dim, bar.update)
-                shards[key] = {"folder": folder, "rows": shards[key]["rows"],
-                               "train": record["train"]}
+            (run_here if here else run)(jobs, bar.update)
         record["shards"] = shards
         record["rows"] = rows
         ivf = ShardedIvf.from_folders(base, {**record, "nprobe": 1}, "`elmo index build`")

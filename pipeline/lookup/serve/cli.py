@@ -33,6 +33,8 @@ examples:
   elmo serve data/ds --index data/ds-top.lance --host 0.0.0.0 --token "$(openssl rand -hex 16)"
   elmo serve data/ds --index data/ds-top.lance --ray-address auto --replicas 4 --host 0.0.0.0 \\
       --token "$ELMO_SERVE_TOKEN"                      # on Ray Serve, 4 copies
+  elmo serve data/ds --index data/ds-top.lance --ray-address auto --replicas 2 \\
+      --shard-actors auto     # a compact index's shards held by actors, one a node
   curl -s localhost:8000/senses/search -H 'content-type: application/json' \\
       -d '{"sentence": "He plays the guitar in a band", "word": "plays", "k": 5}'
 """
@@ -69,6 +71,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--replicas", type=int, default=1,
                    help="with --ray-address: copies of the server, each with its own model "
                         "(default 1)")
+    p.add_argument("--shard-actors", metavar="N|auto",
+                   help="with --ray-address: search each index (compact, in shards) with N "
+                        "Ray actors that each hold some of its shards (auto: one per node "
+                        "with a CPU), shared by the replicas, which then open no shard; the "
+                        "hits are one process's (docs/index_sizing.md)")
     p.add_argument("--sql-timeout", type=float, default=SQL_TIMEOUT_S, metavar="SECONDS",
                    help=f"stop a /sql query after this long (default {SQL_TIMEOUT_S:g})")
     p.add_argument("--no-verify", action="store_true",
@@ -96,6 +103,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ElmoUserError("--sql-timeout must be more than 0 seconds")
     if args.replicas < 1:
         raise ElmoUserError(f"--replicas must be at least 1, not {args.replicas}")
+    shard_actors(args)  # checked before the dataset is read
     if not args.no_verify:
         from schemas.verify import require_intact
 
@@ -127,8 +135,31 @@ def _run_on_ray(args: argparse.Namespace) -> int:
                for name, uri in map(index_name, args.index)]
     dataset = args.dataset if "://" in args.dataset else os.path.abspath(args.dataset)
     settings = ReplicaSettings(dataset, indexes, args.model, args.sql_timeout, args.token)
-    deploy(settings, args.ray_address, args.replicas, args.host, args.port)
-    print(f"serving {args.dataset} on Ray Serve ({args.replicas} replica(s)) at "
+    scatter, actors = shard_actors(args)
+    searchers = deploy(settings, args.ray_address, args.replicas, args.host, args.port,
+                       shard_actors=actors, scatter=scatter)
+    held = "".join(f", index {name}: {len(ivf.actors)} shard actor(s) on "
+                   f"{len(set(ivf.nodes))} node(s)"
+                   for name, ivf in settings.searchers.items())
+    print(f"serving {args.dataset} on Ray Serve ({args.replicas} replica(s){held}) at "
           f"http://{args.host}:{args.port}/  (Ctrl-C stops)", file=sys.stderr, flush=True)
-    wait_until_interrupted()
+    wait_until_interrupted(searchers)
     return 0
+
+
+def shard_actors(args: argparse.Namespace) -> tuple[bool, int | None]:
+    """``--shard-actors``: whether to scatter, and to how many actors (None: one per
+    node)."""
+    from elmo_model.errors import ElmoUserError
+
+    value = args.shard_actors
+    if value is None:
+        return False, None
+    if not args.ray_address:
+        raise ElmoUserError("--shard-actors needs --ray-address (auto, HOST:PORT or local)")
+    if value == "auto":
+        return True, None
+    if not value.isdigit() or int(value) < 1:
+        raise ElmoUserError(f"--shard-actors must be auto or a number of at least 1, not "
+                            f"{value!r}")
+    return True, int(value)

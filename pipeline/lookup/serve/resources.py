@@ -47,7 +47,11 @@ class ServedStore:
 
     @classmethod
     def open(cls, dataset: str, index_specs: list[str], model_dir: str | None = None,
-             sql_timeout_s: float = SQL_TIMEOUT_S) -> ServedStore:
+             sql_timeout_s: float = SQL_TIMEOUT_S,
+             searchers: dict[str, Any] | None = None) -> ServedStore:
+        """``searchers``: index name -> the Ray actors that hold that index's shards
+        (``ivf_ray.start_searchers``, ``elmo serve --shard-actors``): its searches go
+        to them, and this process opens none of its shards."""
         import elmo_model
 
         ds = open_dataset(dataset)
@@ -62,6 +66,8 @@ class ServedStore:
             if ix.meta.model_fingerprint != ds.descriptor.model_fingerprint:
                 raise ElmoUserError(f"{uri} indexes a dataset of another model than "
                                     f"{dataset}; serve it with its own dataset")
+            if searchers and name in searchers:
+                ix.search_with(searchers[name])
             ix.hold_sentences()  # results then take their sentence texts from memory
             ix.ivf()  # loaded now, not on the first search without a word
             indexes[name] = ix
@@ -120,7 +126,8 @@ class ServedStore:
                          "mix_weights": ix.mix.weights, "rows": ix.meta.rows,
                          "words": _vocabulary_size(ix), "vector_index": ix.meta.built,
                          # What answers searches without a word (None: LanceDB).
-                         "in_memory_ivf": ix.meta.ivf if ix.ivf() is not None else None}
+                         "in_memory_ivf": ix.meta.ivf if ix.ivf() is not None else None,
+                         **_shard_actors(ix)}
                         for name, ix in self.indexes.items()],
         }
 
@@ -164,3 +171,13 @@ def _text(value: Any) -> str:
 def _vocabulary_size(ix: SenseIndex) -> int | None:
     counts = ix._word_counts()
     return None if counts is None else counts.num_rows
+
+
+def _shard_actors(ix: SenseIndex) -> dict[str, Any]:
+    """``shard_actors`` (their count and the nodes they run on) for an index whose
+    searches go to Ray actors (``--shard-actors``); nothing for one searched here."""
+    held = ix.ivf()
+    nodes = getattr(held, "nodes", None)
+    if nodes is None:
+        return {}
+    return {"shard_actors": {"actors": len(nodes), "nodes": len(set(nodes))}}
