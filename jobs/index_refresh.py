@@ -88,7 +88,7 @@ def refresh_indexes(spec: JobSpec, fs: Any, root: str, live: set[str]) -> dict[s
         add_files = [f.path for f in list_files(fs, root, "tokens", added)]
         remove_ids = _doc_ids(fs, root, sorted(indexed - live))
         try:
-            refresh_index(spec.output, mix=mix, index_uri=spec.index_uri(mix),
+            summary = refresh_index(spec.output, mix=mix, index_uri=spec.index_uri(mix),
                           add_files=add_files, remove_doc_ids=remove_ids,
                           storage_options=spec.storage_options or None,
                           compact=spec.index_compact, ray_address=spec.ray_address)
@@ -99,8 +99,9 @@ def refresh_indexes(spec: JobSpec, fs: Any, root: str, live: set[str]) -> dict[s
                   "updated_at": time.time()}
         write_bytes_atomic(fs, _state_path(root, mix),
                            json.dumps(record, indent=1, sort_keys=True).encode())
+        on_ray = f"; shard work on {summary.ray_nodes} Ray node(s)" if summary.ray_nodes else ""
         results[mix] = (f"refreshed: +{len(add_files)} files, -{len(remove_ids)} documents "
-                        f"({spec.index_uri(mix)})")
+                        f"({spec.index_uri(mix)}){on_ray}")
     return results
 
 
@@ -139,10 +140,12 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
 
         tasks = ShardTasks(ray_address)
         try:
-            return _refresh_index(dataset, mix, index_uri, add_files, remove_doc_ids,
-                                  storage_options, compact, tasks)
+            summary = _refresh_index(dataset, mix, index_uri, add_files, remove_doc_ids,
+                                     storage_options, compact, tasks)
         finally:
             tasks.close()
+        summary.ray_nodes = len(tasks.nodes)
+        return summary
     return _refresh_index(dataset, mix, index_uri, add_files, remove_doc_ids,
                           storage_options, compact, None)
 

@@ -84,6 +84,7 @@ class ShardTasks:
 
     def __init__(self, address: str) -> None:
         self.address, self.joined = address, False
+        self.nodes: set[str] = set()  # where the tasks ran
 
     def _join(self) -> None:
         import ray
@@ -102,7 +103,9 @@ class ShardTasks:
         self._join()
         import ray
 
-        task = ray.remote(num_cpus=TASK_CPUS, max_retries=0)(_run_job)
+        # SPREAD: the shards' work goes to every node, not first to the one asking.
+        task = ray.remote(num_cpus=TASK_CPUS, max_retries=0,
+                          scheduling_strategy="SPREAD")(_run_job)
         pending = {task.remote(call): rows for rows, call in jobs}
         while pending:
             # No time limit: a shard's encoding takes as long as its rows do; a cluster
@@ -110,7 +113,7 @@ class ShardTasks:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
                 try:
-                    ray.get(ref)
+                    self.nodes.add(ray.get(ref))
                 except ray.exceptions.RayTaskError as error:
                     for other in pending:
                         ray.cancel(other, force=True)
@@ -126,7 +129,10 @@ class ShardTasks:
             self.joined = False
 
 
-def _run_job(call: Callable[[Callable[[int], Any]], None]) -> None:
+def _run_job(call: Callable[[Callable[[int], Any]], None]) -> str:
     """One piece of per-shard work in a Ray worker (progress is told by the caller when
-    the task ends)."""
+    the task ends); the node it ran on."""
+    import ray
+
     call(lambda rows: None)
+    return ray.get_runtime_context().get_node_id()

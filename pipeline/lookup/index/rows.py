@@ -40,6 +40,7 @@ class BuildSummary:
     seconds_add: float = 0.0
     seconds_index: float = 0.0
     ivf: dict | None = None  # IndexMeta.ivf when this build made the in-memory IVF
+    ray_nodes: int = 0  # Ray nodes whose tasks did the per-shard work (ray_work)
 
     def line(self) -> str:
         total = self.seconds_read + self.seconds_add + self.seconds_index
