@@ -136,7 +136,7 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
     files' vectors, the shards' codes) runs as Ray tasks on that cluster
     (``ray_work.ShardTasks``), giving the index a local refresh gives."""
     if ray_address:
-        from pipeline.lookup.index.ray_work import ShardTasks
+        from pipeline.lookup.ray_work import ShardTasks
 
         tasks = ShardTasks(ray_address)
         try:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.ivf_search import CANDIDATES_PER_RESULT, EXACT_FILTER_ROWS
 from pipeline.lookup.index.ivf_shards import SHARD_CANDIDATES_PER_RESULT, ShardedIvf, is_sharded
-from pipeline.lookup.index.ray_work import connect
+from pipeline.lookup.ray_work import connect
 
 if TYPE_CHECKING:
     import numpy as np

@@ -99,7 +99,7 @@ def deploy(settings: ReplicaSettings, ray_address: str, replicas: int, host: str
     """Join (or start) Ray, start the shard actors when ``scatter``
     (``start_shard_actors``), run the app with ``replicas`` replicas; returns once they
     all answer, with the shard actors' ``RayIvf``s (to close at the end)."""
-    from pipeline.lookup.index.ray_work import connect
+    from pipeline.lookup.ray_work import connect
 
     connect(ray_address)  # an address nothing answers at: one line, within seconds
     from ray import serve
