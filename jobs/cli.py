@@ -74,7 +74,10 @@ def register(subparsers: Any) -> None:
                "Exit status: 0 on success (also when nothing changed), 1 when the run or\n"
                "an index refresh failed, 2 on a bad spec or when the job is already running.")
     p.add_argument("--ray-address", metavar="ADDR",
-                   help="override the spec's ray.address (e.g. auto inside a Ray job)")
+                   help="override the spec's ray.address (e.g. auto inside a Ray job); on "
+                        "Ray, the embedding and a compact index refresh's per-shard work "
+                        "(the new files' vectors, the shards' codes) run as Ray actors and "
+                        "tasks")
     p.add_argument("--trigger", default="manual", choices=("manual", "submit"),
                    help=argparse.SUPPRESS)
     p.add_argument("--progress", action="store_true", help="show the embedding progress bar")
