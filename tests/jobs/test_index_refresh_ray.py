@@ -24,14 +24,24 @@ from pipeline.lookup.index.meta import INDEX_META
 from pipeline.lookup.index.sense_index import SenseIndex
 from schemas.dataset import open_dataset, open_fs
 
-DIM, ROWS = 32, 4_500  # three shard files of 1,500 rows
+DIM, ROWS = 32, 3_600  # three shard files of 1,200 rows
 RECORD = ("rows", "lists", "codes", "trained_rows", "nprobe", "recall_at_10")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    import logging
+
+    import ray
+
     with local_ray_cluster(tmp_path_factory, head_cpus=1, worker_cpus=1) as address:
-        yield address
+        # Joined once for the module: each refresh finds Ray joined (as in a job run on
+        # Ray) and the workers that imported faiss serve the next refresh's tasks too.
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        try:
+            yield address
+        finally:
+            ray.shutdown()
 
 
 @pytest.fixture(scope="module")
