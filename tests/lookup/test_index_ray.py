@@ -91,6 +91,12 @@ def test_actors_on_two_nodes_give_the_hits_of_one_process(
     got = spread.vector_query(queries, k=5, columns=KEYS).to_arrow()
     assert got["query_index"].to_pylist() == want["query_index"].to_pylist()
     assert _hits(got)[0] == _hits(want)[0]
+    # A word's occurrences with their vectors (what a sense map and the server's exact
+    # search read): the vectors gathered from the actors that hold them.
+    for words in (["w1"], ["w2", "w3"]):
+        want = one.occurrences(words, columns=KEYS)
+        got = spread.occurrences(words, columns=KEYS)
+        assert got.num_rows == want.num_rows > 0 and got.equals(want), words
     ivf.close()  # its actors' CPUs back to the cluster
     # A shard gone from the disk: the actor holding it names it and the build.
     broken = Path(shutil.copytree(built / "ix", tmp_path / "broken"))
