@@ -14,6 +14,10 @@ into positions; a query goes to every actor with the positions that passed, each
 its own rows' candidates exactly, and the process keeps the best ``k`` of the answers by
 (cosine, position), the order one process breaks ties in.
 
+``elmo serve --shard-actors`` starts the same actors once (``start_searchers``) and hands
+their ``RayIvf`` to each Ray Serve replica, whose index then searches through them; a
+word's occurrences take their vectors from the actors too (``RayVectors``).
+
 Exact searches (``--exact``, or a filter leaving at most ``EXACT_FILTER_ROWS`` rows: the
 default word filter of ``senses search``) rank the same rows as one process, so the hits are
 the same. Through the lists, each actor takes its own best candidates from the probed lists

@@ -12,9 +12,12 @@ that does not grow with the rows.
 4. **Probes**, measured on a held sample of stored rows against their exact neighbours
    (a scan of every shard's vectors in blocks), as ``ivf_build.calibrate`` does.
 
-A folder is never changed once written: a build writes new ones and ``_elmo_index.json``
-names them (the commit), so a build killed at any point leaves the previous index as it
-was. Before it starts, a build checks that its memory and disk fit (``check_fits``).
+Steps 1 and 3 are work a shard at a time (``shard_work``): done in this process, or, for a
+refresh on a Ray cluster, one Ray task a shard (``pipeline/lookup/ray_work.py``), which
+write the same files. A folder is never changed once written: a build writes new ones
+and ``_elmo_index.json`` names them (the commit), so a build killed at any point leaves
+the previous index as it was. Before it starts, a build checks that its memory and disk
+fit (``check_fits``).
 """
 
 from __future__ import annotations
