@@ -220,8 +220,10 @@ def _recurrence(layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Te
             gates = direction.gates(h_k, pre[start : start + n])  # [n, 4D]
             cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d), layer.cell_clip)
             h_k = direction.project_output(cell)  # [n, P]
-            if layer.proj_clip:
-                h_k.clamp_(-layer.proj_clip, layer.proj_clip)
-            out[k, start : start + n] = h_k
+            rows = out[k, start : start + n]  # h_k is read from here at the next step
+            if layer.proj_clip:  # clipped on its way into out: one pass over [n, P], not two
+                h_k = torch.clamp(h_k, -layer.proj_clip, layer.proj_clip, out=rows)
+            else:
+                h_k = rows.copy_(h_k)
         final_h[k, : h_k.shape[0]] = h_k
     return out, final_h, c
