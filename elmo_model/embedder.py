@@ -368,10 +368,10 @@ class ElmoEmbedder:
         ``layer_0_per_type``: on the CPU, layer 0 comes once per distinct token
         (``Int8Layers.layer_0``), the rows hold layers 1..L: what a writer that stores
         layer 0 per type needs, for a third less quantizing; elsewhere it is ignored."""
-        host: list[HostBatch] = []
-        where: list[tuple[int, int, int]] = [(0, 0, 0)] * len(sentences)
         from elmo_model.quantize import TypeQuantizer  # imports pyarrow: only when asked
 
+        host: list[HostBatch] = []
+        where: list[tuple[int, int, int]] = [(0, 0, 0)] * len(sentences)
         types = TypeQuantizer() if layer_0_per_type and not self._copier.cuda else None
         with self._one_call:
             for batch in self._batches(sentences):
