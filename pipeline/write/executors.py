@@ -117,9 +117,11 @@ class LocalExecutor:
 def local_model_threads(in_flight: int) -> int:
     """torch's threads for the local executor's CPU model: the cores this process may use
     less one per other item in flight, which reads, tokenizes and writes on a core of its
-    own meanwhile. torch's default (every core) makes the model's intra-op threads
-    compete with that item for the cores, and spin while they wait: more CPU per token
-    for no gain in wall time (BENCHMARKS.md, "Host cost of the output width")."""
+    own meanwhile. torch's default (every core) splits the model's larger ops over a core
+    that item wants: on 2 cores at 3 x 1024, ~25 us more CPU a token for no gain in wall
+    time (BENCHMARKS.md, "The model stage's buffers, layer 0 per type, one model
+    thread"). The stored bytes depend on torch's thread count in the last bit of a few
+    rows' values (see there)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) - (in_flight - 1))
 
