@@ -18,7 +18,8 @@ input, for each distinct token: what a cold token cache computes), model (``embe
 unit, its char ids excluded), rows (``rows_of_unit``: the Arrow table of a unit), quantize
 (int8 values and scales: each batch as the model stage makes it, ``embed_int8``; each
 window's rows in ``rows_of_unit``, or the writer's, for float input; with ``--encoder
-pyarrow`` also the Arrow columns), types (layer 0 of each new token, and the types file),
+pyarrow`` also the Arrow columns), types (layer 0 of each new token: quantized once per
+token type of a model call, picked per item, and the types file),
 int8 pages (encode and compress the int8 layers' pages), other columns (pyarrow writes the
 rest of a row group; with ``--encoder pyarrow`` it writes every column), writer, rest (the
 writer's own bookkeeping: buffers, slices, concatenation, casts, the footer), hash (the
@@ -154,6 +155,7 @@ def timing_hooks(clock: Clock) -> Iterator[None]:
              (item_files, "quantize_int8_into"): "quantize",
              (work_item, "quantized_layer_columns"): "quantize",  # rows_of_unit, per window
              (model_quantize, "quantize_int8_rows"): "quantize",  # the CPU model, per batch
+             (model_quantize.TypeQuantizer, "add"): "types",  # layer 0, once per token type
              (item_files, "vector_columns_of"): "quantize",
              (assembly.AssembledParquetWriter, "_other_chunks"): "other columns",
              (pq.ParquetWriter, "write_table"): "other columns",
@@ -219,15 +221,14 @@ def run(args: argparse.Namespace) -> tuple[Clock, int, dict[str, int]]:
         for rows in cut_units(content.windows, settings.unit_tokens):
             with clock("model"):
                 sentences = [r.tokens for r in rows]
-                layers = (embedder.embed_int8(sentences) if quantizes_on_device(embedder, "int8")
-                          else embedder.embed(sentences))
+                layers = (embedder.submit_int8(sentences, layer_0_per_type=True).result()
+                          if quantizes_on_device(embedder, "int8") else embedder.embed(sentences))
             with clock("rows"):
                 table = rows_of_unit(rows, layers, n_out, dim, "int8")
-            del layers
             tokens += table.num_rows
             with clock("writer, rest"):
-                writer.add(table)
-            del table
+                writer.add(table, getattr(layers, "layer_0", None))
+            del table, layers
         with clock("writer, rest"):
             writer.finish()
     clock.seconds["model"] -= clock.seconds["char ids"]  # embed computed them once too

@@ -75,20 +75,47 @@ class HostCopier:
 
 
 @dataclass
+class TypeLayer0:
+    """Layer 0 of each distinct token of a call, quantized once per token string rather
+    than at every occurrence: layer 0 is context free (the same bytes wherever the token
+    stands), and what is stored of it is one row per token type of an item (the types
+    file). ``values[i]`` is bytewise the int8 of ``[x; x]`` an occurrence of ``tokens[i]``
+    gets (``quantize.quantize_int8_types``)."""
+
+    tokens: list[str]  # the call's distinct tokens, in order of first occurrence
+    values: np.ndarray  # [T, 2P] int8
+    scales: np.ndarray  # [T] float32
+
+    def rows_of(self, tokens: list[str]) -> np.ndarray:
+        """The rows of ``tokens`` (each one of this call's)."""
+        index = {token: i for i, token in enumerate(self.tokens)}
+        return np.array([index[t] for t in tokens], dtype=np.int64)
+
+
+@dataclass
 class Int8Layers:
     """A call's quantized layers in host memory: per batch one block of rows, and where
     each sentence's rows are. Small to pickle (a few large arrays), so a model worker
-    hands it to another process through Ray's object store as is."""
+    hands it to another process through Ray's object store as is. With ``layer_0`` (the
+    CPU's ``submit_int8(..., layer_0_per_type=True)``) the rows hold layers 1..L only
+    and layer 0 is there once per token type."""
 
     values: list[np.ndarray] = field(default_factory=list)  # per batch [L + 1, n, 2P] int8
     scales: list[np.ndarray] = field(default_factory=list)  # per batch [L + 1, n] float32
     where: list[tuple[int, int, int]] = field(default_factory=list)  # per sentence
+    layer_0: TypeLayer0 | None = None
 
     def __len__(self) -> int:
         return len(self.where)
 
+    @property
+    def first_layer(self) -> int:
+        """The layer the per-token rows start at: 1 when layer 0 is per type, else 0."""
+        return 0 if self.layer_0 is None else 1
+
     def sentence(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Sentence ``i``'s (values ``[L + 1, n, 2P]``, scales ``[L + 1, n]``), views."""
+        """Sentence ``i``'s (values ``[L + 1, n, 2P]``, scales ``[L + 1, n]``; from layer
+        ``first_layer``), views."""
         batch, start, n = self.where[i]
         return (self.values[batch][:, start:start + n],
                 self.scales[batch][:, start:start + n])
@@ -98,11 +125,12 @@ class PendingInt8:
     """An ``embed_int8`` call whose copies may still be running: ``result`` waits for
     them. The model can start the next call meanwhile."""
 
-    def __init__(self, batches: list[HostBatch], where: list[tuple[int, int, int]]) -> None:
-        self.batches, self.where = batches, where
+    def __init__(self, batches: list[HostBatch], where: list[tuple[int, int, int]],
+                 layer_0: TypeLayer0 | None = None) -> None:
+        self.batches, self.where, self.layer_0 = batches, where, layer_0
 
     def result(self) -> Int8Layers:
         for batch in self.batches:
             batch.wait()
         return Int8Layers([b.values.numpy() for b in self.batches],
-                          [b.scales.numpy() for b in self.batches], self.where)
+                          [b.scales.numpy() for b in self.batches], self.where, self.layer_0)

@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from elmo_model.device_copy import HostBatch, HostCopier, Int8Layers, PendingInt
 from elmo_model.errors import ElmoUserError, SettingError
 from elmo_model.lstm_steps import choose_step
 from elmo_model.model import BiLM, BiLMConfig, LstmState, LstmStep, PackPlan, reference_step
+
+if TYPE_CHECKING:
+    from elmo_model.quantize import TypeQuantizer
 
 StateMode = Literal["stateless", "stateful"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -270,10 +273,12 @@ class ElmoEmbedder:
             return [(h[:, :batch_size], c[:, :batch_size]) for h, c in self._carried]
         return expand_state(self.warm_state, batch_size)
 
-    def _batch_layers(self, sentences: list[list[str]], reused: bool = False) -> torch.Tensor:
+    def _batch_layers(self, sentences: list[list[str]], reused: bool = False,
+                      types: TypeQuantizer | None = None) -> torch.Tensor:
         """``[L + 1, N, 2P]`` float32 on the device, sentence after sentence with their
         ``<S>`` and ``</S>`` rows (carries the stateful mode's state); ``reused``: in the
-        workspace, valid until the next batch."""
+        workspace, valid until the next batch. With ``types`` layer 0 is left unwritten
+        and its token vectors go to ``types`` instead (layer 0 per token type)."""
         flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
         plan = PackPlan.build(np.array([len(s) + 2 for s in sentences]), self.device)
         n_layers = self.model.config.n_layers
@@ -283,14 +288,19 @@ class ElmoEmbedder:
             shape = (n_layers + 1, plan.n_tokens, 2 * tokens.shape[1])
             layers = (self._workspace.get("layers", shape) if reused else
                       torch.empty(shape, dtype=torch.float32, device=tokens.device))
+            # the packed input and the LSTM layers' packed outputs take turns in these two
             packed = self._workspace.get("packed", (2, *tokens.shape))
+            spare = self._workspace.get("layer out", (2, *tokens.shape))
             _, final_state = self.model.contextualize(
                 tokens, plan, self._initial_state(len(sentences)), step=self.step,
-                out=layers[1:], packed_out=packed)
+                out=layers[1:], packed_out=packed, layer_out=spare)
         if self.mode == "stateful":
             assert self._carried is not None
             for (h, c), (fh, fc) in zip(self._carried, final_state, strict=True):
                 h[:, : fh.shape[1]], c[:, : fc.shape[1]] = fh, fc
+        if types is not None:
+            types.add(flat, tokens)
+            return layers
         width = tokens.shape[1]
         layers[0, :, :width] = tokens
         layers[0, :, width:] = tokens
@@ -305,14 +315,17 @@ class ElmoEmbedder:
             start += n + 2
         return out
 
-    def _quantize_batch(self, sentences: list[list[str]], copier: HostCopier) -> HostBatch:
+    def _quantize_batch(self, sentences: list[list[str]], copier: HostCopier,
+                        types: TypeQuantizer | None = None) -> HostBatch:
         """One batch's real-token rows quantized on the device (stored int8 rule), on
-        their way to host memory (``copier``)."""
+        their way to host memory (``copier``); on the CPU with ``types``, layers 1..L, and
+        layer 0 per token type into ``types``."""
         from elmo_model.quantize import quantize_int8_rows, quantize_int8_torch  # pyarrow
 
         if not copier.cuda:  # the CPU: each sentence's rows quantized where they lie
-            layers = self._batch_layers(sentences, reused=True)
-            return HostBatch(*quantize_int8_rows(layers, [len(s) for s in sentences]))
+            layers = self._batch_layers(sentences, reused=True, types=types)
+            first = 0 if types is None else 1
+            return HostBatch(*quantize_int8_rows(layers[first:], [len(s) for s in sentences]))
 
         keep, start = [], 0
         for sentence in sentences:  # drop <S> and </S> on the device: fewer bytes to copy
@@ -347,20 +360,28 @@ class ElmoEmbedder:
         return results  # type: ignore[return-value]
 
     @torch.inference_mode()
-    def submit_int8(self, sentences: list[list[str]]) -> PendingInt8:
+    def submit_int8(self, sentences: list[list[str]], layer_0_per_type: bool = False
+                    ) -> PendingInt8:
         """Start ``embed_int8``: every batch is quantized where it was computed and its
         copy to the host queued (on a GPU it overlaps the next batch); returns without
-        waiting for the copies, so the caller can start the next call."""
+        waiting for the copies, so the caller can start the next call.
+        ``layer_0_per_type``: on the CPU, layer 0 comes once per distinct token
+        (``Int8Layers.layer_0``), the rows hold layers 1..L: what a writer that stores
+        layer 0 per type needs, for a third less quantizing; elsewhere it is ignored."""
+        from elmo_model.quantize import TypeQuantizer  # imports pyarrow: only when asked
+
         host: list[HostBatch] = []
         where: list[tuple[int, int, int]] = [(0, 0, 0)] * len(sentences)
+        types = TypeQuantizer() if layer_0_per_type and not self._copier.cuda else None
         with self._one_call:
             for batch in self._batches(sentences):
                 start = 0
                 for i in batch:
                     where[i] = (len(host), start, len(sentences[i]))
                     start += len(sentences[i])
-                host.append(self._quantize_batch([sentences[i] for i in batch], self._copier))
-        return PendingInt8(host, where)
+                host.append(self._quantize_batch([sentences[i] for i in batch], self._copier,
+                                                 types))
+        return PendingInt8(host, where, None if types is None else types.result())
 
     def embed_int8(self, sentences: list[list[str]]) -> Int8Layers:
         """``embed``'s layers as the int8 storage stores them (``schemas.layers``: int8

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, PADDING, token_char_ids
-from elmo_model.pack_plan import PackPlan
+from elmo_model.pack_plan import PackPlan, float32_out
 from elmo_model.weight_versions import VersionedWeights
 
 Affine = Callable[[torch.Tensor], torch.Tensor]  # x [n, in] -> x W + b [n, out]
@@ -236,17 +236,18 @@ class BiLstmLayer(VersionedWeights):
             self.bias[:, d : 2 * d] = 1.0  # forget gate
 
     def forward(self, x: torch.Tensor, plan: PackPlan, h: torch.Tensor, c: torch.Tensor,
-                step: LstmStep | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                step: LstmStep | None = None, out: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: packed input ``[2, N, P]``; h, c: initial state ``[2, B, *]`` in rank order.
-        Returns packed output ``[2, N, P]`` and the final state ``[2, B, *]`` (rank order),
-        float32, run by ``step`` (default and under autograd: ``reference_step``)."""
+        Returns packed output ``[2, N, P]`` (into ``out`` if given) and the final state ``[2,
+        B, *]`` (rank order), float32, run by ``step`` (default, autograd: the reference)."""
         device_type = x.device.type
         # Under autocast the matmuls run in bf16/fp16 with the weights cast once per call
         # (autocast itself recasts them at every step), while gates, cell state and
         # outputs stay float32, so the recurrence does not round its state every step.
         dtype = matmul_dtype(device_type)
         with torch.autocast(device_type, enabled=False):
-            return step_or_reference(step)(self, x, plan, h.float(), c.float(), dtype)
+            return step_or_reference(step)(self, x, plan, h.float(), c.float(), dtype, out)
 
     def matmul_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """(input ``[2, P, 4D]``, recurrent ``[2, P, 4D]``, projection ``[2, D, P]``) in
@@ -270,12 +271,13 @@ class LstmStep(Protocol):
 
     x ``[2, N, P]`` packed layer input; h ``[2, B, P]``, c ``[2, B, D]`` float32 initial
     state in rank order; dtype: the matmuls' (float32, or autocast's: gates, cell state
-    and outputs stay float32). Returns the packed output ``[2, N, P]`` float32 and each
-    sentence's state after its last token, ``[2, B, *]`` in rank order.
+    and outputs stay float32). Returns the packed output ``[2, N, P]`` float32 (into
+    ``out`` if given, not ``x``) and each sentence's state after its last token, ``[2, B,
+    *]`` in rank order.
     """
 
     def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
-                 c: torch.Tensor, dtype: torch.dtype
+                 c: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
     def char_cnn_linears(self, char_cnn: CharCNN,
@@ -289,12 +291,12 @@ class ReferenceStep:
     what every faster step is tested against."""
 
     def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
-                 c: torch.Tensor, dtype: torch.dtype
+                 c: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = c.shape[-1]
         w_in, w_rec, w_proj = layer.matmul_weights(dtype)
         pre = layer.input_projection(x, w_in)  # [2, N, 4D]
-        out = x.new_empty(2, x.shape[1], w_proj.shape[-1], dtype=torch.float32)
+        out = float32_out((2, x.shape[1], w_proj.shape[-1]), x, out)
         final_h, final_c = h.clone(), c.clone()
         for t, n in enumerate(plan.batch_sizes):
             if n < h.shape[1]:  # sentences of rank >= n just ended: keep their state
@@ -372,6 +374,7 @@ class BiLM(VersionedWeights):
         step: LstmStep | None = None,
         out: torch.Tensor | None = None,
         packed_out: torch.Tensor | None = None,
+        layer_out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, LstmState]:
         """Run both LSTM stacks over token vectors in canonical order.
 
@@ -384,7 +387,8 @@ class BiLM(VersionedWeights):
         back-propagation can carry both states across consecutive windows).
         out: a float32 ``[L, N, 2P]`` to write the layers into (and return) instead of a
         new tensor, e.g. a slice of the caller's own ``[L + 1, N, 2P]``; ``packed_out``: the
-        same for the packed input ``[2, N, P]`` (inference: a buffer reused per batch)."""
+        same for the packed input ``[2, N, P]`` (inference: a buffer reused per batch), and
+        ``layer_out`` another: the LSTM layers' packed outputs alternate between the two."""
         n_sentences = len(plan.lengths)
         initial_state = initial_state or self.zero_state(n_sentences, tokens.device)
         order = torch.from_numpy(plan.order).to(tokens.device)
@@ -397,18 +401,14 @@ class BiLM(VersionedWeights):
                 tokens, 0, both, out=packed_out.view(-1, p))).view(2, -1, p)
         else:
             x = torch.stack([tokens[plan.forward_index], backward_tokens[plan.backward_index]])
-        shape = (self.config.n_layers, plan.n_tokens, 2 * p)
-        if out is None:
-            layers = x.new_empty(shape, dtype=torch.float32)  # [L, N, 2P]
-        elif out.shape != shape or out.dtype != torch.float32:
-            raise ValueError(f"out must be float32 {list(shape)}, got {out.dtype} "
-                             f"{list(out.shape)}")
-        else:
-            layers = out
+        layers = float32_out((self.config.n_layers, plan.n_tokens, 2 * p), x, out)  # [L, N, 2P]
         final_state = []
+        # a layer's output goes where the input of the layer before it was (no longer read)
+        spare = layer_out if packed_out is not None else None
         for index, (layer, (h0, c0)) in enumerate(zip(self.layers, initial_state, strict=True)):
             layer_in = F.dropout(x, dropout, self.training) if dropout else x
-            y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order], step)  # y [2, N, P]
+            y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order], step, spare)  # [2, N, P]
+            spare = x if spare is not None else None
             if self.config.use_skip_connections and index > 0:
                 y += x  # residual between LSTM layers, not into the first one
             layers[index, :, :p].index_copy_(0, plan.forward_index, y[0])

@@ -46,3 +46,21 @@ class PackPlan:
     @property
     def n_tokens(self) -> int:
         return int(self.lengths.sum())
+
+
+
+def float32_out(shape: tuple[int, ...], like: torch.Tensor, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """A float32 ``shape`` on ``like``'s device to write a result into: ``out`` when the
+    caller gave one (checked, and not ``like`` itself, which the writer still reads), else
+    a new tensor. Inference passes buffers it reuses per batch: a fresh ``[2, N, P]`` per
+    layer is new pages under the workers' mmap threshold (two minor faults a token at P =
+    512)."""
+    if out is None:
+        return like.new_empty(shape, dtype=torch.float32)
+    if tuple(out.shape) != tuple(shape) or out.dtype != torch.float32 or out.device != like.device:
+        raise ValueError(f"out must be float32 {list(shape)} on {like.device}, got {out.dtype} "
+                         f"{list(out.shape)} on {out.device}")
+    if out.data_ptr() == like.data_ptr():
+        raise ValueError("out must not be the input it is computed from")
+    return out

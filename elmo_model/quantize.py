@@ -18,8 +18,10 @@ Why each step is written as it is (bit-exactness, not style):
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from elmo_model.device_copy import TypeLayer0
 from schemas.layers import INT8_LIMIT
 
 
@@ -61,3 +63,39 @@ def quantize_int8_rows(layers: torch.Tensor, lengths: list[int]
                                            out_values[k, at:at + n], out_scales[k, at:at + n], 0)
         start, at = start + n + 2, at + n
     return values, scales
+
+
+class TypeQuantizer:
+    """Layer 0 of a call's distinct tokens, quantized once per token string as batches
+    come (``device_copy.TypeLayer0``): layer 0 is ``[x; x]`` of the token's vector, the
+    same bytes at every occurrence, so quantizing it for each occurrence (the reference,
+    ``quantize_int8_rows`` over all L + 1 layers) repeats the first one's work."""
+
+    def __init__(self) -> None:
+        self.row: dict[str, int] = {}  # token -> row, in order of first occurrence
+        self.values: list[np.ndarray] = []
+        self.scales: list[np.ndarray] = []
+
+    def add(self, tokens: list[str], vectors: torch.Tensor) -> None:
+        """A batch's tokens and their float32 CPU vectors ``[N, P]`` (layer 0's halves)."""
+        from schemas import quantize_kernels  # numba: imported when int8 layers are written
+
+        at = dict(zip(tokens, range(len(tokens)), strict=True))  # any occurrence will do
+        new = [token for token in at if token not in self.row]  # in order of first occurrence
+        if not new:
+            return
+        picked = vectors.index_select(0, torch.tensor([at[token] for token in new]))
+        both = torch.cat([picked, picked], dim=1).numpy()  # [t, 2P]: layer 0's rows
+        values = np.empty(both.shape, np.int8)
+        scales = np.empty(len(both), np.float32)
+        quantize_kernels.quantize_rows(both, values, scales, 0)  # quantize_int8_rows' kernel
+        for token in new:
+            self.row[token] = len(self.row)
+        self.values.append(values)
+        self.scales.append(scales)
+
+    def result(self) -> TypeLayer0:
+        if not self.values:
+            return TypeLayer0([], np.zeros((0, 0), np.int8), np.zeros(0, np.float32))
+        return TypeLayer0(list(self.row), np.concatenate(self.values),
+                          np.concatenate(self.scales))

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from elmo_model.model import BiLstmLayer, CharCNN
-from elmo_model.pack_plan import PackPlan
+from elmo_model.pack_plan import PackPlan, float32_out
 from elmo_model.steps.fused_lstm import Buffers, StepWeights, fused_step, packed_steps
 from elmo_model.weight_versions import DerivedWeights
 
@@ -147,9 +147,11 @@ class RecurrenceGraphs:
         lengths: np.ndarray,
         h: torch.Tensor,
         c: torch.Tensor,
+        out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x ``[2, N, P]`` packed layer input (matmul dtype); lengths ``[B]`` rank order;
-        h, c initial state ``[2, B, *]`` rank order. Returns as ``packed_steps``."""
+        h, c initial state ``[2, B, *]`` rank order. Returns as ``packed_steps`` (the
+        output into ``out`` if given)."""
         batch, p, d = h.shape[1], h.shape[-1], c.shape[-1]
         padded_batch, steps = bucket_size(batch), bucket_size(len(batch_sizes))
         self.padded_runs += 1
@@ -179,7 +181,9 @@ class RecurrenceGraphs:
                 graph = self._capture(run, weights)
                 self.graphs[graph_key] = graph
             graph.replay()
-        return run.out[:, positions], run.h[:, :batch].clone(), run.c[:, :batch].clone()
+        out = torch.index_select(run.out, 1, positions,
+                                 out=float32_out((2, x.shape[1], p), x, out))
+        return out, run.h[:, :batch].clone(), run.c[:, :batch].clone()
 
     def _capture(self, run: PaddedRun, weights: StepWeights) -> torch.cuda.CUDAGraph:
         # One uncaptured run first compiles the kernels and picks cuBLAS algorithms; it
@@ -238,7 +242,7 @@ class FusedStep:
         return self._recurrence_graphs[device]
 
     def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
-                 c: torch.Tensor, dtype: torch.dtype
+                 c: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w_in, weights = step_weights(layer, dtype)
         graphs = self.recurrence_graphs(x.device) if self.graphs else None
@@ -246,15 +250,15 @@ class FusedStep:
         groups = length_groups(sorted_lengths) if graphs is not None else []
         if graphs is None or (len(groups) == 1 and not graphs.fits(plan.batch_sizes)):
             pre = torch.bmm(x.to(dtype), w_in)  # [2, N, 4D]; the kernel adds the bias
-            return packed_steps(weights, pre, plan.batch_sizes, plan.offsets, h, c)
+            return packed_steps(weights, pre, plan.batch_sizes, plan.offsets, h, c, out)
         # The graph reads these weight tensors by address: a recast (new dtype, new
         # weights) makes new tensors, and so a new key and a new capture.
         key = (id(layer), weights.w_rec.data_ptr(), weights.w_proj.data_ptr(),
                weights.bias.data_ptr())
         if graphs.fits(plan.batch_sizes):
             return graphs.run(key, weights, x.to(dtype), w_in, plan.batch_sizes,
-                              sorted_lengths, h, c)
-        out = x.new_empty(2, x.shape[1], h.shape[-1], dtype=torch.float32)
+                              sorted_lengths, h, c, out)
+        out = float32_out((2, x.shape[1], h.shape[-1]), x, out)
         h_out = torch.empty_like(h, dtype=torch.float32)
         c_out = torch.empty_like(c, dtype=torch.float32)
         for r0, r1 in groups:  # each group's rows are independent of the others'

@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from elmo_model.pack_plan import float32_out
+
 # Both kernels work on a tile of ROWS rows x COLS columns of one direction; program axis 0
 # walks (direction, row tile), axis 1 column tiles. tanh is written as 2 sigmoid(2x) - 1,
 # the reference step's formula, so both round alike; sigmoid and cdiv are spelled out
@@ -219,17 +221,19 @@ def packed_steps(
     offsets: list[int],
     h: torch.Tensor,
     c: torch.Tensor,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The recurrence over a packed batch (``PackPlan`` layout), as ``model.ReferenceStep``.
 
     pre ``[2, N, 4D]`` without bias; h ``[2, B, P]``, c ``[2, B, D]`` fp32 initial state in
-    rank order. Returns the packed output ``[2, N, P]`` fp32 and the final h, c.
+    rank order. Returns the packed output ``[2, N, P]`` fp32 (into ``out`` if given) and
+    the final h, c.
     """
     d, p = c.shape[-1], h.shape[-1]
     h = h.float().clone()  # rows that end keep their final value in place
     c = c.float().clone()
     h_in = h if weights.dtype == torch.float32 else h.to(weights.dtype)
-    out = pre.new_empty(2, pre.shape[1], p, dtype=torch.float32)
+    out = float32_out((2, pre.shape[1], p), pre, out)
     buffers = Buffers(pre.device)
     for t, n in enumerate(batch_sizes):
         start = offsets[t]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from elmo_model.model import BiLstmLayer, CharCNN
-from elmo_model.pack_plan import PackPlan
+from elmo_model.pack_plan import PackPlan, float32_out
 from elmo_model.steps.torch_step import cell_update_
 from elmo_model.weight_versions import DerivedWeights
 
@@ -124,14 +124,15 @@ class OnednnStep:
         self.__init__(state["in_place_max_bytes"])  # type: ignore[misc]
 
     def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
-                 c: torch.Tensor, dtype: torch.dtype
+                 c: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         _require(dtype)
         weight = layer.recurrent_weight
         if dtype == torch.float32 and weight[0].numel() * 4 <= self.in_place_max_bytes:
             with self._lock:
-                return _recurrence(layer, x, plan, h, c, self._in_place(layer, x.shape[1]))
-        return _recurrence(layer, x, plan, h, c, _packed(layer, dtype, c.shape[1]))
+                return _recurrence(layer, x, plan, h, c, self._in_place(layer, x.shape[1]),
+                                   out)
+        return _recurrence(layer, x, plan, h, c, _packed(layer, dtype, c.shape[1]), out)
 
     def _in_place(self, layer: BiLstmLayer, n_tokens: int) -> list[_Direction]:
         """float32, the recurrent matmuls in place (see ``IN_PLACE_MAX_WEIGHT_BYTES``)."""
@@ -199,11 +200,12 @@ def _packed(layer: BiLstmLayer, dtype: torch.dtype, batch: int) -> list[_Directi
 
 
 def _recurrence(layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
-                c: torch.Tensor, directions: list[_Direction]
+                c: torch.Tensor, directions: list[_Direction], out: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The packed time loop, one direction after the other, with ``directions``' maps."""
+    """The packed time loop, one direction after the other, with ``directions``' maps;
+    the output into ``out`` when given."""
     batch, d, p = c.shape[1], c.shape[-1], layer.projection.shape[-1]
-    out = x.new_empty(2, x.shape[1], p, dtype=torch.float32)
+    out = float32_out((2, x.shape[1], p), x, out)
     c = c.clone()  # updated in place; rows that end keep their final value
     final_h = h.clone()
     flat_cell = x.new_empty(batch * d, dtype=torch.float32)
@@ -218,8 +220,10 @@ def _recurrence(layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Te
             gates = direction.gates(h_k, pre[start : start + n])  # [n, 4D]
             cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d), layer.cell_clip)
             h_k = direction.project_output(cell)  # [n, P]
-            if layer.proj_clip:
-                h_k.clamp_(-layer.proj_clip, layer.proj_clip)
-            out[k, start : start + n] = h_k
+            rows = out[k, start : start + n]  # h_k is read from here at the next step
+            if layer.proj_clip:  # clipped on its way into out: one pass over [n, P], not two
+                h_k = torch.clamp(h_k, -layer.proj_clip, layer.proj_clip, out=rows)
+            else:
+                h_k = rows.copy_(h_k)
         final_h[k, : h_k.shape[0]] = h_k
     return out, final_h, c

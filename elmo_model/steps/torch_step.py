@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from elmo_model.model import BiLstmLayer, CharCNN
-from elmo_model.pack_plan import PackPlan
+from elmo_model.pack_plan import PackPlan, float32_out
 
 
 def cell_update_(gates: torch.Tensor, c: torch.Tensor, cell: torch.Tensor,
@@ -32,14 +32,14 @@ class TorchStep:
     """``LstmStep``: the recurrence in preallocated buffers, both directions per bmm."""
 
     def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
-                 c: torch.Tensor, dtype: torch.dtype
+                 c: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w_in, w_rec, w_proj = layer.matmul_weights(dtype)
         pre = layer.input_projection(x, w_in)  # [2, N, 4D]
         batch, d, p = c.shape[1], c.shape[-1], w_proj.shape[-1]
         low = dtype != torch.float32
         f32 = torch.float32
-        out = pre.new_empty(2, pre.shape[1], p, dtype=f32)
+        out = float32_out((2, x.shape[1], p), x, out)
         c = c.clone()  # updated in place; rows that end keep their final value
         final_h = h.clone()
         flat_gates = pre.new_empty(2 * batch * 4 * d, dtype=f32)

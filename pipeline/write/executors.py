@@ -30,9 +30,12 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+import torch
 
 from elmo_model import select_device
 from elmo_model.errors import ElmoUserError, SettingError
@@ -71,12 +74,16 @@ class LocalExecutor:
         self.worker = ItemWorker(settings)
         self.in_flight = in_flight
         self.gpu_sizes = gpu_sizes  # (batch, unit) tokens when the model lands on a GPU
+        self._torch_threads: int | None = None  # torch's threads before start set them
 
     def start(self) -> None:
         fix_mmap_threshold()
         settings = self.worker.settings
         if self.gpu_sizes and select_device(settings.device).type == "cuda":
             self.worker = ItemWorker(with_model_call_sizes(settings, self.gpu_sizes))
+        else:
+            self._torch_threads = torch.get_num_threads()
+            torch.set_num_threads(local_model_threads(self.in_flight))
         self.worker.load()
 
     def run(self, items: Iterator[WorkItem], on_progress: ProgressCallback | None = None
@@ -102,6 +109,21 @@ class LocalExecutor:
 
     def close(self) -> None:
         self.worker = None  # type: ignore[assignment]
+        if self._torch_threads is not None:  # this process's setting, as it was
+            torch.set_num_threads(self._torch_threads)
+            self._torch_threads = None
+
+
+def local_model_threads(in_flight: int) -> int:
+    """torch's threads for the local executor's CPU model: the cores this process may use
+    less one per other item in flight, which reads, tokenizes and writes on a core of its
+    own meanwhile. torch's default (every core) splits the model's larger ops over a core
+    that item wants: on 2 cores at 3 x 1024, ~25 us more CPU a token for no gain in wall
+    time (BENCHMARKS.md, "The model stage's buffers, layer 0 per type, one model
+    thread"). The stored bytes depend on torch's thread count in the last bit of a few
+    rows' values (see there)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) - (in_flight - 1))
 
 
 class ItemActor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +36,9 @@ from schemas.layers import (
     quantize_int8_into,
 )
 from schemas.parquet_assembly import AssembledParquetWriter, is_int8_list
+
+if TYPE_CHECKING:
+    from elmo_model.device_copy import TypeLayer0
 
 ROW_GROUP_BYTES = 64 << 20  # ~64 MB row groups: large scans for DuckDB/LanceDB, bounded RAM
 PAGE_BYTES = 1 << 20  # int8 data pages of whole rows, about pyarrow's default page size
@@ -153,9 +156,11 @@ class TokenWriter:
         self.assembled = (AssembledRowGroups(self.schema, self.rows_per_group)
                           if dtype == "int8" and encoder == "assembled" else None)
 
-    def add(self, table: Any) -> None:
+    def add(self, table: Any, layer_0: TypeLayer0 | None = None) -> None:
+        """``layer_0``: when the rows come without it, layer 0 of (at least) their
+        tokens, once per token type (``Int8Layers.layer_0``)."""
         if self.layer_names and "layer_0" not in self.schema.names:
-            self._collect_types(table)
+            self._collect_types(table, layer_0)
             table = table.drop_columns([n for n in ("layer_0", "layer_0" + SCALE_SUFFIX)
                                         if n in table.column_names])
         if self.assembled is not None:
@@ -187,22 +192,28 @@ class TokenWriter:
             self.writer = groups.writer(self.handle)
         self.rows += groups.write(self.writer)
 
-    def _collect_types(self, table: Any) -> None:
+    def _collect_types(self, table: Any, layer_0: TypeLayer0 | None = None) -> None:
         """Remember layer 0 of each token string not seen before in this item (and its
-        scales when the layers come quantized)."""
+        scales when the layers come quantized): from the rows' ``layer_0`` column, or
+        from ``layer_0`` per type (the same bytes: layer 0 is context free)."""
         new: dict[str, int] = {}
         for row, token in enumerate(table.column("token").to_pylist()):
             if token not in self.type_rows and token not in new:
                 new[token] = row
         if not new:
             return
-        picked = list(new.values())
-        vectors = _matrix(table.column("layer_0"))[picked]
+        if layer_0 is not None:
+            rows = layer_0.rows_of(list(new))
+            vectors, scales = layer_0.values[rows], layer_0.scales[rows]
+        else:
+            picked = list(new.values())
+            vectors = np.array(_matrix(table.column("layer_0"))[picked])
+            scales = (table.column("layer_0" + SCALE_SUFFIX).to_numpy()[picked]
+                      if "layer_0" + SCALE_SUFFIX in table.column_names else None)
         for token in new:
             self.type_rows[token] = len(self.type_rows)
-        self.type_vectors.append(np.array(vectors))
-        if "layer_0" + SCALE_SUFFIX in table.column_names:
-            scales = table.column("layer_0" + SCALE_SUFFIX).to_numpy()[picked]
+        self.type_vectors.append(vectors)
+        if scales is not None:
             self.type_scales.append(scales.astype(np.float32))
 
     def _stored(self, table: Any) -> Any:

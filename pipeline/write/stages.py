@@ -93,7 +93,7 @@ class ModelActor:
         with self.lock:
             if not quantizes_on_device(self.embedder, self.settings.dtype):
                 return self.embedder.embed(sentences)
-            pending = self.embedder.submit_int8(sentences)
+            pending = self.embedder.submit_int8(sentences, layer_0_per_type=True)
         return pending.result()  # waits for the copies with the lock free
 
 

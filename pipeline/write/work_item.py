@@ -282,16 +282,17 @@ def _int8_columns(layers: Any, lo: Any, hi: Any, n_out: int, dim: int) -> dict[s
 
     from schemas import SCALE_SUFFIX
 
+    first = layers.first_layer  # 1: layer 0 came per token type (``Int8Layers.layer_0``)
     parts = [layers.sentence(i) for i in range(len(layers))]
     values = np.concatenate([v[:, a:b] for (v, _), a, b in zip(parts, lo, hi, strict=True)],
-                            axis=1) if parts else np.zeros((n_out, 0, dim), np.int8)
+                            axis=1) if parts else np.zeros((n_out - first, 0, dim), np.int8)
     scales = np.concatenate([s[:, a:b] for (_, s), a, b in zip(parts, lo, hi, strict=True)],
-                            axis=1) if parts else np.zeros((n_out, 0), np.float32)
+                            axis=1) if parts else np.zeros((n_out - first, 0), np.float32)
     columns = {}
-    for k in range(n_out):
+    for k in range(first, n_out):
         columns[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(
-            pa.array(values[k].reshape(-1), pa.int8()), dim)
-        columns[f"layer_{k}{SCALE_SUFFIX}"] = pa.array(scales[k], pa.float32())
+            pa.array(values[k - first].reshape(-1), pa.int8()), dim)
+        columns[f"layer_{k}{SCALE_SUFFIX}"] = pa.array(scales[k - first], pa.float32())
     return columns
 
 
@@ -355,8 +356,8 @@ class InProcessModel:
 
     def submit(self, sentences: list[list[str]]) -> Any:
         with self.lock:
-            if self.int8:
-                return self.embedder.submit_int8(sentences)
+            if self.int8:  # the writer stores layer 0 per token type (the types file)
+                return self.embedder.submit_int8(sentences, layer_0_per_type=True)
             return self.embedder.embed(sentences)
 
     def collect(self, handle: Any) -> Any:
@@ -425,7 +426,8 @@ class ItemWorker:
         """Write one unit's rows once the model's answer is there; its model tokens."""
         s = self.settings
         layers = self.model.collect(handle)
-        tokens.add(rows_of_unit(rows, layers, s.n_output_layers, s.dim, s.dtype))
+        tokens.add(rows_of_unit(rows, layers, s.n_output_layers, s.dim, s.dtype),
+                   getattr(layers, "layer_0", None))  # Int8Layers' layer 0 per type, if so
         del layers  # not held while this item waits for the model with its next unit
         self.progress.add(item, sum(r.own_end - r.own_start for r in rows))
         return sum(len(r.tokens) for r in rows)

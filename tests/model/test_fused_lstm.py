@@ -280,6 +280,27 @@ def check_a_batch_of_mixed_lengths_runs_as_length_groups(fixture_dir: Path) -> N
     assert graphs.padded_runs == 2
 
 
+def check_each_loop_writes_into_a_given_output(fixture_dir: Path) -> None:
+    """``out=`` (the embedder's buffer reused per batch): packed, padded and length-group
+    loops write bitwise what they return without it."""
+    from elmo_model.steps.fused_graphs import FusedStep
+
+    grouped = FusedStep()
+    grouped.recurrence_graphs(DEVICE).small_grid = 0  # the mixed lengths below run grouped
+    steps = {**_fused_steps(), "groups": grouped}
+    for loop, step in steps.items():
+        lengths = np.array([30] * 8 + [7] * 9 + [13, 6]) if loop == "groups" else LENGTHS
+        layer, plan, x = _layer_and_input(lengths)
+        h0, c0 = _random_state(len(lengths), seed=1)
+        with torch.inference_mode():
+            want = layer(x, plan, h0, c0, step)
+            mine = torch.full_like(want[0], float("nan"))
+            got = layer(x, plan, h0, c0, step, mine)
+        assert got[0].data_ptr() == mine.data_ptr(), loop
+        for name, a, b in zip(("out", "h", "c"), got, want, strict=True):
+            assert torch.equal(a, b), f"{loop} {name}"
+
+
 CHECKS: dict[str, Callable[[Path], None]] = {
     name: value for name, value in globals().items() if name.startswith("check_")
 }

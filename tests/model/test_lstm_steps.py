@@ -4,6 +4,8 @@ the same way under Triton's interpreter in ``test_fused_lstm.py``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -199,3 +201,45 @@ def test_one_stream_and_two_equal_streams_give_the_same_layers_and_gradients() -
         grads.append((layers.detach(), source.grad, model.layers[1].input_weight.grad.clone()))
     for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["reference", *sorted(FAST_CPU_STEPS)])
+def test_a_step_writes_its_output_into_a_given_buffer(name: str) -> None:
+    """``out=``: the buffer the embedder reuses per batch gets bitwise what the step
+    returns without it (bf16 too); ``x`` itself is refused (the step still reads it)."""
+    layer, plan, x, state = layer_plan_input(seed=2)
+    for dtype in (None, torch.bfloat16):
+        make = FAST_CPU_STEPS.get(name, lambda: reference_step)
+        want = run_layer(layer, plan, x, state, make(), dtype)
+        mine = torch.full_like(want[0], float("nan"))
+        with torch.inference_mode(), torch.autocast("cpu", dtype=dtype or torch.bfloat16,
+                                                    enabled=dtype is not None):
+            got = layer(x, plan, state[0], state[1], make(), mine)
+            assert got[0].data_ptr() == mine.data_ptr()
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a, b), name
+            with pytest.raises(ValueError, match="must not be the input"):
+                layer(x, plan, state[0], state[1], make(), x)
+            with pytest.raises(ValueError, match=r"out must be float32 \[2, "):
+                layer(x, plan, state[0], state[1], make(), mine[:, 1:])
+
+
+@pytest.mark.parametrize("n_layers", [1, 2, 3])
+def test_contextualize_alternates_its_two_packed_buffers(n_layers: int) -> None:
+    """The packed input and each LSTM layer's packed output take turns in the two buffers
+    the embedder keeps (``packed_out``, ``layer_out``): with the residual between layers
+    the layers, and the state, are bitwise those of fresh tensors, at any depth."""
+    torch.manual_seed(0)
+    config = dataclasses.replace(CONFIG, n_layers=n_layers)
+    model = BiLM(config).eval()
+    plan = PackPlan.build(LENGTHS)
+    tokens = torch.randn(plan.n_tokens, config.projection_dim)
+    with torch.inference_mode():
+        want, want_state = model.contextualize(tokens, plan, step=OnednnStep())
+        packed, spare = (torch.full((2, plan.n_tokens, config.projection_dim), float("nan"))
+                         for _ in range(2))
+        got, state = model.contextualize(tokens, plan, step=OnednnStep(), packed_out=packed,
+                                         layer_out=spare)
+        assert torch.equal(got, want)
+        for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
+            assert torch.equal(h, want_h) and torch.equal(c, want_c)

@@ -324,3 +324,27 @@ def test_pretokenized_input_keeps_the_given_tokens(tiny_model_dir: Path, tmp_pat
                    ("x", 0): ["Hello", "world"], ("x", 1): ["Second", "one", "!"]}
     texts = read_table(out, "sentences").to_pandas().set_index(["doc_id", "sent_idx"]).text
     assert texts[("x", 1)] == "Second one !"
+
+
+def test_the_local_executor_gives_its_model_the_cores_the_other_items_leave(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's threads while a local run embeds on the CPU: the cores less one per other
+    item in flight (at least 1); torch's own setting is back once the run closes."""
+    import torch
+
+    from pipeline.write import executors
+
+    monkeypatch.setattr(executors.os, "sched_getaffinity", lambda pid: set(range(16)),
+                        raising=False)
+    assert [executors.local_model_threads(n) for n in (1, 2, 4)] == [16, 15, 13]
+    monkeypatch.setattr(executors.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert [executors.local_model_threads(n) for n in (1, 2, 4)] == [2, 1, 1]
+    seen = []
+    worker_load = executors.ItemWorker.load
+    monkeypatch.setattr(executors.ItemWorker, "load",
+                        lambda self: (seen.append(torch.get_num_threads()), worker_load(self)))
+    before = torch.get_num_threads()
+    corpus = write_corpus(tmp_path / "corpus")
+    embed_corpus(config(tiny_model_dir, [f"{corpus}/*"], tmp_path / "out", device="cpu"))
+    assert seen and all(threads == 1 for threads in seen)
+    assert torch.get_num_threads() == before

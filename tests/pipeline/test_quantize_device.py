@@ -155,3 +155,34 @@ def test_a_dataset_does_not_depend_on_where_its_layers_were_quantized(
         assert by_model[key].equals(table), key
         assert (tmp_path / "model" / key).read_bytes() == (tmp_path / "writer" / key
                                                             ).read_bytes(), key
+
+
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_layer_0_per_type_is_each_occurrences_layer_0(
+        tiny_model_dir, one_torch_thread, compute_dtype: str) -> None:
+    """``submit_int8(..., layer_0_per_type=True)`` (what the CPU model stage hands the
+    writer): layers 1..L are the reference call's rows, and layer 0 of each distinct
+    token, quantized once, is bytewise every occurrence's layer 0 there, in whichever
+    batch it stood (the token cache on and off)."""
+    import elmo_model
+    from pipeline.write.config import ModelSpec
+
+    spec = ModelSpec.resolve(str(tiny_model_dir))
+    words = ["the", "cat", "sat", "on", "a", "mat", "while", "the", "old", "man", "looked",
+             "at", "the", "river", "cat"]
+    sentences = [words[:4], ["A"], words * 2, words[3:9], words[::-1], ["."]]
+    for cache_size in (0, 100):
+        embedder = elmo_model.load(spec.options, spec.weights, device="cpu",
+                                   dtype=compute_dtype, max_batch_tokens=24,
+                                   cache_size=cache_size)
+        want = embedder.embed_int8(sentences)
+        got = embedder.submit_int8(sentences, layer_0_per_type=True).result()
+        assert want.layer_0 is None and got.layer_0 is not None and got.first_layer == 1
+        assert len(got.layer_0.tokens) == len(set(got.layer_0.tokens))
+        for i, sentence in enumerate(sentences):
+            (want_values, want_scales), (values, scales) = want.sentence(i), got.sentence(i)
+            assert np.array_equal(values, want_values[1:])
+            assert scales.tobytes() == want_scales[1:].tobytes()
+            rows = got.layer_0.rows_of(sentence)
+            assert np.array_equal(got.layer_0.values[rows], want_values[0])
+            assert got.layer_0.scales[rows].tobytes() == want_scales[0].tobytes()
