@@ -19,6 +19,7 @@ from helpers import bench_lookup, moto_fs, uncommit_shard_1
 from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.ivf_build import (
     CALIBRATION_RECALL,
+    EXACT_BLOCK_ROWS,
     RETRAIN_GROWTH,
     build_ivf,
     calibrate,
@@ -201,12 +202,14 @@ def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
     assert not np.any(found == picks[:, None])
 
 
-def test_exact_nearest_matches_numpy() -> None:
+@pytest.mark.parametrize("rows", [70_000, EXACT_BLOCK_ROWS + 3])
+def test_exact_nearest_matches_numpy(rows: int) -> None:
+    # Several blocks; and a last block of fewer rows than k.
     rng = np.random.default_rng(1)
-    stored = (3 * rng.standard_normal((70_000, 8))).astype(np.float16)
+    stored = (3 * rng.standard_normal((rows, 8))).astype(np.float16)
     unit = stored.astype(np.float32) / np.linalg.norm(stored.astype(np.float32), axis=1,
                                                       keepdims=True)
-    leave_out = np.array([5, 65_540, 69_999])
+    leave_out = np.array([5, EXACT_BLOCK_ROWS + 1, rows - 1])
     q = unit[leave_out]
     got = exact_nearest(stored, q, 4, leave_out)
     sims = q @ unit.T
