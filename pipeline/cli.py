@@ -23,6 +23,23 @@ REGISTRARS = (
     "pipeline.demo",
 )
 
+# Commands whose work is faiss's, one query (or one batch of codes) a call: between
+# calls OpenMP's threads spin by default, and on a machine whose cores are busy that spin
+# cost 27x the CPU of a sketch scan (81 vs 3 ms a query) and 2.5x of encoding a build's
+# codes (BENCHMARKS.md, "The sense index at corpus scale"). Passive waits sleep instead.
+# Embedding keeps the default: its many small parallel regions a step want threads awake.
+PASSIVE_WAIT_COMMANDS = frozenset({"index", "senses", "serve"})
+
+
+def quiet_thread_waits(command: str | None, environ: dict[str, str] | None = None) -> None:
+    """``OMP_WAIT_POLICY=PASSIVE`` for ``command`` if it is one of
+    ``PASSIVE_WAIT_COMMANDS`` and the user set no policy; read when faiss and torch load
+    their OpenMP runtimes, so before they are imported (the parser imports neither)."""
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    if command in PASSIVE_WAIT_COMMANDS:
+        environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 DESCRIPTION = """\
 elmo: corpus-scale ELMo embeddings: embed, store every layer, query with SQL, search senses.
 
@@ -58,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    quiet_thread_waits(args.command)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -200,6 +200,12 @@ def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
     truth = exact_nearest(ivf.vectors, q, 10, picks)
     assert np.mean([len(set(f) & set(t)) for f, t in zip(found, truth, strict=True)]) >= 9.9
     assert not np.any(found == picks[:, None])
+    # Calibration scans the sketches once for all its probe counts: the same answers.
+    sketched = ivf.sketch_candidates(q, 10, picks)
+    for nprobe in (1, 4):
+        alone = ivf.search(q, 10, nprobe=nprobe, leave_out=picks)
+        reused = ivf.search(q, 10, nprobe=nprobe, leave_out=picks, sketched=sketched)
+        assert np.array_equal(alone[0], reused[0]) and np.array_equal(alone[1], reused[1])
 
 
 @pytest.mark.parametrize("rows", [70_000, EXACT_BLOCK_ROWS + 3])

@@ -233,8 +233,10 @@ def calibrate(ivf: MemoryIvf, rng: np.random.Generator,
     queries = unit_vectors(ivf.vectors[picks])
     truth = exact_nearest(ivf.vectors, queries, k, picks, on_rows)
 
+    sketched = ivf.sketch_candidates(queries, k, picks)  # the same at every probe count
+
     def recall(nprobe: int) -> float:
-        found, _ = ivf.search(queries, k, nprobe=nprobe, leave_out=picks)
+        found, _ = ivf.search(queries, k, nprobe=nprobe, leave_out=picks, sketched=sketched)
         return float(np.mean([len(set(f) & set(t)) / k for f, t in zip(found, truth,
                                                                        strict=True)]))
 
