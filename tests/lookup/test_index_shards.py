@@ -223,3 +223,21 @@ def test_training_reports_each_round_and_trains_as_faiss(tmp_path: Path) -> None
             assert np.allclose(faiss.vector_to_array(pq.centroids),
                                faiss.vector_to_array(faiss.downcast_index(ours).pq.centroids),
                                atol=1e-5)
+
+
+def test_a_filtered_search_reads_only_its_rows_codes_and_answers_the_same(built: Path
+                                                                          ) -> None:
+    """Before the codes are loaded, a search among some rows (a word's) builds an IVF of
+    their codes only; loaded, the same search filters every row's: the same answer."""
+    rng = np.random.default_rng(6)
+    among = np.sort(rng.choice(ROWS, 1_500, replace=False))
+    fresh = SenseIndex(str(built / "ix")).ivf()
+    queries = np.asarray(fresh.vectors[rng.choice(ROWS, 8)], np.float32) + \
+        rng.standard_normal((8, DIM)).astype(np.float32)
+    got = fresh.search(queries, 10, among=among)
+    assert fresh._index is None  # no code of another row was read
+    assert np.isin(got[0], among).all()
+    loaded = SenseIndex(str(built / "ix")).ivf()
+    assert loaded.index.ntotal == ROWS  # every row's codes, filtered by a selector
+    want = loaded.search(queries, 10, among=among)
+    assert np.array_equal(got[0], want[0]) and np.allclose(got[1], want[1])

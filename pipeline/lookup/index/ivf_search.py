@@ -340,6 +340,39 @@ class Sketch:
         return found
 
 
+class IdSketch(Sketch):
+    """The sketches of some rows, answering with their positions (``ids``)."""
+
+    def __init__(self, planes: np.ndarray, mean: np.ndarray, codes: np.ndarray,
+                 ids: np.ndarray) -> None:
+        super().__init__(planes, mean, codes)
+        self.ids = ids
+
+    def nearest(self, unit: np.ndarray, k: int, sel: Any = None) -> np.ndarray:
+        import numpy as np
+
+        found = super().nearest(unit, k, sel)
+        return np.where(found >= 0, self.ids[np.maximum(found, 0)], -1)
+
+
+def add_to_lists(index: Any, lists: np.ndarray, codes: np.ndarray, ids: np.ndarray) -> None:
+    """``codes`` (of rows ``ids``) into ``index``'s inverted lists ``lists``, as encoded."""
+    import faiss
+    import numpy as np
+
+    order = np.argsort(lists, kind="stable")
+    ids = np.ascontiguousarray(ids[order], np.int64)
+    sorted_lists = lists[order]
+    sorted_codes = np.ascontiguousarray(codes[order])
+    bounds = np.flatnonzero(np.diff(sorted_lists)) + 1
+    for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]]),
+                      strict=True):
+        if hi > lo:
+            index.invlists.add_entries(int(sorted_lists[lo]), int(hi - lo),
+                                       faiss.swig_ptr(ids[lo:hi]),
+                                       faiss.swig_ptr(sorted_codes[lo:hi]))
+
+
 class _Selector:
     """The rows a filter leaves, as a faiss ID selector (a bitmap of every row)."""
 
