@@ -40,6 +40,18 @@ def quiet_thread_waits(command: str | None, environ: dict[str, str] | None = Non
         environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def fixed_mmap_threshold(command: str | None) -> bool:
+    """An index build keeps its large allocations on their own mmap, as the embedding
+    workers do (``process_memory``): with glibc's sliding threshold each shard's mix
+    buffers stayed in the heap, and what the build held grew with the files it had
+    written (0.60 -> 0.87 GB over 3 files of 213k rows at 1024 wide; 0.64 fixed)."""
+    if command != "index":
+        return False
+    from pipeline.write.process_memory import fix_mmap_threshold
+
+    return fix_mmap_threshold()
+
+
 DESCRIPTION = """\
 elmo: corpus-scale ELMo embeddings: embed, store every layer, query with SQL, search senses.
 
@@ -76,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     quiet_thread_waits(args.command)
+    fixed_mmap_threshold(args.command)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

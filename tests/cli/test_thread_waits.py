@@ -1,5 +1,6 @@
 """Index, senses and serve commands make OpenMP's idle threads sleep (``pipeline.cli``):
-the setting only counts if faiss and torch are not loaded before the command is known."""
+the setting only counts if faiss and torch are not loaded before the command is known.
+An index build fixes glibc's mmap threshold, as the embedding workers do."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import os
 import subprocess
 import sys
 
-from pipeline.cli import PASSIVE_WAIT_COMMANDS, quiet_thread_waits
+import pytest
+
+from pipeline.cli import PASSIVE_WAIT_COMMANDS, fixed_mmap_threshold, quiet_thread_waits
+from pipeline.write import process_memory
 
 
 def test_search_commands_wait_passively_unless_the_user_chose() -> None:
@@ -30,3 +34,11 @@ def test_the_parser_loads_no_openmp_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=env)
     assert out.stdout.strip() == "[]"
+
+
+def test_only_an_index_build_fixes_the_mmap_threshold(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(process_memory, "fix_mmap_threshold", lambda: calls.append(1) or True)
+    assert fixed_mmap_threshold("index") and calls == [1]
+    assert not fixed_mmap_threshold("embed") and calls == [1]
