@@ -19,6 +19,7 @@ from helpers import bench_lookup, moto_fs, uncommit_shard_1
 from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.ivf_build import (
     CALIBRATION_RECALL,
+    EXACT_BLOCK_ROWS,
     RETRAIN_GROWTH,
     build_ivf,
     calibrate,
@@ -199,14 +200,22 @@ def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
     truth = exact_nearest(ivf.vectors, q, 10, picks)
     assert np.mean([len(set(f) & set(t)) for f, t in zip(found, truth, strict=True)]) >= 9.9
     assert not np.any(found == picks[:, None])
+    # Calibration scans the sketches once for all its probe counts: the same answers.
+    sketched = ivf.sketch_candidates(q, 10, picks)
+    for nprobe in (1, 4):
+        alone = ivf.search(q, 10, nprobe=nprobe, leave_out=picks)
+        reused = ivf.search(q, 10, nprobe=nprobe, leave_out=picks, sketched=sketched)
+        assert np.array_equal(alone[0], reused[0]) and np.array_equal(alone[1], reused[1])
 
 
-def test_exact_nearest_matches_numpy() -> None:
+@pytest.mark.parametrize("rows", [70_000, EXACT_BLOCK_ROWS + 3])
+def test_exact_nearest_matches_numpy(rows: int) -> None:
+    # Several blocks; and a last block of fewer rows than k.
     rng = np.random.default_rng(1)
-    stored = (3 * rng.standard_normal((70_000, 8))).astype(np.float16)
+    stored = (3 * rng.standard_normal((rows, 8))).astype(np.float16)
     unit = stored.astype(np.float32) / np.linalg.norm(stored.astype(np.float32), axis=1,
                                                       keepdims=True)
-    leave_out = np.array([5, 65_540, 69_999])
+    leave_out = np.array([5, EXACT_BLOCK_ROWS + 1, rows - 1])
     q = unit[leave_out]
     got = exact_nearest(stored, q, 4, leave_out)
     sims = q @ unit.T

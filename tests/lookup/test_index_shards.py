@@ -198,7 +198,8 @@ def test_training_reports_each_round_and_trains_as_faiss(tmp_path: Path) -> None
     sample /= np.linalg.norm(sample, axis=1, keepdims=True)
     for codes in ("PQ16", "SQ8"):
         steps: list[int] = []
-        train(str(tmp_path / codes), sample, 20, codes, steps.append)
+        mine = sample.copy()  # train overwrites it with its residuals (no copy of its own)
+        train(str(tmp_path / codes), mine, 20, codes, steps.append)
         assert sum(steps) == train_steps(codes, 32) >= 10
         ours = faiss.read_index(str(tmp_path / codes / TRAIN_FILE))
         theirs = faiss.index_factory(32, f"IVF20,{codes}", faiss.METRIC_INNER_PRODUCT)
@@ -210,3 +211,33 @@ def test_training_reports_each_round_and_trains_as_faiss(tmp_path: Path) -> None
         coarse = [faiss.rev_swig_ptr(faiss.downcast_index(i.quantizer).get_xb(), 20 * 32)
                   for i in (ours, theirs)]
         assert np.array_equal(coarse[0], coarse[1]) and ours.is_trained
+        if codes.startswith("PQ"):
+            # The codebooks: faiss's own product quantizer trained on the residuals.
+            centroids = coarse[0].reshape(20, 32)
+            _, assigned = ours.quantizer.search(sample, 1)
+            pq = faiss.ProductQuantizer(32, 16, 8)
+            pq.cp.min_points_per_centroid = 1
+            pq.cp.max_points_per_centroid = ivf_shards_build.PQ_TRAIN_POINTS_PER_CENTROID
+            pq.cp.niter = ivf_shards_build.PQ_TRAIN_ROUNDS
+            pq.train(sample - centroids[assigned[:, 0]])
+            assert np.allclose(faiss.vector_to_array(pq.centroids),
+                               faiss.vector_to_array(faiss.downcast_index(ours).pq.centroids),
+                               atol=1e-5)
+
+
+def test_a_filtered_search_reads_only_its_rows_codes_and_answers_the_same(built: Path
+                                                                          ) -> None:
+    """Before the codes are loaded, a search among some rows (a word's) builds an IVF of
+    their codes only; loaded, the same search filters every row's: the same answer."""
+    rng = np.random.default_rng(6)
+    among = np.sort(rng.choice(ROWS, 1_500, replace=False))
+    fresh = SenseIndex(str(built / "ix")).ivf()
+    queries = np.asarray(fresh.vectors[rng.choice(ROWS, 8)], np.float32) + \
+        rng.standard_normal((8, DIM)).astype(np.float32)
+    got = fresh.search(queries, 10, among=among)
+    assert fresh._index is None  # no code of another row was read
+    assert np.isin(got[0], among).all()
+    loaded = SenseIndex(str(built / "ix")).ivf()
+    assert loaded.index.ntotal == ROWS  # every row's codes, filtered by a selector
+    want = loaded.search(queries, 10, among=among)
+    assert np.array_equal(got[0], want[0]) and np.allclose(got[1], want[1])

@@ -52,6 +52,10 @@ CALIBRATION_RECALL = 0.97
 # are found by no number of probes: then more probes only cost time).
 CALIBRATION_PLATEAU = 0.002
 CALIBRATION_K = 10
+# Rows of the exact scan at a time (calibration's truth): 16,384 rows of 1024 wide are
+# 32 MB read, 64 MB widened and 33 MB of similarities for 500 queries; 65,536 held ~1.3 GB
+# of such temporaries at once, the largest allocation of a build.
+EXACT_BLOCK_ROWS = 16_384
 PROBE_STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
                1024, 1536, 2048)
 # k-means on at most this many rows per list (faiss wants at least 39).
@@ -229,8 +233,10 @@ def calibrate(ivf: MemoryIvf, rng: np.random.Generator,
     queries = unit_vectors(ivf.vectors[picks])
     truth = exact_nearest(ivf.vectors, queries, k, picks, on_rows)
 
+    sketched = ivf.sketch_candidates(queries, k, picks)  # the same at every probe count
+
     def recall(nprobe: int) -> float:
-        found, _ = ivf.search(queries, k, nprobe=nprobe, leave_out=picks)
+        found, _ = ivf.search(queries, k, nprobe=nprobe, leave_out=picks, sketched=sketched)
         return float(np.mean([len(set(f) & set(t)) / k for f, t in zip(found, truth,
                                                                        strict=True)]))
 
@@ -256,20 +262,24 @@ def exact_nearest(vectors: np.ndarray, queries: np.ndarray, k: int,
 
     best_sims = np.full((len(queries), k), -np.inf, np.float32)
     best_rows = np.full((len(queries), k), -1, np.int64)
-    block = 65_536
-    for start in range(0, len(vectors), block):
-        part = unit_vectors(vectors[start:start + block])
+    for start in range(0, len(vectors), EXACT_BLOCK_ROWS):
+        part = unit_vectors(vectors[start:start + EXACT_BLOCK_ROWS])
         sims = queries @ part.T
-        own = (leave_out >= start) & (leave_out < start + len(part))
+        del part
+        own = (leave_out >= start) & (leave_out < start + sims.shape[1])
         sims[np.flatnonzero(own), leave_out[own] - start] = -np.inf
-        both_sims = np.concatenate([best_sims, sims], axis=1)
-        both_rows = np.concatenate([best_rows, np.broadcast_to(
-            np.arange(start, start + len(part)), sims.shape)], axis=1)
-        top = np.argpartition(-both_sims, k - 1, axis=1)[:, :k]
-        best_sims = np.take_along_axis(both_sims, top, axis=1)
-        best_rows = np.take_along_axis(both_rows, top, axis=1)
+        # The block's own top k first: merging only those keeps the scan's memory at the
+        # block's similarities, not a copy of them with every row's position beside it.
+        take = min(k, sims.shape[1])
+        top = np.argpartition(-sims, take - 1, axis=1)[:, :take] \
+            if take < sims.shape[1] else np.broadcast_to(np.arange(take), sims.shape)
+        both_sims = np.concatenate([best_sims, np.take_along_axis(sims, top, axis=1)], axis=1)
+        both_rows = np.concatenate([best_rows, top + start], axis=1)
+        keep = np.argpartition(-both_sims, k - 1, axis=1)[:, :k]
+        best_sims = np.take_along_axis(both_sims, keep, axis=1)
+        best_rows = np.take_along_axis(both_rows, keep, axis=1)
         if on_rows is not None:
-            on_rows(len(part))
+            on_rows(sims.shape[1])
     return best_rows
 
 

@@ -138,12 +138,14 @@ class MemoryIvf:
         return set(columns) <= set(self.rows.column_names)
 
     def search(self, queries: np.ndarray, k: int, nprobe: int | None = None,
-               leave_out: np.ndarray | None = None, among: np.ndarray | None = None
+               leave_out: np.ndarray | None = None, among: np.ndarray | None = None,
+               sketched: Sequence[np.ndarray] | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
         """Positions ``[n, k]`` (-1 where fewer rows exist) and cosine similarities of the
         ``k`` rows nearest each of ``queries`` ``[n, dim]``; ``leave_out``: a position per
         query not to return (calibration's own row); ``among``: only these positions (a
-        filter: the lists and sketches skip the others).
+        filter: the lists and sketches skip the others); ``sketched``: each query's sketch
+        candidates from ``sketch_candidates`` (no filter), not scanned again.
 
         One query at a time: a query's answer is then the same alone or in a batch (the
         server's batching promises that), and batches gained nothing here (32 queries in
@@ -157,12 +159,29 @@ class MemoryIvf:
         for i in range(len(unit)):
             own = None if leave_out is None else int(leave_out[i])
             found, best = self._search_one(unit[i:i + 1], k, nprobe or self.nprobe, own,
-                                           selector)
+                                           selector, None if sketched is None else sketched[i])
             positions[i, :found.size], sims[i, :best.size] = found, best
         return positions, sims
 
+    def sketch_candidates(self, queries: np.ndarray, k: int,
+                          leave_out: np.ndarray | None = None) -> list[np.ndarray]:
+        """Each query's candidates from the sketches, as ``search`` takes them (no filter):
+        they do not depend on the probes, so calibration, which searches the same queries
+        at several probes, scans the sketches once (their scan of every row was 80% of its
+        time) and passes them as ``sketched``."""
+        unit = unit_vectors(queries)
+        count = self._sketched_count(self.index.ntotal, k, leave_out is not None)
+        return [self.sketch.nearest(unit[i:i + 1], count)[0] for i in range(len(unit))]
+
+    @staticmethod
+    def _sketched_count(rows: int, k: int, leaving_out: bool) -> int:
+        # CANDIDATES_PER_RESULT a result whatever the lists' codes: the sketches' scan of
+        # every row slows with the number it keeps.
+        return min(rows, max(k, CANDIDATES_PER_RESULT * k) + int(leaving_out))
+
     def _search_one(self, unit: np.ndarray, k: int, nprobe: int, leave_out: int | None,
-                    selector: _Selector | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    selector: _Selector | None = None, sketched: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
         """``search`` for one unit query ``[1, dim]``: positions and similarities, best
         first, at most ``k``."""
         import faiss
@@ -182,11 +201,10 @@ class MemoryIvf:
                 break
             nprobe = min(self.index.nlist, 4 * nprobe)
         # ... and the rows of the nearest sketches; a row found both ways counts once.
-        # The sketches give CANDIDATES_PER_RESULT a result whatever the lists' codes: their
-        # scan of every row slows with the number it keeps.
-        sketched = min(rows, max(k, CANDIDATES_PER_RESULT * k) + extra)
-        found = np.unique(np.concatenate([found[0],
-                                          self.sketch.nearest(unit, sketched, sel)[0]]))
+        if sketched is None:
+            sketched = self.sketch.nearest(unit, self._sketched_count(rows, k, bool(extra)),
+                                           sel)[0]
+        found = np.unique(np.concatenate([found[0], sketched]))
         found = found[(found >= 0) & (found != (-1 if leave_out is None else leave_out))]
         sims = self.cosines(unit[0], found)
         order = np.argsort(-sims, kind="stable")[:k]
@@ -320,6 +338,39 @@ class Sketch:
         _, found = self.scan.search(self.encode(unit, self.planes, self.mean),
                                     min(k, self.scan.ntotal), params=params)
         return found
+
+
+class IdSketch(Sketch):
+    """The sketches of some rows, answering with their positions (``ids``)."""
+
+    def __init__(self, planes: np.ndarray, mean: np.ndarray, codes: np.ndarray,
+                 ids: np.ndarray) -> None:
+        super().__init__(planes, mean, codes)
+        self.ids = ids
+
+    def nearest(self, unit: np.ndarray, k: int, sel: Any = None) -> np.ndarray:
+        import numpy as np
+
+        found = super().nearest(unit, k, sel)
+        return np.where(found >= 0, self.ids[np.maximum(found, 0)], -1)
+
+
+def add_to_lists(index: Any, lists: np.ndarray, codes: np.ndarray, ids: np.ndarray) -> None:
+    """``codes`` (of rows ``ids``) into ``index``'s inverted lists ``lists``, as encoded."""
+    import faiss
+    import numpy as np
+
+    order = np.argsort(lists, kind="stable")
+    ids = np.ascontiguousarray(ids[order], np.int64)
+    sorted_lists = lists[order]
+    sorted_codes = np.ascontiguousarray(codes[order])
+    bounds = np.flatnonzero(np.diff(sorted_lists)) + 1
+    for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]]),
+                      strict=True):
+        if hi > lo:
+            index.invlists.add_entries(int(sorted_lists[lo]), int(hi - lo),
+                                       faiss.swig_ptr(ids[lo:hi]),
+                                       faiss.swig_ptr(sorted_codes[lo:hi]))
 
 
 class _Selector:

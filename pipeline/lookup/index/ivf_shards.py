@@ -32,8 +32,10 @@ from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.ivf_search import (
     CANDIDATES_PER_RESULT,
     IVF_DIR,
+    IdSketch,
     MemoryIvf,
     Sketch,
+    add_to_lists,
 )
 
 if TYPE_CHECKING:
@@ -296,20 +298,49 @@ class ShardedIvf(MemoryIvf):
                 raise ElmoUserError(f"index shard {self.keys[s]} does not match its record "
                                     "(a build stopped half way?); `elmo index build` makes "
                                     "it again")
-            order = np.argsort(lists, kind="stable")
-            ids = (order + self.offsets[s]).astype(np.int64)
-            sorted_lists = lists[order]
-            sorted_codes = np.ascontiguousarray(codes[order])
-            bounds = np.flatnonzero(np.diff(sorted_lists)) + 1
-            for lo, hi in zip(np.concatenate([[0], bounds]),
-                              np.concatenate([bounds, [len(order)]]), strict=True):
-                if hi > lo:
-                    index.invlists.add_entries(int(sorted_lists[lo]), int(hi - lo),
-                                               faiss.swig_ptr(ids[lo:hi]),
-                                               faiss.swig_ptr(sorted_codes[lo:hi]))
+            add_to_lists(index, lists, codes, np.arange(len(lists)) + self.offsets[s])
         index.ntotal = int(self.offsets[-1])
         index.parallel_mode = 1
         return index
+
+    def search(self, queries: np.ndarray, k: int, nprobe: int | None = None,
+               leave_out: np.ndarray | None = None, among: np.ndarray | None = None,
+               sketched: Sequence[np.ndarray] | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """``MemoryIvf.search``; a filtered one (``among``) before the codes are loaded (a
+        CLI search of a word) searches an IVF of only those rows' codes and sketches, read
+        from the mapped files: what it costs then follows the filter's rows, not the
+        index's (loading every code was 0.65 of a CLI search's 6.6 CPU seconds at 0.85M
+        rows, and grows with them). The answer is the same: the same lists, the same rows."""
+        import numpy as np
+
+        if among is None or self._index is not None:
+            return super().search(queries, k, nprobe, leave_out, among, sketched)
+        return self._among(np.asarray(among, np.int64)).search(
+            queries, k, nprobe or self.nprobe, leave_out)
+
+    def _among(self, among: np.ndarray) -> MemoryIvf:
+        import faiss
+        import numpy as np
+
+        index = faiss.read_index(f"{self.folder}/{TRAIN_FILE}")
+        with np.load(f"{self.folder}/{PLANES_FILE}") as stored:
+            planes, mean = stored["planes"], stored["mean"]
+        shard = np.searchsorted(self.offsets, among, side="right") - 1
+        parts: dict[str, list[np.ndarray]] = {LISTS_FILE: [], CODES_FILE: [], SKETCH_FILE: []}
+        for s in np.unique(shard):
+            local = among[shard == s] - self.offsets[s]
+            for name, got in parts.items():
+                got.append(np.load(f"{self.folders[s]}/{name}", mmap_mode="r")[local])
+        held = {name: np.concatenate(got) for name, got in parts.items()}
+        add_to_lists(index, held[LISTS_FILE], held[CODES_FILE], among)
+        index.ntotal = len(among)
+        view = MemoryIvf.__new__(MemoryIvf)  # its search only: no rows to take
+        view.index, view.vectors, view.nprobe = index, self.vectors, self.nprobe
+        view.sketch = IdSketch(planes, mean, held[SKETCH_FILE], among)
+        view.candidates, view.dim = self.candidates, self.dim
+        index.parallel_mode = 1
+        return view
 
     def holds(self, columns: Sequence[str]) -> bool:
         return set(columns) <= set(self.rows.column_names)
