@@ -277,29 +277,46 @@ class ShardedIvf(MemoryIvf):
         if self._sketch is None:
             import numpy as np
 
-            with np.load(f"{self.folder}/{PLANES_FILE}") as stored:
-                planes, mean = stored["planes"], stored["mean"]
+            planes, mean = self._planes()
             codes = np.concatenate([np.load(f"{f}/{SKETCH_FILE}") for f in self.folders]) \
                 if self.folders else np.zeros((0, planes.shape[1] // 8), np.uint8)
             self._sketch = Sketch(planes, mean, codes)
         return self._sketch
 
+    def _planes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sketches' hyperplanes and the mean they are taken around."""
+        import numpy as np
+
+        with np.load(f"{self.folder}/{PLANES_FILE}") as stored:
+            return stored["planes"], stored["mean"]
+
     def _load_codes(self) -> Any:
         """The trained IVF with every shard's codes put in its lists (no encoding)."""
+        return self._index_of([(s, None) for s in range(len(self.folders))])
+
+    def _index_of(self, picks: Sequence[tuple[int, np.ndarray | None]]) -> Any:
+        """The trained IVF with the codes of each pick's rows put in its lists: shard
+        ``s``'s rows at ``local`` positions (every row for ``None``), under their
+        whole-index positions."""
         import faiss
         import numpy as np
 
         index = faiss.read_index(f"{self.folder}/{TRAIN_FILE}")
-        for s, folder in enumerate(self.folders):
-            lists = np.load(f"{folder}/{LISTS_FILE}")
-            codes = np.load(f"{folder}/{CODES_FILE}")
+        total = 0
+        for s, local in picks:
+            lists = np.load(f"{self.folders[s]}/{LISTS_FILE}", mmap_mode="r")
+            codes = np.load(f"{self.folders[s]}/{CODES_FILE}", mmap_mode="r")
             if len(lists) != len(codes) or codes.shape[1:] != (index.code_size,) \
                     or len(lists) != self.offsets[s + 1] - self.offsets[s]:
                 raise ElmoUserError(f"index shard {self.keys[s]} does not match its record "
                                     "(a build stopped half way?); `elmo index build` makes "
                                     "it again")
-            add_to_lists(index, lists, codes, np.arange(len(lists)) + self.offsets[s])
-        index.ntotal = int(self.offsets[-1])
+            if local is None:
+                local = np.arange(len(lists))
+            add_to_lists(index, np.asarray(lists[local]), np.asarray(codes[local]),
+                         local + self.offsets[s])
+            total += len(local)
+        index.ntotal = total
         index.parallel_mode = 1
         return index
 
@@ -320,26 +337,21 @@ class ShardedIvf(MemoryIvf):
             queries, k, nprobe or self.nprobe, leave_out)
 
     def _among(self, among: np.ndarray) -> MemoryIvf:
-        import faiss
         import numpy as np
+        import pyarrow as pa
 
-        index = faiss.read_index(f"{self.folder}/{TRAIN_FILE}")
-        with np.load(f"{self.folder}/{PLANES_FILE}") as stored:
-            planes, mean = stored["planes"], stored["mean"]
         shard = np.searchsorted(self.offsets, among, side="right") - 1
-        parts: dict[str, list[np.ndarray]] = {LISTS_FILE: [], CODES_FILE: [], SKETCH_FILE: []}
-        for s in np.unique(shard):
-            local = among[shard == s] - self.offsets[s]
-            for name, got in parts.items():
-                got.append(np.load(f"{self.folders[s]}/{name}", mmap_mode="r")[local])
-        held = {name: np.concatenate(got) for name, got in parts.items()}
-        add_to_lists(index, held[LISTS_FILE], held[CODES_FILE], among)
-        index.ntotal = len(among)
-        view = MemoryIvf.__new__(MemoryIvf)  # its search only: no rows to take
-        view.index, view.vectors, view.nprobe = index, self.vectors, self.nprobe
-        view.sketch = IdSketch(planes, mean, held[SKETCH_FILE], among)
-        view.candidates, view.dim = self.candidates, self.dim
-        index.parallel_mode = 1
+        picks = [(int(s), among[shard == s] - self.offsets[s]) for s in np.unique(shard)]
+        index = self._index_of(picks)
+        sketches = np.concatenate(
+            [np.load(f"{self.folders[s]}/{SKETCH_FILE}", mmap_mode="r")[local]
+             for s, local in picks])
+        ids = np.concatenate([local + self.offsets[s] for s, local in picks])
+        planes, mean = self._planes()
+        # Its search only: no rows to take; as many candidates as this index re-ranks.
+        view = MemoryIvf(index, self.vectors, IdSketch(planes, mean, sketches, ids),
+                         pa.table({}), self.nprobe)
+        view.candidates = self.candidates
         return view
 
     def holds(self, columns: Sequence[str]) -> bool:
