@@ -80,7 +80,7 @@ class TypeLayer0:
     than at every occurrence: layer 0 is context free (the same bytes wherever the token
     stands), and what is stored of it is one row per token type of an item (the types
     file). ``values[i]`` is bytewise the int8 of ``[x; x]`` an occurrence of ``tokens[i]``
-    gets (``quantize.quantize_int8_types``)."""
+    gets (``quantize.TypeQuantizer``)."""
 
     tokens: list[str]  # the call's distinct tokens, in order of first occurrence
     values: np.ndarray  # [T, 2P] int8
