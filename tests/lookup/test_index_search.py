@@ -61,9 +61,18 @@ def test_fast_path_equals_plain_lancedb_query(index: SenseIndex, n_vectors: int,
     search = VectorSearch(index.table, _queries(n_vectors), 10, KEYS, where, settings)
     fast = search.to_arrow()
     _assert_same(fast, search.lancedb_query().to_arrow())
-    assert fast.num_rows == 10 * n_vectors
     if n_vectors > 1:
-        assert sorted(set(fast["query_index"].to_pylist())) == list(range(n_vectors))
+        per_query = np.bincount(fast["query_index"].to_numpy(), minlength=n_vectors)
+    else:
+        assert "query_index" not in fast.column_names
+        per_query = np.array([fast.num_rows])
+    if graph and prefilter:
+        # LanceDB's graph search under a prefilter may stop short of k when the filter keeps
+        # few rows (so SenseIndex sends such searches to the exact path); both paths must
+        # still agree, and every query gets some rows and never more than k.
+        assert ((per_query >= 1) & (per_query <= 10)).all(), per_query
+    else:
+        assert (per_query == 10).all(), per_query
     if prefilter:
         tokens = index.table.search().where(where).select(["token"]).to_arrow()
         assert set(tokens["token"].to_pylist()) <= {"w1", "w2", "w7"}
