@@ -122,7 +122,8 @@ def write_synthetic(out: Path, n_tokens: int, dim: int, n_shards: int = 4, vocab
         sentences = pa.table({
             "doc_id": pa.array([f"doc{s // 10}" for s in sent_ids]),
             "sent_idx": pa.array(sent_ids % 10, pa.int32()),
-            "text": pa.array(["w " * 20] * len(sent_ids)),
+            # Each text its own, so that a test sees whose sentence a hit was given.
+            "text": pa.array([f"doc{s // 10}.{s % 10}: " + "w " * 20 for s in sent_ids]),
             "char_start": pa.array(np.zeros(len(sent_ids)), pa.int32()),
             "char_end": pa.array(np.full(len(sent_ids), 120), pa.int32()),
             "n_tokens": pa.array(np.full(len(sent_ids), 20), pa.int32()),
@@ -139,7 +140,8 @@ def write_synthetic(out: Path, n_tokens: int, dim: int, n_shards: int = 4, vocab
         manifest.mkdir(parents=True, exist_ok=True)
         (manifest / f"shard={shard}.json").write_text(json.dumps({
             "shard": shard, "part": "main", "run_id": "bench", "counts": {"tokens": n},
-            "files": {t: f"{t}/shard={shard}/main.parquet" for t in ("tokens", "types")
+            "files": {t: f"{t}/shard={shard}/main.parquet"
+                      for t in ("tokens", "types", "sentences")
                       if (out / t / f"shard={shard}").exists()}}))
     return {"top": top.astype(np.float32), "words": words}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -325,3 +325,31 @@ class DocumentTable:
                 if all(f.matches(doc_id if f.field == "doc_id" else row.get(f.field))
                        for f in filters)}
         return sorted(keep)
+
+
+def fields_where(filters: Sequence[FieldFilter], indexed: Mapping[str, str],
+                 documents: Callable[[], DocumentTable], max_join_ids: int,
+                 rebuild: str) -> str | None:
+    """A Lance predicate for document-field ``filters`` on an index whose rows hold the
+    fields ``indexed`` (name -> kind): on its own columns where it has the field, else
+    ``doc_id IN`` the documents (``documents()``, read only then) that pass; more than
+    ``max_join_ids`` of those is an error naming the build that stores the fields
+    (``rebuild``)."""
+    clauses, joined = [], []
+    for condition in filters:
+        kind = indexed.get(condition.field) or documents().check(condition.field)
+        typed = condition.typed(kind)
+        # "contains" reads a number as its digits: that comparison runs on the join.
+        if condition.field in indexed and (condition.op != "~" or kind == "string"):
+            clauses.append(typed.lance(field_column(condition.field)))
+        else:
+            joined.append(typed)
+    if joined:
+        ids = documents().doc_ids_where(joined)
+        if len(ids) > max_join_ids:
+            raise ElmoUserError(
+                f"{len(ids)} documents pass {' '.join(f.describe() for f in joined)}, too "
+                f"many to filter on a join; rebuild the index ({rebuild}) so that it holds "
+                "these fields, or narrow the filter")
+        clauses.append(f"doc_id IN ({', '.join(quote(i) for i in ids)})" if ids else "false")
+    return " AND ".join(f"({c})" for c in clauses) if clauses else None

@@ -19,7 +19,13 @@ from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.ivf_build import PQ_MIN_ROWS
 from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch
-from pipeline.lookup.index.ivf_shards import CODE_BYTES, SHARD_FILES, SHARDS_FORMAT, ShardedIvf
+from pipeline.lookup.index.ivf_shards import (
+    CODE_BYTES,
+    SENTENCES_FILE,
+    SHARD_FILES,
+    SHARDS_FORMAT,
+    ShardedIvf,
+)
 from pipeline.lookup.index.sense_index import SenseIndex, read_meta
 from pipeline.lookup.index.vectors import KEY_COLUMNS, vectors_from_dataset
 from pipeline.lookup.layers.mixes import iter_mixed
@@ -86,7 +92,8 @@ def test_holds_codes_and_keys_its_vectors_beside_it(built: Path) -> None:
     assert held["recall_at_10"] >= 0.95
     for shard in held["shards"].values():
         folder = built / "ix" / IVF_DIR / shard["folder"]
-        assert sorted(p.name for p in folder.iterdir()) == sorted(SHARD_FILES)
+        assert sorted(p.name for p in folder.iterdir()) == sorted([*SHARD_FILES,
+                                                                    SENTENCES_FILE])
     columns = index.table.schema.names
     assert "vector" not in columns and "row" in columns
     # The table has no vector index of LanceDB's: the IVF beside it is the only one.
@@ -299,11 +306,11 @@ def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyP
     meta = read_meta(str(built / "ix"))
     meta.ivf = None
     held = build_shards(index.table, fs, "compact-bucket/ix", meta, ds,
-                        dict(ds.shard_files("tokens")))
+                        dict(ds.shard_files("tokens")), sentences=index.sentences)
     for shard in held["shards"].values():
         folder = f"compact-bucket/ix/_ivf/{shard['folder']}"
         assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(folder, detail=False)) \
-            == sorted(SHARD_FILES)
+            == sorted([*SHARD_FILES, SENTENCES_FILE])
     # The build's local copy is gone; the search's lives as long as its IVF.
     assert list(temp.iterdir()) == []
     remote = ShardedIvf.load(fs, "compact-bucket/ix", held, "`elmo index build`")

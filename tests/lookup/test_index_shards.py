@@ -20,6 +20,7 @@ from pipeline.lookup.index.ivf_search import IVF_DIR
 from pipeline.lookup.index.ivf_shards import (
     CODE_BYTES,
     MEMORY_BYTES_PER_ROW,
+    SENTENCES_FILE,
     SHARD_FILES,
     VECTORS_FILE,
     ShardedIvf,
@@ -58,7 +59,8 @@ def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
     assert held["recall_at_10"] >= 0.95
     for shard in held["shards"].values():
         folder = built / "ix" / IVF_DIR / shard["folder"]
-        assert sorted(p.name for p in folder.iterdir()) == sorted(SHARD_FILES)
+        assert sorted(p.name for p in folder.iterdir()) == sorted([*SHARD_FILES,
+                                                                    SENTENCES_FILE])
     ivf = index.ivf()
     assert isinstance(ivf, ShardedIvf)
     # Opening it read no vectors and no codes: the vectors are mapped, the codes wait.
@@ -241,3 +243,43 @@ def test_a_filtered_search_reads_only_its_rows_codes_and_answers_the_same(built:
     assert loaded.index.ntotal == ROWS  # every row's codes, filtered by a selector
     want = loaded.search(queries, 10, among=among)
     assert np.array_equal(got[0], want[0]) and np.allclose(got[1], want[1])
+
+
+def test_a_word_search_needs_no_lancedb_and_finds_what_a_lance_filter_finds(built: Path
+                                                                            ) -> None:
+    """A compact index's word search takes the word's rows from the shards' ``rows.arrow``
+    and the hits' sentences from their ``sentences.arrow``: the process never imports
+    LanceDB, and the hits (sentences included) are those of the same filter run by LanceDB."""
+    import json
+    import subprocess
+    import sys
+
+    from pipeline.lookup.index.meta import RESULT_COLUMNS
+    from pipeline.lookup.index.sentences import with_sentences
+
+    query = np.random.default_rng(8).standard_normal(DIM).astype(np.float32)
+    child = f"""
+import json, sys
+import numpy as np
+from pipeline.lookup.index.sense_index import SenseIndex
+index = SenseIndex({str(built / "ix")!r})
+hits = index.search(np.array({query.tolist()}, np.float32), k=8, words=["w1", "w7"])
+print(json.dumps({{"lancedb": "lancedb" in sys.modules, "hits": hits.to_pylist()}}))
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         check=True)
+    answer = json.loads(out.stdout)
+    assert answer["lancedb"] is False
+    index = SenseIndex(str(built / "ix"))
+    # "AND (true)": the same rows, but a filter only LanceDB can evaluate.
+    lance = index.search(query, k=8, words=["w1", "w7"], where="true")
+    assert index._tables is not None  # it did go through LanceDB
+    assert [{c: h[c] for c in (*RESULT_COLUMNS, "_distance")} for h in answer["hits"]] \
+        == lance.to_pylist()
+    assert {h["token"].lower() for h in answer["hits"]} <= {"w1", "w7"}
+    # The texts are the sentences table's.
+    keys = lance.select(["doc_id", "sent_idx"])
+    assert lance["sentence"].to_pylist() \
+        == with_sentences(index.sentences, keys)["sentence"].to_pylist()
+    assert [h["sentence"].split(":")[0] for h in answer["hits"]] \
+        == [f"{h['doc_id']}.{h['sent_idx']}" for h in answer["hits"]]

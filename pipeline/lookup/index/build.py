@@ -18,8 +18,7 @@ from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import field_kinds, indexable_fields, read_documents
 from pipeline.lookup.index.ivf_build import RETRAIN_GROWTH, build_ivf, drop_other_folders
 from pipeline.lookup.index.ivf_search import current, present
-from pipeline.lookup.index.ivf_shards import ivf_folders, shards_current
-from pipeline.lookup.index.ivf_shards_build import build_shards
+from pipeline.lookup.index.ivf_shards_build import build_shards, ivf_folders, shards_current
 from pipeline.lookup.index.meta import (
     HNSW_MIN_ROWS,
     INDEX_KINDS,
@@ -303,7 +302,7 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
             ds = open_dataset(meta.dataset, storage_options)
             meta.ivf = summary.ivf = build_shards(
                 table, fs, root, meta, ds, dict(ds.shard_files("tokens")), show_progress,
-                shard_runner)
+                shard_runner, tables.sentences)
         meta.ivf["table_version"] = table.version
     elif not (current(meta.ivf, table.version) and present(fs, root, meta.ivf)):
         # The table changed (or never had one): the in-memory IVF follows it.

@@ -10,7 +10,9 @@ centroids and product quantizer every shard was encoded with, and the sketches' 
   code and its list (``CODE_BYTES`` bytes a row whatever the width);
 - ``sketch.npy`` ``[n, 16]``: each row's 128-bit sketch (``ivf_search.Sketch``);
 - ``rows.arrow``: the LanceDB rows of that file in the same order (an Arrow IPC file,
-  memory-mapped: a result takes its columns from there), ``row`` ascending.
+  memory-mapped: a result takes its columns from there), ``row`` ascending;
+- ``sentences.arrow``: their sentences' ``doc_id, sent_idx, text`` (Arrow IPC), so that a
+  search needs no LanceDB; older shards lack it (their texts come from the table).
 
 What a process holds per row is the code, faiss's 8-byte id and the sketch:
 ``CODE_BYTES + 24`` bytes (88 at any width); the rest stays on disk, in the page cache.
@@ -50,6 +52,7 @@ LISTS_FILE = "lists.npy"
 SKETCH_FILE = "sketch.npy"
 VECTORS_FILE = "vectors.npy"
 ROWS_FILE = "rows.arrow"
+SENTENCES_FILE = "sentences.arrow"
 SHARD_FILES = (CODES_FILE, LISTS_FILE, SKETCH_FILE, VECTORS_FILE, ROWS_FILE)
 TRAIN_FILES = (TRAIN_FILE, PLANES_FILE)
 # Bytes of product-quantized code a row (residuals of the coarse centroid): what a process
@@ -191,6 +194,19 @@ class ShardRows:
 
     def row_column(self, s: int) -> np.ndarray:
         return self.tables[s].column("row").to_numpy()
+
+    def positions_in(self, column: str, values: Sequence[str]) -> np.ndarray:
+        """Positions, ascending, of the rows whose ``column`` is one of ``values``: a word
+        filter answered from the mapped rows, without LanceDB."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        wanted = pa.array(list(values), pa.string())
+        found = [np.flatnonzero(pc.is_in(t.column(column), value_set=wanted)
+                                .to_numpy()) + self.offsets[s]
+                 for s, t in enumerate(self.tables)]
+        return np.concatenate(found) if found else np.empty(0, np.int64)
 
 
 class ShardedIvf(MemoryIvf):
@@ -414,7 +430,7 @@ def _local_copy(fs: Any, base: str, record: dict[str, Any], cache: str | None) -
 
     local = cache or tempfile.mkdtemp(prefix="elmo-ivf-")
     wanted = [(record["train"], TRAIN_FILES)] + \
-        [(s["folder"], SHARD_FILES) for s in record["shards"].values()]
+        [(s["folder"], (*SHARD_FILES, SENTENCES_FILE)) for s in record["shards"].values()]
     for folder, files in wanted:
         os.makedirs(f"{local}/{folder}", exist_ok=True)
         for name in files:
@@ -426,25 +442,3 @@ def _local_copy(fs: Any, base: str, record: dict[str, Any], cache: str | None) -
                     continue  # named by load as missing
                 os.replace(target + ".part", target)
     return local
-
-
-def ivf_folders(record: dict[str, Any] | None) -> list[str]:
-    """The folders under ``_ivf`` that ``record`` (``IndexMeta.ivf``) uses."""
-    if record is None:
-        return []
-    if not is_sharded(record):
-        return [record["folder"]]
-    return [record["train"], *(s["folder"] for s in record["shards"].values())]
-
-
-def shards_current(fs: Any, root: str, record: dict[str, Any] | None,
-                   indexed: Sequence[str]) -> bool:
-    """Whether ``record`` is an IVF in shards holding exactly the files ``indexed``, each
-    encoded with its training and present under ``root``."""
-    if not is_sharded(record) or "nprobe" not in record:
-        return False
-    shards = record["shards"]
-    return list(shards) == list(indexed) \
-        and all(s.get("train") == record["train"] for s in shards.values()) \
-        and all(fs.exists(f"{root}/{IVF_DIR}/{record['train']}/{n}") for n in TRAIN_FILES) \
-        and all(shard_missing(fs, f"{root}/{IVF_DIR}", s) is None for s in shards.values())

@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ from pipeline.lookup.index.ivf_shards import (
     CODE_BYTES,
     MEMORY_BYTES_PER_ROW,
     PLANES_FILE,
+    SENTENCES_FILE,
     SHARD_FILES,
     SHARDS_FORMAT,
     TRAIN_FILE,
@@ -248,9 +249,10 @@ def _train_product_codes(index: Any, sample: np.ndarray, centroids: np.ndarray,
 
 def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
                  files: dict[str, str], show_progress: bool = False,
-                 run: ShardRunner | None = None) -> dict[str, Any]:
+                 run: ShardRunner | None = None, sentences: Any = None) -> dict[str, Any]:
     """Bring the sharded IVF of ``meta`` (a compact index) to the files ``meta.indexed``
     names (``files``: key -> the dataset's path); returns what ``IndexMeta.ivf`` records.
+    ``table``, ``sentences``: the index's token and sentence tables (LanceDB).
     The caller commits it by writing the metadata, then calls ``drop_other_folders``.
     ``run``: what runs the per-shard work (``shard_work``; ``ray_work.ShardTasks``: Ray
     tasks), for an index on local storage; by default this process does."""
@@ -282,9 +284,9 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
         for key in new:
             folder = f"s-{uuid.uuid4().hex[:12]}"
             made.append(folder)
-            # A Ray task opens the table itself (the table object does not travel).
+            # A Ray task opens the tables itself (a table object does not travel).
             jobs.append((new_rows[key], partial(
-                new_shard, table if here else root, key, f"{base}/{folder}", ds,
+                new_shard, (table, sentences) if here else root, key, f"{base}/{folder}", ds,
                 meta.the_mix(), files[key], meta.vector_dtype)))
             shards[key] = {"folder": folder, "rows": new_rows[key], "train": None}
         with rows_bar(sum(new_rows.values()), show_progress) as bar:
@@ -318,7 +320,8 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
                    "calibration_queries": queries}
         if not local:
             for folder in made:
-                names = TRAIN_FILES if folder.startswith("t-") else SHARD_FILES
+                names = TRAIN_FILES if folder.startswith("t-") \
+                    else (*SHARD_FILES, SENTENCES_FILE)
                 for name in names:
                     if os.path.exists(f"{base}/{folder}/{name}"):
                         fs.put_file(f"{base}/{folder}/{name}",
@@ -372,3 +375,25 @@ def _train_or_keep(previous: dict[str, Any] | None, base: str, shards: dict[str,
         train(f"{base}/{folder}", sample, lists, codes, bar.update)
     return {"format": SHARDS_FORMAT, "train": folder, "lists": lists, "codes": codes,
             "trained_rows": rows, "dim": dim, "train_sample": take}
+
+
+def ivf_folders(record: dict[str, Any] | None) -> list[str]:
+    """The folders under ``_ivf`` that ``record`` (``IndexMeta.ivf``) uses."""
+    if record is None:
+        return []
+    if not is_sharded(record):
+        return [record["folder"]]
+    return [record["train"], *(s["folder"] for s in record["shards"].values())]
+
+
+def shards_current(fs: Any, root: str, record: dict[str, Any] | None,
+                   indexed: Sequence[str]) -> bool:
+    """Whether ``record`` is an IVF in shards holding exactly the files ``indexed``, each
+    encoded with its training and present under ``root``."""
+    if not is_sharded(record) or "nprobe" not in record:
+        return False
+    shards = record["shards"]
+    return list(shards) == list(indexed) \
+        and all(s.get("train") == record["train"] for s in shards.values()) \
+        and all(fs.exists(f"{root}/{IVF_DIR}/{record['train']}/{n}") for n in TRAIN_FILES) \
+        and all(shard_missing(fs, f"{root}/{IVF_DIR}", s) is None for s in shards.values())

@@ -58,11 +58,10 @@ from pipeline.lookup.doc_fields import (
     INDEX_FIELDS,
     DocumentTable,
     FieldFilter,
-    field_column,
-    quote,
+    fields_where,
 )
 from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch, MemoryIvf, current
-from pipeline.lookup.index.ivf_shards import ShardedIvf, is_sharded
+from pipeline.lookup.index.ivf_shards import SENTENCES_FILE, ShardedIvf, is_sharded
 from pipeline.lookup.index.lance_search import VectorSearch
 from pipeline.lookup.index.meta import (
     EXACT_FILTER_VALUES,
@@ -80,13 +79,14 @@ from pipeline.lookup.index.meta import (
 from pipeline.lookup.index.sentences import (
     SENTENCE_KEY,
     SENTENCES_TABLE,
+    ShardSentences,
     read_all_texts,
     with_held_sentences,
     with_sentences,
 )
 
 # Words as the index's columns store them (stem_words: importable from here as before).
-from pipeline.lookup.index.words import column_words, token_filter
+from pipeline.lookup.index.words import WordCounts, column_words, token_filter
 from pipeline.lookup.index.words import stem_words as stem_words
 from schemas.dataset import open_dataset, open_fs, read_dataset_descriptor
 from schemas.mix_specs import Mix
@@ -102,32 +102,52 @@ class SenseIndex:
     """An opened index: its metadata and LanceDB table."""
 
     def __init__(self, uri: str, storage_options: dict | None = None) -> None:
-        import lancedb
-
         meta = read_meta(uri, storage_options)
         if meta is None:
             raise ElmoUserError(f"{uri} is not an elmo sense index (no {INDEX_META}); "
                                 "build one with `elmo index build`")
         self.uri, self.meta = uri, meta
         self.storage_options = storage_options
-        db = lancedb.connect(uri, storage_options=lance_options(storage_options))
-        self.table = db.open_table(TABLE)
-        made = (meta.ivf or {}).get("table_version") if is_sharded(meta.ivf) else None
-        if made is not None and self.table.version != made:
-            # A build stopped after changing the table, before its metadata: the table
-            # as the IVF was made from it.
-            self.table.checkout(made)
-        # Layout 2 keeps each sentence once, in a table of its own; layout 1 in every row.
-        self.sentences = db.open_table(SENTENCES_TABLE) if meta.layout >= 2 else None
+        # LanceDB is opened on first use: a compact index's word search needs none of it
+        # (its shards hold their rows and sentences), and importing it takes seconds.
+        self._tables: tuple[Any, Any] | None = None
         self._held_texts: dict[tuple[str, int], str] | None = None
         self.selection = meta.selection()  # which words it holds
-        self._counts: pa.Table | None = None
-        self._counts_read = False
+        fs, root = open_fs(uri, storage_options)
+        self.word_counts = WordCounts(fs, f"{root}/{WORD_COUNTS}",
+                                      current=meta.counted_rows == meta.rows > 0)
         self._documents: DocumentTable | None = None
         self._ivf: MemoryIvf | None = None
         self._ivf_tried = False
         # False: every search goes to LanceDB (benchmarks compare the two paths).
         self.use_ivf = True
+
+    @property
+    def table(self) -> Any:
+        """The index's LanceDB table of token rows."""
+        return self._lance()[0]
+
+    @property
+    def sentences(self) -> Any:
+        """Its table of sentence texts (layout 2: each sentence once), or None (layout 1:
+        the text is in every row)."""
+        return self._lance()[1] if self.meta.layout >= 2 else None
+
+    def _lance(self) -> tuple[Any, Any]:
+        if self._tables is None:
+            import lancedb
+
+            db = lancedb.connect(self.uri, storage_options=lance_options(self.storage_options))
+            table = db.open_table(TABLE)
+            made = (self.meta.ivf or {}).get("table_version") \
+                if is_sharded(self.meta.ivf) else None
+            if made is not None and table.version != made:
+                # A build stopped after changing the table, before its metadata: the table
+                # as the IVF was made from it.
+                table.checkout(made)
+            sentences = db.open_table(SENTENCES_TABLE) if self.meta.layout >= 2 else None
+            self._tables = (table, sentences)
+        return self._tables
 
     def ivf(self) -> MemoryIvf | None:
         """The in-memory IVF (loaded on first use), or None when the index has none, its
@@ -159,6 +179,14 @@ class SenseIndex:
 
             held, rebuild = self.meta.ivf, self._rebuild()
             if is_sharded(held):
+                lacking = [key for key in self.meta.indexed if key not in held["shards"]]
+                if lacking:
+                    # The table holds a file the IVF does not (an IVF older than its table):
+                    # a search would leave its rows out without a word.
+                    part, shard, _ = lacking[0].split("/")
+                    raise ElmoUserError(f"index shard {part}/{shard} is missing or stale (the "
+                                        f"IVF holds no such file, which the index's table "
+                                        f"has); {rebuild} makes it again")
                 fs, root = open_fs(self.uri, self.storage_options)
                 self._ivf = ShardedIvf.load(fs, root, held, rebuild)
                 return self._ivf
@@ -199,7 +227,7 @@ class SenseIndex:
 
     def stored(self, columns: Sequence[str]) -> list[str]:
         """``columns`` the token rows hold (``sentence`` comes from the sentences table)."""
-        if self.sentences is None or "sentence" not in columns:
+        if self.meta.layout < 2 or "sentence" not in columns:
             return list(columns)
         # The sentence's key, to fetch its text by.
         return [c for c in columns if c != "sentence"] + \
@@ -207,9 +235,12 @@ class SenseIndex:
 
     def completed(self, columns: Sequence[str]) -> Any:
         """What turns rows of ``stored(columns)`` into rows of ``columns`` (None: nothing)."""
-        if self.sentences is None or "sentence" not in columns:
+        if self.meta.layout < 2 or "sentence" not in columns:
             return None
-        held, sentences = self._held_texts, self.sentences
+        held = self._held_texts
+        sentences = self._shard_sentences() if held is None else None
+        if held is None and sentences is None:
+            sentences = self.sentences
         added = [c for c in SENTENCE_KEY if c not in columns]  # by ``stored``, for the text
 
         def complete(rows: pa.Table) -> pa.Table:
@@ -223,10 +254,19 @@ class SenseIndex:
         """Read every sentence text into memory now, if there are at most ``max_rows``,
         so that each later result takes its texts from there instead of a read (a server
         answering many queries); whether they are held."""
-        if self.sentences is not None and self._held_texts is None \
+        if self.meta.layout >= 2 and self._held_texts is None \
+                and self._shard_sentences() is None \
                 and self.sentences.count_rows() <= max_rows:
             self._held_texts = read_all_texts(self.sentences)
         return self._held_texts is not None
+
+    def _shard_sentences(self) -> ShardSentences | None:
+        """The texts the compact IVF's shards hold (mapped: nothing to hold), or None."""
+        if not (self.meta.compact and is_sharded(self.meta.ivf)):
+            return None
+        ivf = self._compact_ivf()
+        folders = getattr(ivf, "folders", None)  # a Ray-held IVF has none here
+        return None if folders is None else ShardSentences.of(folders, SENTENCES_FILE)
 
     def require_indexed(self, words: Sequence[str], column: str) -> None:
         """A word this index does not hold (it selected others) is a user error."""
@@ -260,36 +300,15 @@ class SenseIndex:
                 f"`elmo index build {self.meta.dataset} --mix {self.meta.mix_name} --out "
                 f"{self.uri} --rebuild`, or search the exact word (--same-form)")
 
-    def _word_counts(self) -> pa.Table | None:
-        """The counts file the build writes (None: this index predates it or is stale)."""
-        if not self._counts_read:
-            self._counts_read = True
-            if self.meta.counted_rows == self.meta.rows > 0:
-                import pyarrow.parquet as pq
-
-                fs, root = open_fs(self.uri, self.storage_options)
-                try:
-                    with fs.open(f"{root}/{WORD_COUNTS}", "rb") as handle:
-                        self._counts = pq.read_table(handle)
-                except FileNotFoundError:
-                    self._counts = None
-        return self._counts
-
     def word_rows(self, words: Sequence[str], column: str = "token_lower") -> int:
         """Rows that ``token_filter(words, column)`` keeps: ``token_lower`` (the words in
         any case) or ``token_stem`` (the words and their forms). From the counts file the
         build writes; a count query on the table for an index built before it existed."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         if column not in ("token_lower", "token_stem"):
             raise ValueError(f"word_rows counts token_lower or token_stem, not {column!r}")
-        counts = self._word_counts()
-        if counts is None or column not in counts.column_names:
-            return self.table.count_rows(token_filter(words, column))
-        wanted = pa.array(column_words(words, column), pa.string())
-        hits = pc.is_in(counts.column(column), value_set=wanted)
-        return int(pc.sum(counts.column("rows").filter(hits)).as_py() or 0)
+        counted = self.word_counts.rows(words, column)
+        return self.table.count_rows(token_filter(words, column)) if counted is None \
+            else counted
 
     @property
     def mix(self) -> Mix:
@@ -314,29 +333,10 @@ class SenseIndex:
         return {**dict.fromkeys(INDEX_FIELDS, "string"), **self.meta.doc_fields}
 
     def fields_where(self, filters: Sequence[FieldFilter]) -> str | None:
-        """A Lance predicate for document-field ``filters``: on the index's own columns
-        where it has the field, else ``doc_id IN`` the documents that pass."""
-        indexed = self.indexed_fields()
-        clauses, joined = [], []
-        for condition in filters:
-            kind = indexed.get(condition.field) or self.documents().check(condition.field)
-            typed = condition.typed(kind)
-            # "contains" reads a number as its digits: that comparison runs on the join.
-            if condition.field in indexed and (condition.op != "~" or kind == "string"):
-                clauses.append(typed.lance(field_column(condition.field)))
-            else:
-                joined.append(typed)
-        if joined:
-            ids = self.documents().doc_ids_where(joined)
-            if len(ids) > MAX_JOIN_IDS:
-                raise ElmoUserError(
-                    f"{len(ids)} documents pass {' '.join(f.describe() for f in joined)}, too "
-                    f"many to filter on a join; rebuild the index (`elmo index build "
-                    f"{self.meta.dataset} --out {self.uri} --rebuild`) so that it holds "
-                    "these fields, or narrow the filter")
-            clauses.append(f"doc_id IN ({', '.join(quote(i) for i in ids)})" if ids
-                           else "false")
-        return " AND ".join(f"({c})" for c in clauses) if clauses else None
+        """A Lance predicate for document-field ``filters`` (``doc_fields.fields_where``)."""
+        return fields_where(filters, self.indexed_fields(), self.documents, MAX_JOIN_IDS,
+                            f"`elmo index build {self.meta.dataset} --out {self.uri} "
+                            "--rebuild`")
 
     def search(self, vector: np.ndarray, k: int = 10, words: Sequence[str] | None = None,
                exact: bool = False, columns: Sequence[str] = RESULT_COLUMNS,
@@ -373,6 +373,12 @@ class SenseIndex:
             self.require_indexed(words, column)
         word_where = token_filter(words, column) if words else None
         if self.meta.compact:
+            if where is None and words and is_sharded(self.meta.ivf):
+                ivf = self._compact_ivf()
+                among = ivf.rows.positions_in(column, column_words(words, column)) \
+                    if isinstance(ivf, ShardedIvf) else self._compact_positions(word_where)
+                return IvfSearch(ivf, vectors, k, tuple(self.stored(columns)),
+                                 self.completed(columns), among=among, exact=exact)
             where = " AND ".join(f"({w})" for w in (word_where, where) if w) or None
             among = None if where is None else self._compact_positions(where)
             return IvfSearch(self._compact_ivf(), vectors, k, tuple(self.stored(columns)),

@@ -22,10 +22,12 @@ from pipeline.lookup.index.ivf_shards import (
     LISTS_FILE,
     PLANES_FILE,
     ROWS_FILE,
+    SENTENCES_FILE,
     SKETCH_FILE,
     TRAIN_FILE,
     VECTORS_FILE,
 )
+from pipeline.lookup.index.sentences import SENTENCE_KEY
 from pipeline.lookup.layers.vectors import unit_vectors
 
 if TYPE_CHECKING:
@@ -47,18 +49,35 @@ def run_here(jobs: Sequence[ShardJob], on_rows: Callable[[int], Any]) -> None:
         call(on_rows)
 
 
-def new_shard(table: Any, key: str, folder: str, ds: Dataset, mix: Any, path: str,
-              dtype: str, on_rows: Callable[[int], Any]) -> None:
+def new_shard(tables: tuple[Any, Any] | str, key: str, folder: str, ds: Dataset, mix: Any,
+              path: str, dtype: str, on_rows: Callable[[int], Any]) -> None:
     """The shard of the dataset file ``path`` (``key``) in ``folder``: its rows of the index's
-    LanceDB table (``table``, or the local index folder holding it, which a Ray task
-    opens itself) and their vectors (``write_shard``)."""
-    if isinstance(table, str):
+    LanceDB tables (``tables``: tokens and sentences, or the local index folder holding
+    them, which a Ray task opens itself), their sentences and their vectors
+    (``write_shard``)."""
+    if isinstance(tables, str):
         import lancedb
 
         from pipeline.lookup.index.meta import TABLE
+        from pipeline.lookup.index.sentences import SENTENCES_TABLE
 
-        table = lancedb.connect(table).open_table(TABLE)
+        db = lancedb.connect(tables)
+        names = db.list_tables().tables
+        tables = (db.open_table(TABLE),
+                  db.open_table(SENTENCES_TABLE) if SENTENCES_TABLE in names else None)
+    table, sentences = tables
+    os.makedirs(folder, exist_ok=True)
+    if sentences is not None:
+        _write_arrow(f"{folder}/{SENTENCES_FILE}", shard_rows(sentences, key, SENTENCE_KEY)
+                     .select([*SENTENCE_KEY, "text"]))
     write_shard(folder, ds, mix, path, shard_rows(table, key), dtype, on_rows)
+
+
+def _write_arrow(path: str, rows: pa.Table) -> None:
+    import pyarrow as pa
+
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
+        writer.write_table(rows, max_chunksize=READ_BATCH_ROWS)
 
 
 def write_shard(folder: str, ds: Dataset, mix: Any, path: str, rows: pa.Table, dtype: str,
@@ -66,15 +85,12 @@ def write_shard(folder: str, ds: Dataset, mix: Any, path: str, rows: pa.Table, d
     """A shard's ``rows.arrow`` and ``vectors.npy``: ``rows`` (one tokens file's index rows,
     sorted by ``row``) and their vectors mixed on read from ``path``, a batch at a time."""
     import numpy as np
-    import pyarrow as pa
 
     from pipeline.lookup.layers.mixes import iter_mixed
     from schemas.layers import cast_floats
 
     os.makedirs(folder, exist_ok=True)
-    with pa.OSFile(f"{folder}/{ROWS_FILE}", "wb") as sink, \
-            pa.ipc.new_file(sink, rows.schema) as writer:
-        writer.write_table(rows, max_chunksize=READ_BATCH_ROWS)
+    _write_arrow(f"{folder}/{ROWS_FILE}", rows)
     wanted = rows.column("row").to_numpy()
     dim = ds.descriptor.dim
     with open(f"{folder}/{VECTORS_FILE}", "wb") as handle:
@@ -98,13 +114,13 @@ def write_shard(folder: str, ds: Dataset, mix: Any, path: str, rows: pa.Table, d
                             "them: rebuild the index with --rebuild")
 
 
-def shard_rows(table: Any, key: str) -> pa.Table:
-    """The LanceDB rows of one dataset file (``key``), sorted by ``row``."""
+def shard_rows(table: Any, key: str, order: Sequence[str] = ("row",)) -> pa.Table:
+    """The LanceDB rows of one dataset file (``key``), sorted by ``order``."""
     from pipeline.lookup.index.rows import shard_filter
 
     found = table.search().where(shard_filter(key)).limit(max(1, table.count_rows())) \
         .to_arrow()
-    return found.sort_by("row").combine_chunks()
+    return found.sort_by([(c, "ascending") for c in order]).combine_chunks()
 
 
 def encode(train_folder: str, source: str, folder: str, rows: int, dim: int,
@@ -121,8 +137,9 @@ def encode(train_folder: str, source: str, folder: str, rows: int, dim: int,
         planes, mean = stored["planes"], stored["mean"]
     os.makedirs(folder, exist_ok=True)
     if source != folder:
-        for name in (VECTORS_FILE, ROWS_FILE):
-            _link(f"{source}/{name}", f"{folder}/{name}")
+        for name in (VECTORS_FILE, ROWS_FILE, SENTENCES_FILE):
+            if name != SENTENCES_FILE or os.path.exists(f"{source}/{name}"):
+                _link(f"{source}/{name}", f"{folder}/{name}")
     vectors = ShardVectors([f"{folder}/{VECTORS_FILE}"], [rows], dim)
     coarse = index.coarse_code_size()
     codes = np.empty((rows, index.code_size), np.uint8)

@@ -193,3 +193,41 @@ def keep_mask(lower: pa.Array, selected: pa.Array | None) -> pa.Array | None:
     import pyarrow.compute as pc
 
     return None if selected is None else pc.is_in(lower, value_set=selected)
+
+
+class WordCounts:
+    """The counts file an index build writes (``meta.WORD_COUNTS``: rows per lowercase
+    token, with its stem), read on first use."""
+
+    def __init__(self, fs: Any, path: str, current: bool) -> None:
+        """``current``: the file was written for the index's rows as they are."""
+        self.fs, self.path, self.current = fs, path, current
+        self._table: pa.Table | None = None
+        self._read = False
+
+    def table(self) -> pa.Table | None:
+        """The counts (None: the index predates the file, or it is stale)."""
+        if not self._read:
+            self._read = True
+            if self.current:
+                import pyarrow.parquet as pq
+
+                try:
+                    with self.fs.open(self.path, "rb") as handle:
+                        self._table = pq.read_table(handle)
+                except FileNotFoundError:
+                    self._table = None
+        return self._table
+
+    def rows(self, words: Sequence[str], column: str) -> int | None:
+        """Rows whose ``column`` is one of ``column_words(words, column)``; None when the
+        counts cannot say (no current file, or none for ``column``)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        counts = self.table()
+        if counts is None or column not in counts.column_names:
+            return None
+        wanted = pa.array(column_words(words, column), pa.string())
+        hits = pc.is_in(counts.column(column), value_set=wanted)
+        return int(pc.sum(counts.column("rows").filter(hits)).as_py() or 0)

@@ -169,7 +169,7 @@ def _text(value: Any) -> str:
 
 
 def _vocabulary_size(ix: SenseIndex) -> int | None:
-    counts = ix._word_counts()
+    counts = ix.word_counts.table()
     return None if counts is None else counts.num_rows
 
 
