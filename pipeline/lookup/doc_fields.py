@@ -109,7 +109,8 @@ def read_documents(ds: Dataset, path: str) -> tuple[list[str], list[dict[str, An
     import pyarrow.parquet as pq
 
     with ds.fs.open(path, "rb") as handle:
-        table = pq.read_table(handle, columns=["doc_id", "source", "line", "metadata"])
+        # One file: ParquetFile, not read_table's dataset discovery (a tenth of a file's read).
+        table = pq.ParquetFile(handle).read(columns=["doc_id", "source", "line", "metadata"])
     rows = table.to_pydict()
     # The table's own source and line win over metadata fields of the same name.
     fields = [{**parse_metadata(meta), "source": source, "line": line}

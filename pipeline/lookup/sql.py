@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
+from pipeline.lookup.doc_fields import DocumentTable
 from pipeline.lookup.layers.mixes import iter_mixed, mix_arrays
 from pipeline.lookup.layers.tokens import types_path
 from schemas import (
@@ -138,8 +139,9 @@ def _register_functions(con: duckdb.DuckDBPyConnection, ds: Dataset) -> None:
 
 def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None,
             storage_options: dict | None = None, threads: int | None = None,
-            ) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with the dataset's views and the ``elmo_*`` functions."""
+            documents: DocumentTable | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the dataset's views and the ``elmo_*`` functions;
+    ``documents``: the dataset's documents already read (a server shares them)."""
     import duckdb
     import pyarrow as pa
 
@@ -162,7 +164,7 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
         else:
             relation = con.read_parquet(paths, hive_partitioning=True)
         if view == "documents":
-            relation = _typed_documents(con, ds, relation)
+            relation = _typed_documents(con, documents or DocumentTable(ds), relation)
         relation.create_view(view, replace=True)
         columns[view] = list(relation.columns)
     if not columns:
@@ -197,16 +199,15 @@ def _derived_views(con: duckdb.DuckDBPyConnection, ds: Dataset) -> None:
 SQL_TYPES = {"int": "BIGINT", "float": "DOUBLE", "string": "VARCHAR"}
 
 
-def _typed_documents(con: duckdb.DuckDBPyConnection, ds: Dataset, relation: Any) -> Any:
+def _typed_documents(con: duckdb.DuckDBPyConnection, documents: DocumentTable,
+                     relation: Any) -> Any:
     """The ``documents`` view with each metadata field as a typed column after the stored
     ones (``year`` BIGINT, ``president`` VARCHAR; ``metadata`` kept): the kinds search and
     clustering see (``DocumentTable.kinds``: all integers, all numbers, else text). A field
     named like a stored column (in any case: DuckDB's names are) stays in ``metadata``."""
-    from pipeline.lookup.doc_fields import DocumentTable
-
     taken = {c.lower() for c in relation.columns}
     selected = []
-    for name, kind in DocumentTable(ds).kinds.items():
+    for name, kind in documents.kinds.items():
         if name.lower() in taken or any(c in name for c in '"\\') or \
                 any(ord(c) < 32 for c in name):
             continue

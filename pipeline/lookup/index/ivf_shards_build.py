@@ -311,7 +311,6 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
         record["shards"] = shards
         record["rows"] = rows
         ivf = ShardedIvf.from_folders(base, {**record, "nprobe": 1}, "`elmo index build`")
-        ivf.vectors.mapped = False
         with rows_bar(rows, show_progress) as bar:
             bar.set_description("index: probes for recall@10: exact neighbours of held rows",
                                 refresh=False)

@@ -254,14 +254,15 @@ class SenseIndex:
         """Read every sentence text into memory now, if there are at most ``max_rows``,
         so that each later result takes its texts from there instead of a read (a server
         answering many queries); whether they are held."""
-        if self.meta.layout >= 2 and self._held_texts is None \
-                and self._shard_sentences() is None \
-                and self.sentences.count_rows() <= max_rows:
-            self._held_texts = read_all_texts(self.sentences)
+        if self.meta.layout >= 2 and self._held_texts is None:
+            source = self._shard_sentences() or self.sentences  # the shards' opens no LanceDB
+            rows = source.rows if isinstance(source, ShardSentences) else source.count_rows()
+            if rows <= max_rows:
+                self._held_texts = read_all_texts(source)
         return self._held_texts is not None
 
     def _shard_sentences(self) -> ShardSentences | None:
-        """The texts the compact IVF's shards hold (mapped: nothing to hold), or None."""
+        """The texts the compact IVF's shards hold (mapped), or None."""
         if not (self.meta.compact and is_sharded(self.meta.ivf)):
             return None
         ivf = self._compact_ivf()

@@ -78,6 +78,7 @@ class ShardSentences:
         import pyarrow as pa
 
         self.tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
+        self.rows = sum(t.num_rows for t in self.tables)
 
     @classmethod
     def of(cls, folders: Sequence[str], name: str) -> ShardSentences | None:
@@ -128,8 +129,12 @@ def join_in_row_order(left: pa.Table, right: pa.Table, keys: list[str]) -> pa.Ta
 
 
 def read_all_texts(table: Any) -> dict[tuple[str, int], str]:
-    """Every sentence text of the index's sentences table ``table``, by key."""
-    rows = table.to_arrow()
+    """Every sentence text of ``table`` (the index's sentences table, or
+    ``ShardSentences``), by key."""
+    import pyarrow as pa
+
+    rows = pa.concat_tables(table.tables) if isinstance(table, ShardSentences) \
+        else table.to_arrow()
     return dict(zip(zip(rows["doc_id"].to_pylist(), rows["sent_idx"].to_pylist(), strict=True),
                     rows["text"].to_pylist(), strict=True))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError, SettingError
-from pipeline.lookup.doc_fields import read_documents
+from pipeline.lookup.doc_fields import DocumentTable
 from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex, token_filter
 from pipeline.lookup.layers.mixes import mix_arrays
 from pipeline.lookup.senses.hits import Hit, hits_from_table
@@ -73,19 +73,13 @@ class ServedStore:
             indexes[name] = ix
         options, weights = model_files_for(ds.descriptor, model_dir)
         embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
+        # The documents are read once: for the SQL view's typed fields and for results.
+        documents = DocumentTable(ds)
         store = cls(dataset, ds, dataset_tokenizer(ds.descriptor), embedder, indexes,
-                    GuardedSql(ds, sql_timeout_s), model_options=str(options))
-        store.documents = store._read_documents()
+                    GuardedSql(ds, sql_timeout_s, documents=documents),
+                    model_options=str(options))
+        store.documents = dict(documents.rows())  # doc_id -> source, line, metadata
         return store
-
-    def _read_documents(self) -> dict[str, dict[str, Any]]:
-        """doc_id -> its fields (source, line, metadata), read as the sense index reads
-        them (``doc_fields.read_documents``)."""
-        out: dict[str, dict[str, Any]] = {}
-        for path in self.ds.paths("documents"):
-            ids, fields = read_documents(self.ds, path)
-            out.update(zip(ids, fields, strict=True))
-        return out
 
     def index(self, name: str | None) -> tuple[str, SenseIndex]:
         if not self.indexes:

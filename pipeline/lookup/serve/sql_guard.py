@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
+from pipeline.lookup.doc_fields import DocumentTable
 from pipeline.lookup.layers.mixes import Dataset
 from pipeline.lookup.serve.limits import (
     MAX_SQL_CHARS,
@@ -44,11 +45,12 @@ class GuardedSql:
     shared across threads)."""
 
     def __init__(self, ds: Dataset, timeout_s: float = SQL_TIMEOUT_S,
-                 max_rows: int = SQL_MAX_ROWS) -> None:
+                 max_rows: int = SQL_MAX_ROWS, documents: DocumentTable | None = None
+                 ) -> None:
         import duckdb
 
         self.timeout_s, self.max_rows = timeout_s, max_rows
-        self.con = connect(ds, con=duckdb.connect(), threads=1)
+        self.con = connect(ds, con=duckdb.connect(), threads=1, documents=documents)
         if ds.is_local:
             root = os.path.abspath(ds.root).rstrip("/") + "/"
             # Before external access goes off: the views read these files on every query.
