@@ -73,8 +73,8 @@ def load_packaged(model_dir: Path) -> LoadedModel:
     and the initial state the embedder's ``auto`` picks."""
     import elmo_model
     from elmo_model.api import resolve_initial_state
+    from elmo_model.options_file import find_weights
     from elmo_model.training.packaging import read_softmax
-    from elmo_model.weights import find_weights
 
     weights = find_weights(model_dir)
     model = elmo_model.build_model(model_dir / "options.json", weights)

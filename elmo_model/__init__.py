@@ -23,9 +23,9 @@ _EXPORTS = {
                             "select_device"),
     "elmo_model.model": ("BiLM", "BiLMConfig", "BiLMOutput", "PackPlan"),
     "elmo_model.scalar_mix": ("ScalarMix", "layer_mix"),
-    "elmo_model.weights": ("OPTIONS_FILE", "WARM_STATE_FILE", "export_bilm_tf_weights",
-                           "find_weights", "load_weights", "model_fingerprint", "read_options",
-                           "save_model_dir"),
+    "elmo_model.options_file": ("OPTIONS_FILE", "find_weights", "model_fingerprint"),
+    "elmo_model.weights": ("WARM_STATE_FILE", "export_bilm_tf_weights", "load_weights",
+                           "read_options", "save_model_dir"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -87,14 +87,12 @@ if TYPE_CHECKING:
         select_device,
     )
     from elmo_model.model import BiLM, BiLMConfig, BiLMOutput, PackPlan
+    from elmo_model.options_file import OPTIONS_FILE, find_weights, model_fingerprint
     from elmo_model.scalar_mix import ScalarMix, layer_mix
     from elmo_model.weights import (
-        OPTIONS_FILE,
         WARM_STATE_FILE,
         export_bilm_tf_weights,
-        find_weights,
         load_weights,
-        model_fingerprint,
         read_options,
         save_model_dir,
     )

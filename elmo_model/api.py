@@ -7,14 +7,8 @@ from pathlib import Path
 from elmo_model.embedder import ElmoEmbedder, StateMode, compute_warm_state
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import BiLM, BiLMConfig
-from elmo_model.weights import (
-    OPTIONS_FILE,
-    WARM_STATE_FILE,
-    load_weights,
-    model_dir_files,
-    model_fingerprint,
-    read_options,
-)
+from elmo_model.options_file import OPTIONS_FILE, model_dir_files, model_fingerprint
+from elmo_model.weights import WARM_STATE_FILE, load_weights, read_options
 
 
 def default_model_dir() -> Path:

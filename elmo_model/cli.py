@@ -193,7 +193,7 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _model_files(model: str, weights: str | None) -> tuple[Path, Path]:
     """(options.json, weights) of a model directory, or of explicit files."""
-    from elmo_model.weights import model_dir_files
+    from elmo_model.options_file import model_dir_files
 
     path = Path(model)
     if weights is not None:
@@ -324,13 +324,8 @@ def _embed_sentences(args: argparse.Namespace) -> int:
 
 def _model_export(args: argparse.Namespace) -> int:
     from elmo_model import build_model
-    from elmo_model.weights import (
-        HDF5_FILE,
-        OPTIONS_FILE,
-        export_bilm_tf_weights,
-        find_weights,
-        options_from_config,
-    )
+    from elmo_model.options_file import HDF5_FILE, OPTIONS_FILE, find_weights
+    from elmo_model.weights import export_bilm_tf_weights, options_from_config
 
     source = Path(args.model_dir)
     if not source.is_dir():

@@ -16,7 +16,6 @@ layout (names as ``bilm-tf``'s ``dump_weights`` wrote them, direction 0 forward)
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,10 +26,12 @@ import torch
 
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import BiLM, BiLMConfig
-from elmo_model.options_file import OPTIONS_FILE, read_options_json
+from elmo_model.options_file import (
+    OPTIONS_FILE,
+    SAFETENSORS_FILE,
+    read_options_json,
+)
 
-SAFETENSORS_FILE = "weights.safetensors"
-HDF5_FILE = "weights.hdf5"
 WARM_STATE_FILE = "warm_state.safetensors"
 
 # bilm-tf gate order (i, j, f, o) -> ours (i, f, o, j): blocks taken from TF's order.
@@ -301,24 +302,6 @@ def load_weights(model: BiLM, path: str | Path) -> None:
                             ".safetensors file (pickled checkpoints are never loaded)")
 
 
-def find_weights(model_dir: str | Path) -> Path:
-    model_dir = Path(model_dir)
-    for name in (SAFETENSORS_FILE, HDF5_FILE):
-        if (model_dir / name).is_file():
-            return model_dir / name
-    raise ElmoUserError(f"{model_dir}: no {SAFETENSORS_FILE} or {HDF5_FILE} in the model "
-                        "directory")
-
-
-def model_dir_files(model_dir: str | Path) -> tuple[Path, Path]:
-    """``(options, weights)`` of a model directory: its ``options.json`` (an ElmoUserError
-    when missing) and ``find_weights``'s weights file."""
-    model_dir = Path(model_dir)
-    if not (model_dir / OPTIONS_FILE).is_file():
-        raise ElmoUserError(f"{model_dir}: no {OPTIONS_FILE} in the model directory")
-    return model_dir / OPTIONS_FILE, find_weights(model_dir)
-
-
 def save_model_dir(model: BiLM, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
     """Write ``options.json`` + ``weights.safetensors``; returns the directory."""
     model_dir = Path(model_dir)
@@ -327,13 +310,3 @@ def save_model_dir(model: BiLM, model_dir: str | Path, dtype: torch.dtype = torc
                                           + "\n")
     save_safetensors(model, model_dir / SAFETENSORS_FILE, dtype)
     return model_dir
-
-
-def model_fingerprint(options_path: str | Path, weights_path: str | Path) -> str:
-    """sha256 over the options file's bytes, then the weights file's bytes."""
-    digest = hashlib.sha256()
-    for path in (options_path, weights_path):
-        with open(path, "rb") as handle:
-            for block in iter(lambda h=handle: h.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()

@@ -107,7 +107,7 @@ def made_with_another_model(out: Path, model: str | None) -> bool:
     runs now (False when there is none, or the model cannot be read: the embed step then
     says why)."""
     from elmo_model.errors import ElmoUserError
-    from elmo_model.weights import model_fingerprint
+    from elmo_model.options_file import model_fingerprint
     from pipeline.write.config import ModelSpec
     from schemas import DESCRIPTOR_FILE
     from schemas.dataset import read_dataset_descriptor

@@ -14,16 +14,10 @@ from elmo_model.api import save_warm_state
 from elmo_model.embedder import compute_warm_state
 from elmo_model.errors import SettingError
 from elmo_model.model import BiLM
+from elmo_model.options_file import OPTIONS_FILE, SAFETENSORS_FILE, find_weights
 from elmo_model.training.checkpoints import SOFTMAX_PREFIX, VOCAB_FILE, load_trained
 from elmo_model.vocab import Vocabulary
-from elmo_model.weights import (
-    OPTIONS_FILE,
-    SAFETENSORS_FILE,
-    find_weights,
-    load_weights,
-    read_options,
-    save_model_dir,
-)
+from elmo_model.weights import load_weights, read_options, save_model_dir
 
 SOFTMAX_FILE = "softmax.safetensors"
 

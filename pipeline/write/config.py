@@ -53,7 +53,7 @@ class ModelSpec:
                 if not Path(path).is_file():
                     raise ElmoUserError(f"model file not found: {path}")
             return cls(str(Path(options).resolve()), str(Path(weights).resolve()))
-        from elmo_model.weights import model_dir_files  # imports torch: not at CLI start-up
+        from elmo_model.options_file import model_dir_files
 
         directory = Path(model_dir) if model_dir else elmo_model.default_model_dir()
         if model_dir is None and not (directory / elmo_model.OPTIONS_FILE).is_file():

@@ -79,10 +79,8 @@ def shard_missing(fs: Any, base: str, shard: dict[str, Any]) -> str | None:
 
 class ShardVectors:
     """The vectors of every shard as one ``[n, dim]`` array by position, read with plain
-    reads (a gather a read a row, a slice in one), so that what a search touches stays in
-    the page cache, not in the process: the kernel maps a faulted page's whole folio (up
-    to MBs here), so 264 rows gathered through the maps added 440 MB to a CLI search's RSS
-    at 2.1M rows, and a server's grew to the whole file (BENCHMARKS.md)."""
+    reads: through the maps, the kernel mapped each touched page's whole folio (264 rows
+    added 440 MB to a CLI search's RSS at 2.1M rows; BENCHMARKS.md)."""
 
     def __init__(self, paths: Sequence[str], rows: Sequence[int], dim: int) -> None:
         import numpy as np
@@ -236,6 +234,7 @@ class ShardedIvf(MemoryIvf):
         self._shard_of = {_pair(key): i for i, key in enumerate(self.keys)}
         self._row_order = None
         self._sorted_ids = np.empty(0)
+        self._view: tuple[np.ndarray, MemoryIvf] | None = None  # view_of's last
 
     @classmethod
     def load(cls, fs: Any, root: str, record: dict[str, Any], rebuild: str,
@@ -351,12 +350,16 @@ class ShardedIvf(MemoryIvf):
 
         if among is None or self._index is not None:
             return super().search(queries, k, nprobe, leave_out, among, sketched)
-        return self._among(np.asarray(among, np.int64)).search(
+        return self.view_of(np.asarray(among, np.int64)).search(
             queries, k, nprobe or self.nprobe, leave_out)
 
-    def _among(self, among: np.ndarray) -> MemoryIvf:
+    def view_of(self, among: np.ndarray) -> MemoryIvf:
+        """The IVF of only the rows at ``among``: made once for the last ``among`` asked."""
         import numpy as np
         import pyarrow as pa
+
+        if self._view is not None and np.array_equal(self._view[0], among):
+            return self._view[1]
 
         shard = np.searchsorted(self.offsets, among, side="right") - 1
         picks = [(int(s), among[shard == s] - self.offsets[s]) for s in np.unique(shard)]
@@ -370,6 +373,7 @@ class ShardedIvf(MemoryIvf):
         view = MemoryIvf(index, self.vectors, IdSketch(planes, mean, sketches, ids),
                          pa.table({}), self.nprobe)
         view.candidates = self.candidates
+        self._view = (among, view)
         return view
 
     def holds(self, columns: Sequence[str]) -> bool:

@@ -14,37 +14,25 @@ searches filter on them before the vector search. Scalar BTree indexes on ``toke
 forms) cheap.
 
 Vector index (``--index``): ``flat`` (none: exact brute-force search), ``hnsw``
-(IVF_HNSW_SQ, cosine) or ``auto`` (hnsw from ``HNSW_MIN_ROWS`` rows on, else flat).
-IVF_PQ was rejected: its recall@10 at defaults was far below 0.95, and it built much
-slower on float16. A prefiltered query whose filter leaves at most ``EXACT_FILTER_VALUES``
-floats (2,000 rows of 256-d, 500 of 1024-d) runs exact over just those rows (recall 1.0);
-above that, LanceDB's exact scan of the filtered rows costs more than the prefiltered
-graph search, which is used instead (recall@10 0.98-0.99; BENCHMARKS.md has the figures).
+(IVF_HNSW_SQ, cosine) or ``auto`` (hnsw from ``HNSW_MIN_ROWS`` rows on, else flat). A
+prefiltered query whose filter leaves at most ``EXACT_FILTER_VALUES`` floats runs exact
+over just those rows; above that, the prefiltered graph search (BENCHMARKS.md).
 
-``<out>/_elmo_index.json`` records the dataset, its model fingerprint, the mix (weights
-in full, so the index remembers what it holds even if the dataset's mix is later
-changed), the search parameters and which committed shard files are in it. Building
-again brings the index to the dataset's committed view incrementally: rows of shard files
-no longer committed (a deleted part, a re-embedded shard) are deleted, shard files
-committed since are added (LanceDB ``delete`` / ``add``), then ``optimize`` folds the new
-rows into the existing vector and scalar indexes. Only a changed mix needs ``--rebuild``.
-Each build also rewrites ``<out>/_word_counts.parquet`` (rows per lowercase token, with
-its stem), which routes filtered queries without a count query; the search parameters
-follow the index size (``SearchParams.for_rows``) unless given.
+``<out>/_elmo_index.json`` records the dataset, its model fingerprint, the mix (weights in
+full), the search parameters and which committed shard files are in it. Building again
+brings the index to the dataset's committed view incrementally (LanceDB ``delete`` /
+``add`` / ``optimize``); only a changed mix needs ``--rebuild``. Each build rewrites
+``<out>/_word_counts.parquet`` (rows per lowercase token and stem: filtered queries are
+routed without a count query).
 
-A compact index (the default, ``NEW_INDEX_COMPACT``: ``compact`` in the JSON, ``built`` is
-``ivf``; ``--full`` makes the other kind, "full" or layout-2 below) keeps no
-vectors: its rows hold ``row`` (the token's row in its shard's tokens file) in place of
-``vector``, the in-memory IVF beside it holds product-quantized codes, and a process that
-opens it mixes the rows' vectors from the dataset (``index_vectors``) to rank candidates
-exactly. It answers every search from that IVF (a filter is applied by LanceDB, whose
-passing rows are then ranked: ``ivf_search.EXACT_FILTER_ROWS``), needs its dataset readable
-and unchanged since the last build, and costs about a tenth of a layout-2 index
-(BENCHMARKS.md, "Compact indexes"). Indexes of layout 2
-(``LAYOUT``) store float16 vectors and each sentence once (``index_sentences``), and may
-hold only some words (``index_words``); older ones are read as they are. An index written before
-stems or document fields were stored is rebuilt by the next build (its rows lack the
-columns).
+A compact index (the default: ``compact`` in the JSON, ``built`` ``ivf``; ``--full`` makes
+the other kind) keeps no vectors in LanceDB: its rows hold ``row`` (the token's row in its
+shard's tokens file), and its IVF in shards (``ivf_shards``) holds product-quantized
+codes, the mixed vectors in mapped files, and the rows and sentences in Arrow files, so
+that a search of a word needs no LanceDB; a further filter (``--where``) is LanceDB's.
+Layout 2 (``LAYOUT``) stores each sentence once (``index_sentences``) and may hold only
+some words (``index_words``); older indexes are read as they are, or rebuilt by the next
+build when their rows lack stems or document fields.
 """
 
 from __future__ import annotations
@@ -108,9 +96,9 @@ class SenseIndex:
                                 "build one with `elmo index build`")
         self.uri, self.meta = uri, meta
         self.storage_options = storage_options
-        # LanceDB is opened on first use: a compact index's word search needs none of it
-        # (its shards hold their rows and sentences), and importing it takes seconds.
+        # LanceDB is opened on first use (a compact index's word search needs none of it).
         self._tables: tuple[Any, Any] | None = None
+        self._positions: tuple[tuple[str, tuple[str, ...]], np.ndarray] | None = None
         self._held_texts: dict[tuple[str, int], str] | None = None
         self.selection = meta.selection()  # which words it holds
         fs, root = open_fs(uri, storage_options)
@@ -224,6 +212,20 @@ class SenseIndex:
         rows = (self.table.search().where(where).select(["shard"]).with_row_id(True)
                 .limit(max(1, self.meta.rows)).to_arrow())
         return ivf.positions_of(rows.column("_rowid").to_numpy())
+
+    def word_positions(self, words: Sequence[str], column: str) -> np.ndarray:
+        """Positions in the compact IVF (in shards) of the rows whose ``column`` holds one of
+        ``words``: from the shards' rows, no LanceDB. The last answer is kept, with the IVF
+        of only those rows (``prepare``: a CLI search makes them while its model loads)."""
+        if self._positions is None or self._positions[0] != (column, tuple(words)):
+            ivf = self._compact_ivf()
+            found = ivf.rows.positions_in(column, column_words(words, column)) \
+                if isinstance(ivf, ShardedIvf) else \
+                self._compact_positions(token_filter(words, column))
+            if isinstance(ivf, ShardedIvf) and ivf._index is None:
+                ivf.view_of(found)
+            self._positions = ((column, tuple(words)), found)
+        return self._positions[1]
 
     def stored(self, columns: Sequence[str]) -> list[str]:
         """``columns`` the token rows hold (``sentence`` comes from the sentences table)."""
@@ -375,11 +377,9 @@ class SenseIndex:
         word_where = token_filter(words, column) if words else None
         if self.meta.compact:
             if where is None and words and is_sharded(self.meta.ivf):
-                ivf = self._compact_ivf()
-                among = ivf.rows.positions_in(column, column_words(words, column)) \
-                    if isinstance(ivf, ShardedIvf) else self._compact_positions(word_where)
-                return IvfSearch(ivf, vectors, k, tuple(self.stored(columns)),
-                                 self.completed(columns), among=among, exact=exact)
+                return IvfSearch(self._compact_ivf(), vectors, k, tuple(self.stored(columns)),
+                                 self.completed(columns), exact=exact,
+                                 among=self.word_positions(words, column))
             where = " AND ".join(f"({w})" for w in (word_where, where) if w) or None
             among = None if where is None else self._compact_positions(where)
             return IvfSearch(self._compact_ivf(), vectors, k, tuple(self.stored(columns)),

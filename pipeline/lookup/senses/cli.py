@@ -195,19 +195,22 @@ def _highlight() -> tuple[str, str]:
 def run_senses_search(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
     from pipeline.lookup.index.sense_index import SenseIndex
-    from pipeline.lookup.senses.search import search_senses
+    from pipeline.lookup.senses.query_model import ModelProcess
+    from pipeline.lookup.senses.search import check_search, model_files_for, search_senses
 
-    index: str | SenseIndex = _need_index(args)
+    check_search(args.k, args.match)
     if args.ray_actors is not None and not args.ray_address:
         raise ElmoUserError("--ray-actors needs --ray-address (auto, HOST:PORT or local)")
-    if args.ray_address:
-        from pipeline.lookup.index.ivf_ray import scatter
+    index = SenseIndex(str(_need_index(args)))
+    # The model starts loading in its own process now, while this one opens the index.
+    with ModelProcess(*model_files_for(index.dataset_descriptor(), args.model)) as model:
+        if args.ray_address:
+            from pipeline.lookup.index.ivf_ray import scatter
 
-        index = SenseIndex(str(index))
-        scatter(index, args.ray_address, args.ray_actors)
-    hits = search_senses(index, args.sentence, args.word, k=args.k,
-                         match=args.match, occurrence=args.occurrence,
-                         model_dir=args.model, exact=args.exact, filters=_where(args.where))
+            scatter(index, args.ray_address, args.ray_actors)
+        hits = search_senses(index, args.sentence, args.word, k=args.k,
+                             match=args.match, occurrence=args.occurrence,
+                             embedder=model, exact=args.exact, filters=_where(args.where))
     left, right = _highlight()
     names = [n.strip() for n in args.fields.split(",") if n.strip()] if args.fields else None
     for h in hits:

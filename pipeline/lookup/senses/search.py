@@ -32,6 +32,7 @@ import numpy as np
 
 from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import Filters, as_filters
+from pipeline.lookup.index.ivf_shards import is_sharded
 from pipeline.lookup.index.sense_index import SenseIndex, stem_words
 from pipeline.lookup.layers.mixes import mix_arrays
 from pipeline.lookup.senses.hits import Hit, distinct_contexts, hits_from_table
@@ -181,6 +182,14 @@ def nearest_distinct(index: SenseIndex, vector: np.ndarray, k: int,
     return distinct
 
 
+def check_search(k: int, match: str) -> None:
+    """``search_senses``' own settings, checked before anything is opened."""
+    if match not in MATCHES:
+        raise ElmoUserError(f"match must be one of {', '.join(MATCHES)}, not {match!r}")
+    if k < 1:
+        raise SettingError("k", lambda name: f"{name('k')} must be at least 1")
+
+
 def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10,
                   match: str = "forms", occurrence: int = 1, model_dir: str | None = None,
                   embedder: Any = None, exact: bool = False, *,
@@ -191,10 +200,7 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
     word, any case) or ``any`` (every token). ``filters``: only occurrences in documents
     whose fields pass, e.g. ``{"president": "Abraham Lincoln", "year": [1861, 1865]}``
     (``doc_fields.as_filters``)."""
-    if match not in MATCHES:
-        raise ElmoUserError(f"match must be one of {', '.join(MATCHES)}, not {match!r}")
-    if k < 1:
-        raise SettingError("k", lambda name: f"{name('k')} must be at least 1")
+    check_search(k, match)
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
     if match == "forms":
         ix.require_stems()  # before the model loads: the fix is a rebuild
@@ -204,8 +210,11 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
     descriptor = ix.dataset_descriptor()
     query = locate_word(sentence, word, occurrence,
                         tokenizer=dataset_tokenizer(descriptor))
-    vector = embed_query(ix, query, model_dir, embedder, descriptor)
     words = None if match == "any" else [query.word]
+    if words and where is None and ix.meta.compact and is_sharded(ix.meta.ivf):
+        # The word's rows and their IVF now: the CLI's model is still loading meanwhile.
+        ix.word_positions(words, "token_stem" if match == "forms" else "token_lower")
+    vector = embed_query(ix, query, model_dir, embedder, descriptor)
     return nearest_distinct(ix, vector, k, words=words, forms=match == "forms", exact=exact,
                             where=where)
 
