@@ -247,9 +247,10 @@ def test_a_filtered_search_reads_only_its_rows_codes_and_answers_the_same(built:
 
 def test_a_word_search_needs_no_lancedb_and_finds_what_a_lance_filter_finds(built: Path
                                                                             ) -> None:
-    """A compact index's word search takes the word's rows from the shards' ``rows.arrow``
-    and the hits' sentences from their ``sentences.arrow``: the process never imports
-    LanceDB, and the hits (sentences included) are those of the same filter run by LanceDB."""
+    """A compact index's word search (and a word's occurrences, for its senses) takes the
+    word's rows from the shards' ``rows.arrow`` and the sentences from their
+    ``sentences.arrow``: the process never imports LanceDB, and the hits and uses
+    (sentences and vectors included) are those of the same filter run by LanceDB."""
     import json
     import subprocess
     import sys
@@ -264,7 +265,10 @@ import numpy as np
 from pipeline.lookup.index.sense_index import SenseIndex
 index = SenseIndex({str(built / "ix")!r})
 hits = index.search(np.array({query.tolist()}, np.float32), k=8, words=["w1", "w7"])
-print(json.dumps({{"lancedb": "lancedb" in sys.modules, "hits": hits.to_pylist()}}))
+uses = index.occurrences(["w1", "w7"], columns=["doc_id", "sent_idx", "tok_idx", "sentence"])
+print(json.dumps({{"lancedb": "lancedb" in sys.modules, "hits": hits.to_pylist(),
+                  "uses": uses.drop_columns(["vector"]).to_pylist(),
+                  "vectors": np.asarray(uses["vector"].to_pylist(), np.float64).tolist()}}))
 """
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                          check=True)
@@ -283,3 +287,12 @@ print(json.dumps({{"lancedb": "lancedb" in sys.modules, "hits": hits.to_pylist()
         == with_sentences(index.sentences, keys)["sentence"].to_pylist()
     assert [h["sentence"].split(":")[0] for h in answer["hits"]] \
         == [f"{h['doc_id']}.{h['sent_idx']}" for h in answer["hits"]]
+    # Every use of the words, each row with its own vector, as LanceDB's filter finds them.
+    uses = index.occurrences(["w1", "w7"], columns=["doc_id", "sent_idx", "tok_idx",
+                                                    "sentence"], where="true")
+    mine = sorted(zip(map(json.dumps, answer["uses"]), map(tuple, answer["vectors"]),
+                      strict=True))
+    theirs = sorted(zip(map(json.dumps, uses.drop_columns(["vector"]).to_pylist()),
+                        (tuple(np.asarray(v, np.float64)) for v in uses["vector"].to_pylist()),
+                        strict=True))
+    assert len(mine) == uses.num_rows > 20 and mine == theirs

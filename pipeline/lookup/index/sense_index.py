@@ -94,8 +94,7 @@ class SenseIndex:
         if meta is None:
             raise ElmoUserError(f"{uri} is not an elmo sense index (no {INDEX_META}); "
                                 "build one with `elmo index build`")
-        self.uri, self.meta = uri, meta
-        self.storage_options = storage_options
+        self.uri, self.meta, self.storage_options = uri, meta, storage_options
         # LanceDB is opened on first use (a compact index's word search needs none of it).
         self._tables: tuple[Any, Any] | None = None
         self._positions: tuple[tuple[str, tuple[str, ...]], np.ndarray] | None = None
@@ -117,8 +116,7 @@ class SenseIndex:
 
     @property
     def sentences(self) -> Any:
-        """Its table of sentence texts (layout 2: each sentence once), or None (layout 1:
-        the text is in every row)."""
+        """Its sentence texts' table (layout 2), or None (layout 1: texts in every row)."""
         return self._lance()[1] if self.meta.layout >= 2 else None
 
     def _lance(self) -> tuple[Any, Any]:
@@ -160,18 +158,16 @@ class SenseIndex:
         return self._ivf
 
     def _compact_ivf(self) -> MemoryIvf:
-        """A compact index's IVF, with its vectors read from the dataset (on first use);
-        it has no other way to search, so what stops it is an error naming the fix."""
+        """A compact index's IVF (on first use): what stops it is an error naming the fix."""
         if self._ivf is None:
             from pipeline.lookup.index.vectors import vectors_from_dataset
 
             held, rebuild = self.meta.ivf, self._rebuild()
             if is_sharded(held):
-                lacking = [key for key in self.meta.indexed if key not in held["shards"]]
-                if lacking:
-                    # The table holds a file the IVF does not (an IVF older than its table):
-                    # a search would leave its rows out without a word.
-                    part, shard, _ = lacking[0].split("/")
+                # A file the table holds and the IVF does not (an IVF older than its table):
+                # a search would leave its rows out without a word.
+                for part, shard, _ in (k.split("/") for k in self.meta.indexed
+                                       if k not in held["shards"]):
                     raise ElmoUserError(f"index shard {part}/{shard} is missing or stale (the "
                                         f"IVF holds no such file, which the index's table "
                                         f"has); {rebuild} makes it again")
@@ -197,8 +193,7 @@ class SenseIndex:
             f"{self.uri}`"
 
     def search_with(self, ivf: Any) -> None:
-        """Answer this compact index's searches with ``ivf`` (``ivf_ray.RayIvf``: Ray
-        actors holding its shards) instead of opening its IVF here."""
+        """Answer this compact index's searches with ``ivf`` (``ivf_ray.RayIvf``)."""
         self._ivf = ivf
 
     def _compact_positions(self, where: str) -> np.ndarray:
@@ -214,9 +209,8 @@ class SenseIndex:
         return ivf.positions_of(rows.column("_rowid").to_numpy())
 
     def word_positions(self, words: Sequence[str], column: str) -> np.ndarray:
-        """Positions in the compact IVF (in shards) of the rows whose ``column`` holds one of
-        ``words``: from the shards' rows, no LanceDB. The last answer is kept, with the IVF
-        of only those rows (``prepare``: a CLI search makes them while its model loads)."""
+        """IVF positions of the rows whose ``column`` is one of ``words`` (from the shards'
+        rows: no LanceDB), kept with the IVF of only those rows for the next search."""
         if self._positions is None or self._positions[0] != (column, tuple(words)):
             ivf = self._compact_ivf()
             found = ivf.rows.positions_in(column, column_words(words, column)) \
@@ -408,31 +402,37 @@ class SenseIndex:
         word's forms) is one of ``words``, with vectors, and that passes ``where`` (a
         Lance predicate, ``fields_where``) if given."""
         self.require_indexed(words, column)
-        words_where = token_filter(words, column)
-        where = words_where if where is None else f"({words_where}) AND ({where})"
         if self.meta.compact:
-            found = self._compact_occurrences(where, self.stored(columns), limit)
+            found = self._compact_occurrences(words, column, where, self.stored(columns),
+                                              limit)
         else:
+            words_where = token_filter(words, column)
+            where = words_where if where is None else f"({words_where}) AND ({where})"
             found = (self.table.search().where(where).select([*self.stored(columns), "vector"])
                      .limit(limit).to_arrow())
         complete = self.completed(columns)
         return found if complete is None else complete(found)
 
-    def _compact_occurrences(self, where: str, columns: Sequence[str], limit: int
-                             ) -> pa.Table:
-        """``occurrences`` of a compact index: the rows from LanceDB, their vectors from
-        the IVF's (the dataset's), as a ``vector`` column of the dataset's dtype."""
+    def _compact_occurrences(self, words: Sequence[str], column: str, where: str | None,
+                             columns: Sequence[str], limit: int) -> pa.Table:
+        """``occurrences`` of a compact index with a ``vector`` column: in shards, rows and
+        vectors by IVF position from its files (LanceDB only for ``where``)."""
         import pyarrow as pa
 
-        held = self._compact_ivf()
-        if is_sharded(self.meta.ivf):
+        held, words_where = self._compact_ivf(), token_filter(words, column)
+        both = words_where if where is None else f"({words_where}) AND ({where})"
+        if isinstance(held, ShardedIvf):
+            positions = (self.word_positions(words, column) if where is None
+                         else self._compact_positions(both))[:limit]
+            rows, vectors = held.take_rows(columns, positions), held.vectors[positions]
+        elif is_sharded(self.meta.ivf):
             keys = [c for c in ("part", "shard", "row") if c not in columns]
-            rows = (self.table.search().where(where).select([*columns, *keys])
-                    .limit(limit).to_arrow())
+            rows = self.table.search().where(both).select([*columns, *keys]).limit(limit) \
+                .to_arrow()
             vectors = held.vectors[held.positions_of_keys(rows)]
             rows = rows.drop_columns(keys)
         else:
-            rows = (self.table.search().where(where).select(list(columns))
+            rows = (self.table.search().where(both).select(list(columns))
                     .with_row_id(True).limit(limit).to_arrow())
             try:
                 vectors = held.vectors[held.positions_of(rows.column("_rowid").to_numpy())]
