@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.shard_work import ShardJob
+from pipeline.ray_address import require_reachable
 
 TASK_CPUS = 1.0
-CONNECT_TIMEOUT_S = 10  # a TCP connect to the cluster's address, before ray.init waits on it
 
 
 def connect(address: str) -> None:
@@ -43,37 +42,11 @@ def connect(address: str) -> None:
         ray.init(logging_level=logging.WARNING, log_to_driver=False, include_dashboard=False)
         return
     fix = "start one (`ray start --head`), or pass --ray-address local"
-    _require_reachable(address, fix)
+    require_reachable(address, fix)
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ElmoUserError(f"no Ray cluster at {address} ({error}); {fix}") from None
-
-
-def _require_reachable(address: str, fix: str) -> None:
-    """A user error unless something listens at ``address`` (``HOST:PORT``,
-    ``ray://HOST:PORT``, or ``auto``: the cluster this machine last started or
-    ``$RAY_ADDRESS``)."""
-    where = address.removeprefix("ray://")
-    if address == "auto":
-        try:
-            from ray._private.services import canonicalize_bootstrap_address
-
-            where = canonicalize_bootstrap_address("auto") or ""
-        except (ConnectionError, ValueError, ImportError, AttributeError):
-            where = ""  # ray.init says what is missing
-        if not where:
-            return
-    host, sep, port = where.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ElmoUserError(f"--ray-address {address} is not HOST:PORT, ray://HOST:PORT, auto "
-                            "or local")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S):
-            pass
-    except OSError as error:
-        raise ElmoUserError(f"no Ray cluster answers at {address} ({error.strerror or error}); "
-                            f"{fix}") from None
 
 
 class ShardTasks:

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterator
 
 from elmo_model.errors import SettingError
+from pipeline.ray_address import require_reachable
 from pipeline.write.config import EmbedConfig
 
 
@@ -126,6 +127,9 @@ def connect_ray(cfg: EmbedConfig) -> bool:
         return False
     if local:
         _preflight_local(cfg)
+    else:
+        require_reachable(cfg.ray_address, "start one (`ray start --head`), or leave out "
+                          "--ray-address to run on a Ray of this machine")
     ray.init(address=cfg.ray_address, logging_level=logging.WARNING, log_to_driver=False,
              include_dashboard=False)
     return True

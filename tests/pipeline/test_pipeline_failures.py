@@ -59,6 +59,30 @@ def test_readme_gpu_line_on_a_gpu_less_machine_fails_at_once(tmp_path: Path,
     assert snapshot(out) == before  # the output is as it was found
 
 
+def test_a_ray_address_nothing_answers_fails_in_seconds(tmp_path: Path) -> None:
+    """`elmo embed --ray-address HOST:PORT` where no cluster listens: one line naming the
+    fix within seconds (``ray.init`` alone waits minutes), and no output written."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    corpus = write_corpus(tmp_path / "corpus")
+    env = dict(os.environ, PYTHONPATH=str(REPO), RAY_ADDRESS="")
+    t0 = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", PROGRAM, "embed", str(corpus), "--out",
+                          str(tmp_path / "ds"), "--ray-address", f"127.0.0.1:{port}"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    seconds = time.monotonic() - t0
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert lines[0].startswith(f"elmo: error: no Ray cluster answers at 127.0.0.1:{port}")
+    assert "ray start --head" in lines[0]
+    assert seconds < 30, f"took {seconds:.1f} s to refuse"
+    assert not (tmp_path / "ds").exists()
+
+
 def test_a_broken_model_leaves_no_dataset_and_the_fixed_rerun_works(tiny_model_dir: Path,
                                                                     tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus")
