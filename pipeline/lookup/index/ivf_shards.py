@@ -5,7 +5,7 @@ id), in a folder of its own under ``_ivf/``; one training folder beside them (th
 centroids and product quantizer every shard was encoded with, and the sketches' planes):
 
 - ``vectors.npy``: the rows' mixed vectors (the index's ``vector_dtype``, ``[n, dim]``),
-  memory-mapped: a query's re-rank reads only its candidates' rows;
+  read a row at a time: a query's re-rank reads only its candidates' rows;
 - ``codes.npy`` ``[n, code bytes]`` and ``lists.npy`` ``[n]``: each row's product-quantized
   code and its list (``CODE_BYTES`` bytes a row whatever the width);
 - ``sketch.npy`` ``[n, 16]``: each row's 128-bit sketch (``ivf_search.Sketch``);
@@ -211,7 +211,7 @@ class ShardRows:
 
 class ShardedIvf(MemoryIvf):
     """A compact index's IVF in shards (``load``): the search of ``MemoryIvf`` over codes
-    loaded on first use, vectors and rows read from mapped files."""
+    loaded on first use, vectors read by row, rows from mapped files."""
 
     def __init__(self, folder: str, record: dict[str, Any], folders: Sequence[str],
                  nprobe: int) -> None:

@@ -28,7 +28,7 @@ routed without a count query).
 A compact index (the default: ``compact`` in the JSON, ``built`` ``ivf``; ``--full`` makes
 the other kind) keeps no vectors in LanceDB: its rows hold ``row`` (the token's row in its
 shard's tokens file), and its IVF in shards (``ivf_shards``) holds product-quantized
-codes, the mixed vectors in mapped files, and the rows and sentences in Arrow files, so
+codes, the mixed vectors in files read by row, and the rows and sentences in Arrow files, so
 that a search of a word needs no LanceDB; a further filter (``--where``) is LanceDB's.
 Layout 2 (``LAYOUT``) stores each sentence once (``index_sentences``) and may hold only
 some words (``index_words``); older indexes are read as they are, or rebuilt by the next
