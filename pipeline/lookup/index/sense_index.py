@@ -99,6 +99,7 @@ class SenseIndex:
         self._tables: tuple[Any, Any] | None = None
         self._positions: tuple[tuple[str, tuple[str, ...]], np.ndarray] | None = None
         self._held_texts: dict[tuple[str, int], str] | None = None
+        self._texts: Any = None  # ``_text_source``'s, once found
         self.selection = meta.selection()  # which words it holds
         fs, root = open_fs(uri, storage_options)
         self.word_counts = WordCounts(fs, f"{root}/{WORD_COUNTS}",
@@ -194,7 +195,7 @@ class SenseIndex:
 
     def search_with(self, ivf: Any) -> None:
         """Answer this compact index's searches with ``ivf`` (``ivf_ray.RayIvf``)."""
-        self._ivf = ivf
+        self._ivf, self._texts = ivf, None
 
     def _compact_positions(self, where: str) -> np.ndarray:
         """Positions in the compact IVF of the rows that pass ``where``."""
@@ -207,6 +208,10 @@ class SenseIndex:
         rows = (self.table.search().where(where).select(["shard"]).with_row_id(True)
                 .limit(max(1, self.meta.rows)).to_arrow())
         return ivf.positions_of(rows.column("_rowid").to_numpy())
+
+    def finds_words_in_shards(self, words: Sequence[str] | None, where: str | None) -> bool:
+        """Whether a search of ``words`` (and ``where``) takes their rows from the shards'."""
+        return bool(words) and where is None and self.meta.compact and is_sharded(self.meta.ivf)
 
     def word_positions(self, words: Sequence[str], column: str) -> np.ndarray:
         """IVF positions of the rows whose ``column`` is one of ``words`` (from the shards'
@@ -234,9 +239,7 @@ class SenseIndex:
         if self.meta.layout < 2 or "sentence" not in columns:
             return None
         held = self._held_texts
-        sentences = self._shard_sentences() if held is None else None
-        if held is None and sentences is None:
-            sentences = self.sentences
+        sentences = self._text_source() if held is None else None
         added = [c for c in SENTENCE_KEY if c not in columns]  # by ``stored``, for the text
 
         def complete(rows: pa.Table) -> pa.Table:
@@ -247,23 +250,21 @@ class SenseIndex:
         return complete
 
     def hold_sentences(self, max_rows: int = HELD_SENTENCES_MAX) -> bool:
-        """Read every sentence text into memory now, if there are at most ``max_rows``,
-        so that each later result takes its texts from there instead of a read (a server
-        answering many queries); whether they are held."""
-        if self.meta.layout >= 2 and self._held_texts is None:
-            source = self._shard_sentences() or self.sentences  # the shards' opens no LanceDB
-            rows = source.rows if isinstance(source, ShardSentences) else source.count_rows()
-            if rows <= max_rows:
-                self._held_texts = read_all_texts(source)
+        """Read every sentence text into memory now if there are at most ``max_rows``
+        (a server: each result then reads none); whether they are held."""
+        if self.meta.layout >= 2 and self._held_texts is None \
+                and self._text_source().count_rows() <= max_rows:
+            self._held_texts = read_all_texts(self._text_source())
         return self._held_texts is not None
 
-    def _shard_sentences(self) -> ShardSentences | None:
-        """The texts the compact IVF's shards hold (mapped), or None."""
-        if not (self.meta.compact and is_sharded(self.meta.ivf)):
-            return None
-        ivf = self._compact_ivf()
-        folders = getattr(ivf, "folders", None)  # a Ray-held IVF has none here
-        return None if folders is None else ShardSentences.of(folders, SENTENCES_FILE)
+    def _text_source(self) -> Any:
+        """Where sentence texts are read: the compact IVF's shards' files (mapped, no
+        LanceDB; not for a Ray-held IVF or older shards), else the sentences table."""
+        if self._texts is None:
+            ivf = self._compact_ivf() if self.meta.compact and is_sharded(self.meta.ivf) else None
+            self._texts = (ShardSentences.of(ivf.folders, SENTENCES_FILE)
+                           if isinstance(ivf, ShardedIvf) else None) or self.sentences
+        return self._texts
 
     def require_indexed(self, words: Sequence[str], column: str) -> None:
         """A word this index does not hold (it selected others) is a user error."""
@@ -298,9 +299,8 @@ class SenseIndex:
                 f"{self.uri} --rebuild`, or search the exact word (--same-form)")
 
     def word_rows(self, words: Sequence[str], column: str = "token_lower") -> int:
-        """Rows that ``token_filter(words, column)`` keeps: ``token_lower`` (the words in
-        any case) or ``token_stem`` (the words and their forms). From the counts file the
-        build writes; a count query on the table for an index built before it existed."""
+        """Rows that ``token_filter(words, column)`` keeps (``token_lower``: the words in any
+        case; ``token_stem``: their forms): the build's counts, else a count query."""
         if column not in ("token_lower", "token_stem"):
             raise ValueError(f"word_rows counts token_lower or token_stem, not {column!r}")
         counted = self.word_counts.rows(words, column)
@@ -370,7 +370,7 @@ class SenseIndex:
             self.require_indexed(words, column)
         word_where = token_filter(words, column) if words else None
         if self.meta.compact:
-            if where is None and words and is_sharded(self.meta.ivf):
+            if self.finds_words_in_shards(words, where):
                 return IvfSearch(self._compact_ivf(), vectors, k, tuple(self.stored(columns)),
                                  self.completed(columns), exact=exact,
                                  among=self.word_positions(words, column))

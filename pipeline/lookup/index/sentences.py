@@ -78,7 +78,15 @@ class ShardSentences:
         import pyarrow as pa
 
         self.tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
-        self.rows = sum(t.num_rows for t in self.tables)
+
+    # As the LanceDB table's: ``hold_sentences`` and ``read_all_texts`` take either.
+    def count_rows(self) -> int:
+        return sum(t.num_rows for t in self.tables)
+
+    def to_arrow(self) -> pa.Table:
+        import pyarrow as pa
+
+        return pa.concat_tables(self.tables)
 
     @classmethod
     def of(cls, folders: Sequence[str], name: str) -> ShardSentences | None:
@@ -131,10 +139,7 @@ def join_in_row_order(left: pa.Table, right: pa.Table, keys: list[str]) -> pa.Ta
 def read_all_texts(table: Any) -> dict[tuple[str, int], str]:
     """Every sentence text of ``table`` (the index's sentences table, or
     ``ShardSentences``), by key."""
-    import pyarrow as pa
-
-    rows = pa.concat_tables(table.tables) if isinstance(table, ShardSentences) \
-        else table.to_arrow()
+    rows = table.to_arrow()
     return dict(zip(zip(rows["doc_id"].to_pylist(), rows["sent_idx"].to_pylist(), strict=True),
                     rows["text"].to_pylist(), strict=True))
 

@@ -32,7 +32,6 @@ import numpy as np
 
 from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import Filters, as_filters
-from pipeline.lookup.index.ivf_shards import is_sharded
 from pipeline.lookup.index.sense_index import SenseIndex, stem_words
 from pipeline.lookup.layers.mixes import mix_arrays
 from pipeline.lookup.senses.hits import Hit, distinct_contexts, hits_from_table
@@ -211,7 +210,7 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
     query = locate_word(sentence, word, occurrence,
                         tokenizer=dataset_tokenizer(descriptor))
     words = None if match == "any" else [query.word]
-    if words and where is None and ix.meta.compact and is_sharded(ix.meta.ivf):
+    if ix.finds_words_in_shards(words, where):
         # The word's rows and their IVF now: the CLI's model is still loading meanwhile.
         ix.word_positions(words, "token_stem" if match == "forms" else "token_lower")
     vector = embed_query(ix, query, model_dir, embedder, descriptor)
