@@ -93,7 +93,6 @@ class ShardVectors:
                 raise ValueError(f"{path}: {mapped.shape}, expected {(n, dim)}")
         self.dtype = self.maps[0].dtype if self.maps else np.dtype("float16")
         self.shape = (int(self.offsets[-1]), dim)
-        self.mapped = False  # True: gathers read through the maps (0.5 vs 1.6 ms a 300)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -107,22 +106,15 @@ class ShardVectors:
                 raise ValueError("slices of shard vectors are contiguous")
             return self.read(start, stop)
         positions = np.asarray(where, np.int64)
-        if not self.mapped:
-            order = np.argsort(positions, kind="stable")
-            found = self.read_rows(positions[order])
-            out = np.empty_like(found)
-            out[order] = found
-            return out
-        out = np.empty((len(positions), self.shape[1]), self.dtype)
-        shard = np.searchsorted(self.offsets, positions, side="right") - 1
-        for s in np.unique(shard):
-            mine = shard == s
-            out[mine] = self.maps[s][positions[mine] - self.offsets[s]]
+        order = np.argsort(positions, kind="stable")
+        found = self.read_rows(positions[order])
+        out = np.empty_like(found)
+        out[order] = found
         return out
 
     def read_rows(self, positions: np.ndarray) -> np.ndarray:
-        """The rows at ``positions`` (ascending) read from the files, one read a row: a
-        sample that leaves no pages mapped in the process."""
+        """The rows at ``positions`` (ascending) read from the files, one read a row (0.5
+        ms through the maps, 1.6 here, for 300; but no pages left in the process)."""
         import numpy as np
 
         out = np.empty((len(positions), self.shape[1]), self.dtype)
