@@ -58,13 +58,10 @@ def new_shard(tables: tuple[Any, Any] | str, key: str, folder: str, ds: Dataset,
     if isinstance(tables, str):
         import lancedb
 
-        from pipeline.lookup.index.meta import TABLE
-        from pipeline.lookup.index.sentences import SENTENCES_TABLE
+        from pipeline.lookup.index.rows import IndexTables
 
-        db = lancedb.connect(tables)
-        names = db.list_tables().tables
-        tables = (db.open_table(TABLE),
-                  db.open_table(SENTENCES_TABLE) if SENTENCES_TABLE in names else None)
+        opened = IndexTables(lancedb.connect(tables))
+        tables = (opened.tokens, opened.sentences)
     table, sentences = tables
     os.makedirs(folder, exist_ok=True)
     if sentences is not None:
