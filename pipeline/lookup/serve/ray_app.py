@@ -75,17 +75,14 @@ def start_shard_actors(settings: ReplicaSettings, ray_address: str,
     from pipeline.lookup.index.sense_index import SenseIndex
     from pipeline.lookup.serve.resources import index_name
 
-    started: list[Any] = []
     try:
         for spec in settings.indexes:
             name, uri = index_name(spec)
-            ivf = start_searchers(SenseIndex(uri), ray_address, actors)
-            started.append(ivf)
-            settings.searchers[name] = ivf
+            settings.searchers[name] = start_searchers(SenseIndex(uri), ray_address, actors)
     except BaseException:
-        close_all(started)
+        close_all(list(settings.searchers.values()))
         raise
-    return started
+    return list(settings.searchers.values())
 
 
 def close_all(searchers: list[Any]) -> None:
