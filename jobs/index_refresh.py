@@ -135,19 +135,18 @@ def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence
     ``ray_address`` (a job's ``[ray] address``): a compact index's per-shard work (the new
     files' vectors, the shards' codes) runs as Ray tasks on that cluster
     (``ray_work.ShardTasks``), giving the index a local refresh gives."""
-    if ray_address:
-        from pipeline.lookup.ray_work import ShardTasks
+    from pipeline.lookup.ray_work import ShardTasks  # imports no Ray until it runs work
 
-        tasks = ShardTasks(ray_address)
-        try:
-            summary = _refresh_index(dataset, mix, index_uri, add_files, remove_doc_ids,
-                                     storage_options, compact, tasks)
-        finally:
+    tasks = ShardTasks(ray_address) if ray_address else None
+    try:
+        summary = _refresh_index(dataset, mix, index_uri, add_files, remove_doc_ids,
+                                 storage_options, compact, tasks)
+    finally:
+        if tasks is not None:
             tasks.close()
+    if tasks is not None:
         summary.ray_nodes = len(tasks.nodes)
-        return summary
-    return _refresh_index(dataset, mix, index_uri, add_files, remove_doc_ids,
-                          storage_options, compact, None)
+    return summary
 
 
 def _refresh_index(dataset: str, mix: str, index_uri: str, add_files: Sequence[str],
