@@ -154,7 +154,7 @@ def timing_hooks(clock: Clock) -> Iterator[None]:
              (item_files, "quantize_int8_indices"): "quantize",
              (item_files, "quantize_int8_into"): "quantize",
              (work_item, "quantized_layer_columns"): "quantize",  # rows_of_unit, per window
-             (model_quantize, "quantize_int8_rows"): "quantize",  # the CPU model, per batch
+             (model_quantize, "quantize_int8_packed"): "quantize",  # the CPU model, per batch
              (model_quantize.TypeQuantizer, "add"): "types",  # layer 0, once per token type
              (item_files, "vector_columns_of"): "quantize",
              (assembly.AssembledParquetWriter, "_other_chunks"): "other columns",

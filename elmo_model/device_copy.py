@@ -12,7 +12,7 @@ pinned memory, side streams or events there): the buffers, the copies and the sl
 below are the code a GPU runs; pinning, the stream, the event and ``record_stream`` are
 not (they have not run anywhere yet: no GPU was lent while they were written). The
 embedder's own CPU int8 path does not copy at all: it quantizes each batch from its
-reused float buffer straight into the host arrays (``quantize.quantize_int8_rows``).
+reused packed float buffers straight into the host arrays (``quantize.quantize_int8_packed``).
 """
 
 from __future__ import annotations

@@ -148,9 +148,9 @@ def _gather(table: torch.Tensor, row_of: dict[str, int], tokens: list[str],
 
 class Workspace:
     """Float32 buffers an embedder reuses from batch to batch, by name, grown on demand:
-    a fresh ``[L + 1, N, 2P]`` per batch would be new pages every time (the workers fix
+    a fresh ``[2, N, P]`` per layer and batch would be new pages every time (the workers fix
     glibc's mmap threshold, so every large block is a fresh mapping). Only what does not
-    leave a call lives here: the int8 path's float layers, the packed LSTM input."""
+    leave a call lives here: the token vectors, the packed LSTM input and outputs."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -273,41 +273,45 @@ class ElmoEmbedder:
             return [(h[:, :batch_size], c[:, :batch_size]) for h, c in self._carried]
         return expand_state(self.warm_state, batch_size)
 
-    def _batch_layers(self, sentences: list[list[str]], reused: bool = False,
-                      types: TypeQuantizer | None = None) -> torch.Tensor:
-        """``[L + 1, N, 2P]`` float32 on the device, sentence after sentence with their
-        ``<S>`` and ``</S>`` rows (carries the stateful mode's state); ``reused``: in the
-        workspace, valid until the next batch. With ``types`` layer 0 is left unwritten
-        and its token vectors go to ``types`` instead (layer 0 per token type)."""
+    def _batch_layers(self, sentences: list[list[str]], types: TypeQuantizer | None = None,
+                      canonical: bool = True
+                      ) -> tuple[torch.Tensor | None, list[torch.Tensor], PackPlan]:
+        """Runs a batch (carrying the stateful mode's state). Returns its layers ``[L + 1,
+        N, 2P]`` float32 on the device, sentence after sentence with their ``<S>`` and
+        ``</S>`` rows (None when not ``canonical``); the packed layers ``[2, N, P]``, input
+        first (``BiLM.contextualize``'s ``packed``: in the workspace, valid until the next
+        batch); and the plan. With ``types`` layer 0 is left unwritten and its token
+        vectors go to ``types`` instead (layer 0 per token type)."""
         flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
         plan = PackPlan.build(np.array([len(s) + 2 for s in sentences]), self.device)
         n_layers = self.model.config.n_layers
         with self._autocast():
             tokens = self._token_vectors(flat)  # [N, P]
+            packed = [self._workspace.get(f"packed {j}", (2, *tokens.shape))
+                      for j in range(n_layers + 1)]
             # [L + 1, N, 2P]: layer 0 is [x; x]; the LSTM layers are written into the rest
-            shape = (n_layers + 1, plan.n_tokens, 2 * tokens.shape[1])
-            layers = (self._workspace.get("layers", shape) if reused else
-                      torch.empty(shape, dtype=torch.float32, device=tokens.device))
-            # the packed input and the LSTM layers' packed outputs take turns in these two
-            packed = self._workspace.get("packed", (2, *tokens.shape))
-            spare = self._workspace.get("layer out", (2, *tokens.shape))
+            layers = (torch.empty((n_layers + 1, plan.n_tokens, 2 * tokens.shape[1]),
+                                  dtype=torch.float32, device=tokens.device)
+                      if canonical else None)
             _, final_state = self.model.contextualize(
                 tokens, plan, self._initial_state(len(sentences)), step=self.step,
-                out=layers[1:], packed_out=packed, layer_out=spare)
+                out=None if layers is None else layers[1:], packed=packed, canonical=canonical)
         if self.mode == "stateful":
             assert self._carried is not None
             for (h, c), (fh, fc) in zip(self._carried, final_state, strict=True):
                 h[:, : fh.shape[1]], c[:, : fc.shape[1]] = fh, fc
         if types is not None:
             types.add(flat, tokens)
-            return layers
-        width = tokens.shape[1]
-        layers[0, :, :width] = tokens
-        layers[0, :, width:] = tokens
-        return layers
+        elif layers is not None:
+            width = tokens.shape[1]
+            layers[0, :, :width] = tokens
+            layers[0, :, width:] = tokens
+        return layers, packed, plan
 
     def _run_batch(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        array = self._batch_layers(sentences).cpu().numpy()
+        layers, _, _ = self._batch_layers(sentences)
+        assert layers is not None
+        array = layers.cpu().numpy()
         out, start = [], 0
         for sentence in sentences:
             n = len(sentence)
@@ -318,14 +322,15 @@ class ElmoEmbedder:
     def _quantize_batch(self, sentences: list[list[str]], copier: HostCopier,
                         types: TypeQuantizer | None = None) -> HostBatch:
         """One batch's real-token rows quantized on the device (stored int8 rule), on
-        their way to host memory (``copier``); on the CPU with ``types``, layers 1..L, and
-        layer 0 per token type into ``types``."""
-        from elmo_model.quantize import quantize_int8_rows, quantize_int8_torch  # pyarrow
+        their way to host memory (``copier``); on the CPU straight from the packed layers,
+        and with ``types`` layers 1..L, layer 0 per token type into ``types``."""
+        from elmo_model.quantize import quantize_int8_packed, quantize_int8_torch  # pyarrow
 
-        if not copier.cuda:  # the CPU: each sentence's rows quantized where they lie
-            layers = self._batch_layers(sentences, reused=True, types=types)
+        if not copier.cuda:
+            _, packed, plan = self._batch_layers(sentences, types, canonical=False)
             first = 0 if types is None else 1
-            return HostBatch(*quantize_int8_rows(layers[first:], [len(s) for s in sentences]))
+            return HostBatch(*quantize_int8_packed(packed[first:], plan,
+                                                   [len(s) for s in sentences]))
 
         keep, start = [], 0
         for sentence in sentences:  # drop <S> and </S> on the device: fewer bytes to copy
@@ -333,7 +338,8 @@ class ElmoEmbedder:
             start += len(sentence) + 2
         # Sent before the batch's kernels are queued, without waiting for them.
         rows = copier.to_device(np.concatenate(keep))
-        layers = self._batch_layers(sentences)
+        layers, _, _ = self._batch_layers(sentences)
+        assert layers is not None
         values, scales = quantize_int8_torch(layers.index_select(1, rows))
         return copier.to_host(values, scales)
 

@@ -373,9 +373,9 @@ class BiLM(VersionedWeights):
         backward_tokens: torch.Tensor | None = None,
         step: LstmStep | None = None,
         out: torch.Tensor | None = None,
-        packed_out: torch.Tensor | None = None,
-        layer_out: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, LstmState]:
+        packed: Sequence[torch.Tensor] | None = None,
+        canonical: bool = True,
+    ) -> tuple[torch.Tensor | None, LstmState]:
         """Run both LSTM stacks over token vectors in canonical order.
 
         tokens: ``[N, P]``, each sentence's tokens in a row, boundaries included.
@@ -386,33 +386,33 @@ class BiLM(VersionedWeights):
         of ``tokens`` (bilm-tf trains each direction on its own text stream, so truncated
         back-propagation can carry both states across consecutive windows).
         out: a float32 ``[L, N, 2P]`` to write the layers into (and return) instead of a
-        new tensor, e.g. a slice of the caller's own ``[L + 1, N, 2P]``; ``packed_out``: the
-        same for the packed input ``[2, N, P]`` (inference: a buffer reused per batch), and
-        ``layer_out`` another: the LSTM layers' packed outputs alternate between the two."""
+        new tensor. ``packed`` (inference): L + 1 float32 ``[2, N, P]`` buffers reused per
+        batch: the packed input goes into the first, layer j's packed output (residual
+        added) into buffer j. ``canonical=False``: the layers returned are None, the caller
+        reads them from ``packed`` (``plan`` says where), and no canonical copy is made."""
         n_sentences = len(plan.lengths)
         initial_state = initial_state or self.zero_state(n_sentences, tokens.device)
         order = torch.from_numpy(plan.order).to(tokens.device)
         p = self.config.projection_dim
-        # Inference runs this per batch: [N, P]-sized temporaries are fresh mappings under
-        # the workers' mmap threshold, so each layer lands straight in ``out``.
+        # per batch, fresh [N, P] tensors would be new pages (the workers' mmap threshold)
         if backward_tokens is None:  # [2, N, P]
             both = torch.stack([plan.forward_index, plan.backward_index]).view(-1)
-            x = (tokens.index_select(0, both) if packed_out is None else torch.index_select(
-                tokens, 0, both, out=packed_out.view(-1, p))).view(2, -1, p)
+            x = (tokens.index_select(0, both) if packed is None else torch.index_select(
+                tokens, 0, both, out=packed[0].view(-1, p))).view(2, -1, p)
         else:
             x = torch.stack([tokens[plan.forward_index], backward_tokens[plan.backward_index]])
-        layers = float32_out((self.config.n_layers, plan.n_tokens, 2 * p), x, out)  # [L, N, 2P]
+        layers = (float32_out((self.config.n_layers, plan.n_tokens, 2 * p), x, out)
+                  if canonical else None)  # [L, N, 2P]
         final_state = []
-        # a layer's output goes where the input of the layer before it was (no longer read)
-        spare = layer_out if packed_out is not None else None
         for index, (layer, (h0, c0)) in enumerate(zip(self.layers, initial_state, strict=True)):
             layer_in = F.dropout(x, dropout, self.training) if dropout else x
-            y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order], step, spare)  # [2, N, P]
-            spare = x if spare is not None else None
+            y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order], step,
+                            None if packed is None else packed[index + 1])  # [2, N, P]
             if self.config.use_skip_connections and index > 0:
                 y += x  # residual between LSTM layers, not into the first one
-            layers[index, :, :p].index_copy_(0, plan.forward_index, y[0])
-            layers[index, :, p:].index_copy_(0, plan.backward_index, y[1])
+            if layers is not None:
+                layers[index, :, :p].index_copy_(0, plan.forward_index, y[0])
+                layers[index, :, p:].index_copy_(0, plan.backward_index, y[1])
             unsort_h, unsort_c = torch.empty_like(h), torch.empty_like(c)
             unsort_h[:, order], unsort_c[:, order] = h, c
             final_state.append((unsort_h, unsort_c))

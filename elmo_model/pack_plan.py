@@ -47,6 +47,16 @@ class PackPlan:
     def n_tokens(self) -> int:
         return int(self.lengths.sum())
 
+    def packed_positions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per token in canonical order, its packed position read forwards and read
+        backwards: ``[N]`` int64 each, the inverses of ``forward_index`` and
+        ``backward_index``."""
+        positions = np.arange(self.n_tokens)
+        forward, backward = np.empty_like(positions), np.empty_like(positions)
+        forward[self.forward_index.cpu().numpy()] = positions
+        backward[self.backward_index.cpu().numpy()] = positions
+        return forward, backward
+
 
 
 def float32_out(shape: tuple[int, ...], like: torch.Tensor, out: torch.Tensor | None = None

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from elmo_model.device_copy import TypeLayer0
+from elmo_model.pack_plan import PackPlan
 from schemas.layers import INT8_LIMIT
 
 
@@ -40,28 +41,33 @@ def quantize_int8_torch(vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return q.to(torch.int8), scale
 
 
-def quantize_int8_rows(layers: torch.Tensor, lengths: list[int]
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A CPU batch's ``[L + 1, N, 2P]`` float32 layers (each sentence's rows between its
-    ``<S>`` and ``</S>`` rows) -> its real tokens' (``[L + 1, n, 2P]`` int8 values,
-    ``[L + 1, n]`` float32 scales), the same bytes as ``quantize_int8_torch``, by the
-    compiled kernel of ``schemas.layers.quantize_int8_into``, straight from where each
-    sentence's rows lie: no float copy of them."""
+def quantize_int8_packed(packed: list[torch.Tensor], plan: PackPlan, lengths: list[int]
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A CPU batch's real tokens quantized straight from where the biLM left its layers:
+    ``packed`` holds per layer a float32 ``[2, N, P]`` tensor in ``plan``'s packed order
+    (forward, backward; ``BiLM.contextualize(..., canonical=False)``) of sentences
+    ``lengths`` long between their ``<S>`` and ``</S>`` rows. Returns (``[k, n, 2P]``
+    int8 values, ``[k, n]`` float32 scales) of the ``k`` layers' ``n`` real tokens in
+    sentence order: the bytes of ``quantize_int8_torch`` on the canonical layers
+    ``[h_fwd; h_bwd]``, by the compiled kernel of ``schemas.layers.quantize_int8_into``,
+    with no canonical copy of the layers made first."""
     from schemas import quantize_kernels  # numba: imported when int8 layers are written
 
-    if layers.device.type != "cpu" or layers.dtype != torch.float32 or layers.ndim != 3:
-        raise ValueError("quantize_int8_rows takes float32 [L + 1, N, 2P] CPU layers")
-    array = layers.numpy()
-    n_out, _, dim = array.shape
-    values = torch.empty((n_out, sum(lengths), dim), dtype=torch.int8)
-    scales = torch.empty((n_out, sum(lengths)), dtype=torch.float32)
-    out_values, out_scales = values.numpy(), scales.numpy()
-    start = at = 0
-    for n in lengths:
-        for k in range(n_out):
-            quantize_kernels.quantize_rows(array[k, start + 1:start + 1 + n],
-                                           out_values[k, at:at + n], out_scales[k, at:at + n], 0)
-        start, at = start + n + 2, at + n
+    forward_at, backward_at = plan.packed_positions()
+    starts = np.cumsum([0, *(n + 2 for n in lengths[:-1])])
+    real = np.concatenate([np.arange(s + 1, s + 1 + n) for s, n in zip(starts, lengths,
+                                                                         strict=True)])
+    n, p = len(real), packed[0].shape[-1] if packed else 0
+    # numpy asks for transparent huge pages on large arrays; torch.empty's fresh block
+    # faulted in 4 KiB pages cost ~0.7 us a token more at 3 x 1024 (one fault per 2 tokens)
+    values = torch.from_numpy(np.empty((len(packed), n, 2 * p), np.int8))
+    scales = torch.empty((len(packed), n), dtype=torch.float32)
+    for k, layer in enumerate(packed):
+        if layer.device.type != "cpu" or layer.dtype != torch.float32 or layer.ndim != 3:
+            raise ValueError("quantize_int8_packed takes float32 [2, N, P] CPU layers")
+        quantize_kernels.quantize_halves(layer[0].numpy(), layer[1].numpy(), forward_at[real],
+                                         backward_at[real], values[k].numpy(),
+                                         scales[k].numpy())
     return values, scales
 
 
@@ -69,7 +75,7 @@ class TypeQuantizer:
     """Layer 0 of a call's distinct tokens, quantized once per token string as batches
     come (``device_copy.TypeLayer0``): layer 0 is ``[x; x]`` of the token's vector, the
     same bytes at every occurrence, so quantizing it for each occurrence (the reference,
-    ``quantize_int8_rows`` over all L + 1 layers) repeats the first one's work."""
+    ``quantize_int8_packed`` over all L + 1 layers) repeats the first one's work."""
 
     def __init__(self) -> None:
         self.row: dict[str, int] = {}  # token -> row, in order of first occurrence
@@ -88,7 +94,7 @@ class TypeQuantizer:
         both = torch.cat([picked, picked], dim=1).numpy()  # [t, 2P]: layer 0's rows
         values = np.empty(both.shape, np.int8)
         scales = np.empty(len(both), np.float32)
-        quantize_kernels.quantize_rows(both, values, scales, 0)  # quantize_int8_rows' kernel
+        quantize_kernels.quantize_rows(both, values, scales, 0)  # the packed layers' rule
         for token in new:
             self.row[token] = len(self.row)
         self.values.append(values)

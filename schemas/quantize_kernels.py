@@ -9,34 +9,61 @@ import numpy as np
 _ABS_BITS = np.uint32(0x7FFFFFFF)
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _absmax_bits(row: np.ndarray) -> np.uint32:
+    """The largest magnitude of ``row`` (float32) as a bit pattern: the bit patterns with
+    the sign cleared order like the magnitudes for every non-NaN float and reduce as
+    integers (the compiler vectorizes that; a float max with NaN rules it does not)."""
+    bits = row.view(np.uint32)
+    top = np.uint32(0)
+    for j in range(bits.shape[0]):
+        a = bits[j] & _ABS_BITS
+        top = a if a > top else top
+    return top
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _scale_of(top: np.uint32) -> np.float32:
+    return np.array([top], np.uint32).view(np.float32)[0] / np.float32(127.0)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _quantize_into(row: np.ndarray, scale: np.float32, target: np.ndarray, offset: int
+                   ) -> None:
+    """``target[j] = clip(rint(row[j] / scale), -127, 127) + offset``; scale 0 divides by 1."""
+    limit = np.float32(127.0)
+    safe = scale if scale > 0 else np.float32(1.0)
+    for j in range(row.shape[0]):
+        q = np.rint(row[j] / safe)
+        q = min(max(q, -limit), limit)
+        target[j] = np.int32(q) + offset
+
+
 @numba.njit(nogil=True, cache=True)
 def quantize_rows(vectors: np.ndarray, out: np.ndarray, scales: np.ndarray, offset: int
                   ) -> None:
     """``quantize_int8``'s rule, row by row in two passes over each row: ``vectors``
     (float32 ``[n, dim]``, C-contiguous) -> ``out`` (``[n, dim]``: ``q + offset``, int8
     with offset 0 or uint8 dictionary indices with offset 127) and ``scales`` (float32
-    ``[n]``).
-
-    The absolute maximum is taken over the bit patterns with the sign cleared, which
-    order like the magnitudes for every non-NaN float and reduce as integers (the
-    compiler vectorizes that; a float max with NaN rules it does not)."""
-    n, dim = vectors.shape
-    bits = vectors.reshape(-1).view(np.uint32)
-    limit = np.float32(127.0)
-    one = np.float32(1.0)
-    for r in range(n):
-        row_bits = bits[r * dim:(r + 1) * dim]
-        top = np.uint32(0)
-        for j in range(dim):
-            a = row_bits[j] & _ABS_BITS
-            top = a if a > top else top
-        absmax = np.array([top], np.uint32).view(np.float32)[0]
-        scale = absmax / limit
+    ``[n]``)."""
+    for r in range(vectors.shape[0]):
+        scale = _scale_of(_absmax_bits(vectors[r]))
         scales[r] = scale
-        safe = scale if scale > 0 else one
-        row = vectors[r]
-        target = out[r]
-        for j in range(dim):
-            q = np.rint(row[j] / safe)
-            q = min(max(q, -limit), limit)
-            target[j] = np.int32(q) + offset
+        _quantize_into(vectors[r], scale, out[r], offset)
+
+
+@numba.njit(nogil=True, cache=True)
+def quantize_halves(first: np.ndarray, second: np.ndarray, first_rows: np.ndarray,
+                    second_rows: np.ndarray, out: np.ndarray, scales: np.ndarray) -> None:
+    """``quantize_rows`` (offset 0) of the vectors ``[first[first_rows[r]];
+    second[second_rows[r]]]`` (float32 ``[N, P]`` each) into ``out`` (int8 ``[n, 2P]``)
+    and ``scales`` (``[n]``), without making them: the same bytes, read where the two
+    halves lie (a biLM layer's forward and backward outputs in packed order)."""
+    p = first.shape[1]
+    for r in range(first_rows.shape[0]):
+        a, b = first[first_rows[r]], second[second_rows[r]]
+        top_a, top_b = _absmax_bits(a), _absmax_bits(b)
+        scale = _scale_of(top_a if top_a > top_b else top_b)
+        scales[r] = scale
+        _quantize_into(a, scale, out[r, :p], 0)
+        _quantize_into(b, scale, out[r, p:], 0)

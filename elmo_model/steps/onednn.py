@@ -13,7 +13,7 @@ way), but private, so ``onednn_unavailable`` tries them once before a step is ch
 where they are missing (a torch built without oneDNN) ``auto`` picks the torch step.
 
 ``OnednnStep`` is the CPU's default ``LstmStep``: the torch step's in-place recurrence
-with these matmuls (in float32, small recurrent weights through torch's matmul in place:
+with these matmuls (in float32, a small layer's products through torch's matmul in place:
 ``IN_PLACE_MAX_WEIGHT_BYTES``), and the char CNN's highway and projection through them too. Its
 packings are kept per model and dtype (``weight_versions.DerivedWeights``) until the
 weights change.
@@ -87,17 +87,19 @@ def _require(dtype: torch.dtype) -> None:
 # highways' and projection's. Shared by every step object, so embedders on one model
 # share them.
 _LAYER_PACKINGS = DerivedWeights()
-_PROJECTION_PACKINGS = DerivedWeights()  # the in-place float32 path's: projections only
 _CHAR_CNN_PACKINGS = DerivedWeights()
 
 
 # In float32, a recurrent weight up to this size is multiplied by torch's own matmul
-# (MKL) straight into the input projection's rows, in a buffer the step keeps: no new
-# tensor per time step. oneDNN's products have no output argument, and with the pipeline's
-# fixed mmap threshold (pipeline/write/executors.py) each new multi-MB gate tensor is freshly
-# zeroed pages. In place wins up to about this size and loses at the standard model's
-# 32 MB, where MKL's per-call copy of the weight costs more than the pages did
-# (BENCHMARKS.md, "Figures once in code").
+# (MKL) straight into the input projection's rows, in a buffer the step keeps, and the
+# layer's output projection straight into the output's rows: no new tensor per time step.
+# oneDNN's products have no output argument, and with the pipeline's fixed mmap threshold
+# (pipeline/write/executors.py) each new multi-MB gate tensor is freshly zeroed pages; a
+# fresh projection then clipped into the output cost 2-5x the in-place product at the
+# small layers' shapes (BENCHMARKS.md, "The width cost on the idle machine"). In place
+# wins up to about this size and loses at the standard model's 32 MB, where MKL's
+# per-call copy of the weight costs more than the pages did (BENCHMARKS.md, "Figures
+# once in code").
 IN_PLACE_MAX_WEIGHT_BYTES = 8 << 20
 
 
@@ -107,8 +109,9 @@ class OnednnStep:
     direction's input projections are held at a time.
 
     In float32 with a recurrent weight of at most ``IN_PLACE_MAX_WEIGHT_BYTES``, the input
-    projection goes into a buffer this step keeps between calls and each time step's gates
-    are computed in place in its rows, so a call allocates no large tensor; one call at a
+    projection goes into a buffer this step keeps between calls, each time step's gates
+    are computed in place in its rows and its output projected straight into the output's
+    rows, so a call allocates no large tensor; one call at a
     time uses the buffer (a lock), as the pipeline's model lock already ensures.
     """
 
@@ -135,18 +138,17 @@ class OnednnStep:
         return _recurrence(layer, x, plan, h, c, _packed(layer, dtype, c.shape[1]), out)
 
     def _in_place(self, layer: BiLstmLayer, n_tokens: int) -> list[_Direction]:
-        """float32, the recurrent matmuls in place (see ``IN_PLACE_MAX_WEIGHT_BYTES``)."""
+        """float32, the per-step matmuls in place (see ``IN_PLACE_MAX_WEIGHT_BYTES``)."""
         d = layer.recurrent_weight.shape[-1] // 4
         if self._buffer.numel() < n_tokens * 4 * d:
             self._buffer = torch.empty(n_tokens * 4 * d)
         pre = self._buffer[: n_tokens * 4 * d].view(n_tokens, 4 * d)
-        projections = _PROJECTION_PACKINGS.get(layer, torch.float32, lambda: [
-            PackedLinear(layer.projection[k], None, torch.float32) for k in range(2)])
         return [_Direction(
             lambda x_k, k=k: torch.addmm(layer.bias[k].detach(), x_k.float(),
                                          layer.input_weight[k].detach(), out=pre),
             lambda h_k, rows, k=k: rows.addmm_(h_k, layer.recurrent_weight[k].detach()),
-            projections[k]) for k in range(2)]
+            lambda cell, rows, k=k: torch.mm(cell, layer.projection[k].detach(), out=rows))
+            for k in range(2)]
 
     def char_cnn_linears(self, char_cnn: CharCNN, dtype: torch.dtype
                          ) -> list[Callable[[torch.Tensor], torch.Tensor]]:
@@ -164,11 +166,12 @@ class OnednnStep:
 class _Direction:
     """One direction's three maps for ``_recurrence``: input projection ``[N, P] -> [N,
     4D]`` (bias included), gates ``(h [n, P], its rows of the projection [n, 4D]) -> [n,
-    4D]`` (may write into those rows) and output projection ``cell [n, D] -> [n, P]``."""
+    4D]`` (may write into those rows) and output projection ``(cell [n, D], the output's
+    rows [n, P]) -> [n, P]`` (may write into those rows)."""
 
     project_input: Callable[[torch.Tensor], torch.Tensor]
     gates: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    project_output: Callable[[torch.Tensor], torch.Tensor]
+    project_output: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _packed(layer: BiLstmLayer, dtype: torch.dtype, batch: int) -> list[_Direction]:
@@ -182,7 +185,8 @@ def _packed(layer: BiLstmLayer, dtype: torch.dtype, batch: int) -> list[_Directi
         for k in range(2)])
     if not low:
         return [_Direction(lambda x_k, w_in=w_in: w_in(x_k.to(dtype)),
-                           lambda h_k, rows, w_rec=w_rec: w_rec(h_k, add=rows), w_proj)
+                           lambda h_k, rows, w_rec=w_rec: w_rec(h_k, add=rows),
+                           lambda cell, _, w_proj=w_proj: w_proj(cell))
                 for w_in, w_rec, w_proj in packings]
     # In low precision the input projection has no bias, as ``BiLstmLayer.input_projection``
     # does (rounding x W alone is more accurate); the bias is added in float32 per step.
@@ -195,7 +199,7 @@ def _packed(layer: BiLstmLayer, dtype: torch.dtype, batch: int) -> list[_Directi
 
     return [_Direction(lambda x_k, w_in=w_in: w_in(x_k.to(dtype)),
                        lambda h_k, rows, w_rec=w_rec, k=k: gates(h_k, rows, w_rec, k),
-                       lambda cell, w_proj=w_proj: w_proj(cell.to(dtype)).float())
+                       lambda cell, _, w_proj=w_proj: w_proj(cell.to(dtype)).float())
             for k, (w_in, w_rec, w_proj) in enumerate(packings)]
 
 
@@ -219,9 +223,11 @@ def _recurrence(layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Te
             start = plan.offsets[t]
             gates = direction.gates(h_k, pre[start : start + n])  # [n, 4D]
             cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d), layer.cell_clip)
-            h_k = direction.project_output(cell)  # [n, P]
             rows = out[k, start : start + n]  # h_k is read from here at the next step
-            if layer.proj_clip:  # clipped on its way into out: one pass over [n, P], not two
+            h_k = direction.project_output(cell, rows)  # [n, P]
+            if h_k.data_ptr() == rows.data_ptr():  # written in place
+                h_k = rows.clamp_(-layer.proj_clip, layer.proj_clip) if layer.proj_clip else rows
+            elif layer.proj_clip:  # clipped on its way into out: one pass over [n, P], not two
                 h_k = torch.clamp(h_k, -layer.proj_clip, layer.proj_clip, out=rows)
             else:
                 h_k = rows.copy_(h_k)

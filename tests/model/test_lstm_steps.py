@@ -225,21 +225,31 @@ def test_a_step_writes_its_output_into_a_given_buffer(name: str) -> None:
 
 
 @pytest.mark.parametrize("n_layers", [1, 2, 3])
-def test_contextualize_alternates_its_two_packed_buffers(n_layers: int) -> None:
-    """The packed input and each LSTM layer's packed output take turns in the two buffers
-    the embedder keeps (``packed_out``, ``layer_out``): with the residual between layers
-    the layers, and the state, are bitwise those of fresh tensors, at any depth."""
+def test_contextualize_into_the_callers_packed_buffers(n_layers: int) -> None:
+    """With the embedder's reused buffers (``packed``: the packed input, then each LSTM
+    layer's packed output with the residual added) the layers and the state are bitwise
+    those of fresh tensors, at any depth; ``canonical=False`` makes no canonical copy and
+    the buffers hold every layer, in ``plan``'s packed order."""
     torch.manual_seed(0)
     config = dataclasses.replace(CONFIG, n_layers=n_layers)
     model = BiLM(config).eval()
     plan = PackPlan.build(LENGTHS)
     tokens = torch.randn(plan.n_tokens, config.projection_dim)
+    forward_at, backward_at = plan.packed_positions()
+    p = config.projection_dim
     with torch.inference_mode():
         want, want_state = model.contextualize(tokens, plan, step=OnednnStep())
-        packed, spare = (torch.full((2, plan.n_tokens, config.projection_dim), float("nan"))
-                         for _ in range(2))
-        got, state = model.contextualize(tokens, plan, step=OnednnStep(), packed_out=packed,
-                                         layer_out=spare)
-        assert torch.equal(got, want)
-        for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
-            assert torch.equal(h, want_h) and torch.equal(c, want_c)
+        for canonical in (True, False):
+            packed = [torch.full((2, plan.n_tokens, p), float("nan")) for _ in range(n_layers + 1)]
+            got, state = model.contextualize(tokens, plan, step=OnednnStep(), packed=packed,
+                                             canonical=canonical)
+            assert (got is None) != canonical
+            if canonical:
+                assert torch.equal(got, want)
+            assert torch.equal(packed[0][0][forward_at], tokens)
+            assert torch.equal(packed[0][1][backward_at], tokens)
+            for j in range(n_layers):
+                assert torch.equal(packed[j + 1][0][forward_at], want[j, :, :p])
+                assert torch.equal(packed[j + 1][1][backward_at], want[j, :, p:])
+            for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
+                assert torch.equal(h, want_h) and torch.equal(c, want_c)
