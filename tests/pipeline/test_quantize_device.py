@@ -186,3 +186,33 @@ def test_layer_0_per_type_is_each_occurrences_layer_0(
             rows = got.layer_0.rows_of(sentence)
             assert np.array_equal(got.layer_0.values[rows], want_values[0])
             assert got.layer_0.scales[rows].tobytes() == want_scales[0].tobytes()
+
+
+def test_packed_layers_quantize_as_their_canonical_rows() -> None:
+    """``quantize_int8_packed`` (the CPU model stage) reads each token's forward and
+    backward halves where the biLM left them, in packed order; its bytes are the
+    reference's on the canonical ``[h_fwd; h_bwd]`` rows of the real tokens, whichever
+    half holds the larger magnitude, for zero halves, ties and long tails too."""
+    from elmo_model.pack_plan import PackPlan
+    from elmo_model.quantize import quantize_int8_packed
+
+    gen = torch.Generator().manual_seed(5)
+    lengths = [3, 1, 7, 2]
+    plan = PackPlan.build(np.array([n + 2 for n in lengths]))  # with <S> and </S>
+    p = 48  # rows 1-3, 6 and 9-15 are real tokens: starts 0, 5, 8, 17
+    canonical = torch.randn(2, plan.n_tokens, 2 * p, generator=gen) ** 3  # [k, N, 2P]
+    canonical[0, 1, :p] = 0.0  # a zero half: the other sets the scale
+    canonical[1, 2] = 0.0  # a zero vector: scale +0.0
+    canonical[1, 3, p:] *= 1e4  # the backward half far larger
+    canonical[0, 6] = torch.arange(2 * p, dtype=torch.float32) - p + 0.5  # ties
+    packed = [torch.stack([layer[plan.forward_index, :p], layer[plan.backward_index, p:]])
+              for layer in canonical]
+    values, scales = quantize_int8_packed(packed, plan, lengths)
+    starts = np.cumsum([0, *(n + 2 for n in lengths[:-1])])
+    real = np.concatenate([np.arange(s + 1, s + 1 + n)
+                           for s, n in zip(starts, lengths, strict=True)])
+    assert values.shape == (2, sum(lengths), 2 * p) and scales.shape == (2, sum(lengths))
+    for k, layer in enumerate(canonical):
+        ref_values, ref_scales = quantize_int8(layer[real].numpy())
+        assert np.array_equal(values[k].numpy(), ref_values)
+        assert scales[k].numpy().tobytes() == ref_scales.tobytes()
