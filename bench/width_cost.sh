@@ -16,7 +16,8 @@ while [ $i -lt "$PAIRS" ]; do
   for m in wide narrow; do
     rm -rf "$WORK/out-$m"
     /usr/bin/time -v $PY -m pipeline.cli embed $CORPUS --out "$WORK/out-$m" \
-      --model "$WORK/models/$m" --no-progress >"$WORK/log-$m" 2>"$WORK/time-$m"
+      --model "$WORK/models/$m" --no-progress >"$WORK/log-$m" 2>"$WORK/time-$m" || {
+      echo "elmo embed ($m) failed:" >&2; grep -v '^	' "$WORK/time-$m" | tail -3 >&2; exit 1; }
     user=$(sed -n 's/.*User time (seconds): //p' "$WORK/time-$m")
     sys=$(sed -n 's/.*System time (seconds): //p' "$WORK/time-$m")
     rss=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$WORK/time-$m")
