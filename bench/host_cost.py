@@ -5,6 +5,7 @@ One command, the first thing to read about the pipeline's host side (issue 36):
     .venv/bin/python bench/host_cost.py                      # 3 x 1024, austen.txt
     .venv/bin/python bench/host_cost.py --encoder pyarrow    # the reference writer
     .venv/bin/python bench/host_cost.py --width narrow       # 3 x 32
+    .venv/bin/python bench/host_cost.py --width both         # both, and the width's cost
 
 It runs the stages of ``pipeline.work_item.ItemWorker`` one after another in this
 process on one thread (torch too), with the near-free model of the chosen width
@@ -255,17 +256,41 @@ def report(clock: Clock, tokens: int, sizes: dict[str, int], args: argparse.Name
         f"{table} {size / tokens:,.1f}" for table, size in sorted(sizes.items())))
 
 
+def report_width_cost(wide: tuple[Clock, int], narrow: tuple[Clock, int]) -> None:
+    """Per stage, wide minus narrow in us a token: what the issue's width cost is made of
+    (both runs embed the same tokens, so the fixed costs cancel but for noise)."""
+    (wide_clock, tokens), (narrow_clock, _) = wide, narrow
+    print(f"width cost per token (wide - narrow, one thread, {tokens:,} tokens)")
+    print(f"{'stage':<15} {'wide':>8} {'narrow':>8} {'width':>8}")
+    for stage in (*STAGES, "total"):
+        a, b = (sum(c.seconds.values()) if stage == "total" else c.seconds.get(stage, 0.0)
+                for c in (wide_clock, narrow_clock))
+        print(f"{stage:<15} {a / tokens * 1e6:>8.2f} {b / tokens * 1e6:>8.2f} "
+              f"{(a - b) / tokens * 1e6:>8.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=CORPORA / "austen.txt")
-    parser.add_argument("--width", choices=("wide", "narrow"), default="wide",
-                        help="wide: 3 x 1024 outputs (default); narrow: 3 x 32")
+    parser.add_argument("--width", choices=("wide", "narrow", "both"), default="wide",
+                        help="wide: 3 x 1024 outputs (default); narrow: 3 x 32; both: one "
+                             "after the other, then the width's cost per stage")
     parser.add_argument("--encoder", choices=("assembled", "pyarrow"), default="assembled",
                         help="who writes the int8 layer pages (pipeline.write.item_files.ENCODERS)")
     args = parser.parse_args()
     if not args.corpus.is_file():
         raise SystemExit(f"no corpus at {args.corpus}: set ELMO_BENCH_CORPORA")
-    report(*run(args), args)
+    if args.width != "both":
+        report(*run(args), args)
+        return
+    results = {}
+    for width in ("wide", "narrow"):
+        one = argparse.Namespace(**{**vars(args), "width": width})
+        clock, tokens, sizes = run(one)
+        report(clock, tokens, sizes, one)
+        print()
+        results[width] = (clock, tokens)
+    report_width_cost(results["wide"], results["narrow"])
 
 
 if __name__ == "__main__":
