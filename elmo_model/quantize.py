@@ -49,14 +49,20 @@ def quantize_int8_packed(packed: list[torch.Tensor], plan: PackPlan, lengths: li
     ``lengths`` long between their ``<S>`` and ``</S>`` rows. Returns (``[k, n, 2P]``
     int8 values, ``[k, n]`` float32 scales) of the ``k`` layers' ``n`` real tokens in
     sentence order: the bytes of ``quantize_int8_torch`` on the canonical layers
-    ``[h_fwd; h_bwd]``, by the compiled kernel of ``schemas.layers.quantize_int8_into``,
-    with no canonical copy of the layers made first."""
+    ``[h_fwd; h_bwd]``, by ``schemas.quantize_kernels.quantize_halves``, with no
+    canonical copy of the layers made first."""
     from schemas import quantize_kernels  # numba: imported when int8 layers are written
 
+    sizes = np.asarray(lengths, np.int64)
+    if plan.n_tokens != int(sizes.sum()) + 2 * len(sizes):
+        raise ValueError(f"the plan has {plan.n_tokens} rows, the sentences {int(sizes.sum())} "
+                         f"tokens and {2 * len(sizes)} boundaries")
     forward_at, backward_at = plan.packed_positions()
-    starts = np.cumsum([0, *(n + 2 for n in lengths[:-1])])
-    real = np.concatenate([np.arange(s + 1, s + 1 + n) for s, n in zip(starts, lengths,
-                                                                         strict=True)])
+    ends = np.cumsum(sizes + 2)  # one past each </S>
+    real = np.ones(plan.n_tokens, bool)
+    real[ends - 1] = real[ends - sizes - 2] = False  # </S>, <S>
+    real = np.flatnonzero(real)
+    forward_rows, backward_rows = forward_at[real], backward_at[real]
     n, p = len(real), packed[0].shape[-1] if packed else 0
     # numpy asks for transparent huge pages on large arrays; torch.empty's fresh block
     # faulted in 4 KiB pages cost ~0.7 us a token more at 3 x 1024 (one fault per 2 tokens)
@@ -65,9 +71,8 @@ def quantize_int8_packed(packed: list[torch.Tensor], plan: PackPlan, lengths: li
     for k, layer in enumerate(packed):
         if layer.device.type != "cpu" or layer.dtype != torch.float32 or layer.ndim != 3:
             raise ValueError("quantize_int8_packed takes float32 [2, N, P] CPU layers")
-        quantize_kernels.quantize_halves(layer[0].numpy(), layer[1].numpy(), forward_at[real],
-                                         backward_at[real], values[k].numpy(),
-                                         scales[k].numpy())
+        quantize_kernels.quantize_halves(layer[0].numpy(), layer[1].numpy(), forward_rows,
+                                         backward_rows, values[k].numpy(), scales[k].numpy())
     return values, scales
 
 
