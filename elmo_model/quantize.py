@@ -95,11 +95,12 @@ class TypeQuantizer:
         new = [token for token in at if token not in self.row]  # in order of first occurrence
         if not new:
             return
-        picked = vectors.index_select(0, torch.tensor([at[token] for token in new]))
-        both = torch.cat([picked, picked], dim=1).numpy()  # [t, 2P]: layer 0's rows
-        values = np.empty(both.shape, np.int8)
-        scales = np.empty(len(both), np.float32)
-        quantize_kernels.quantize_rows(both, values, scales, 0)  # the packed layers' rule
+        rows = np.array([at[token] for token in new], np.int64)
+        half = np.ascontiguousarray(vectors.numpy())  # [N, P]
+        values = np.empty((len(new), 2 * half.shape[1]), np.int8)
+        scales = np.empty(len(new), np.float32)
+        # layer 0's row [x; x] quantized from x alone, as the LSTM layers' from their halves
+        quantize_kernels.quantize_halves(half, half, rows, rows, values, scales)
         for token in new:
             self.row[token] = len(self.row)
         self.values.append(values)

@@ -14,14 +14,21 @@ import ctypes
 # fresh zeroed pages on every call; half the page faults, the same flat peak from 3M to
 # 42M tokens (BENCHMARKS.md, "The mmap threshold at 1 MiB").
 MMAP_THRESHOLD_BYTES = 1 << 20
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+# Setting the mmap threshold also freezes glibc's trim threshold at 128 KiB: each time the
+# top of the heap had that much free, it went back to the kernel, and the next batch's
+# sub-MiB temporaries (a layer's [2, B, P] states, their copies) came back as fresh zeroed
+# pages, ~0.3 faults a token at 3 x 1024. Free heap up to this size is kept instead.
+TRIM_THRESHOLD_BYTES = 32 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 
 
 def fix_mmap_threshold() -> bool:
     """Keep this process's large allocations on their own mmap (see
-    ``MMAP_THRESHOLD_BYTES``); False where the C library is not glibc."""
+    ``MMAP_THRESHOLD_BYTES``) and its freed heap for reuse (``TRIM_THRESHOLD_BYTES``);
+    False where the C library is not glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+                and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))

@@ -94,3 +94,35 @@ def test_large_allocations_stay_on_mmap_once_fixed(how: str, mmapped: str) -> No
     done = subprocess.run([sys.executable, "-c", ONE_BLOCK, how], capture_output=True,
                           text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.stdout.strip() == mmapped
+
+
+KEEP_HEAP_TOP = """
+import ctypes, sys
+from pipeline.write import process_memory
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+if sys.argv[1] == "fixed":
+    assert process_memory.fix_mmap_threshold()
+else:  # the mmap threshold alone, which freezes the trim threshold at 128 KiB
+    assert libc.mallopt(process_memory._M_MMAP_THRESHOLD, process_memory.MMAP_THRESHOLD_BYTES)
+block = libc.malloc(900 << 10)  # below the mmap threshold: from the heap, at its top
+libc.free(block)
+print(int(libc.mallinfo2().keepcost >= 900 << 10))
+"""
+
+
+@pytest.mark.parametrize(("how", "kept"), [("threshold only", "0"), ("fixed", "1")])
+def test_freed_heap_top_is_kept_for_the_next_batch(how: str, kept: str) -> None:
+    """A batch's sub-MiB temporaries, freed, stay in the heap for the next batch instead
+    of going back to the kernel and returning as fresh zeroed pages."""
+    done = subprocess.run([sys.executable, "-c", KEEP_HEAP_TOP, how], capture_output=True,
+                          text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout.strip() == kept
