@@ -113,6 +113,22 @@ class Int8Layers:
         """The layer the per-token rows start at: 1 when layer 0 is per type, else 0."""
         return 0 if self.layer_0 is None else 1
 
+    def stored_rows(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``lo[i]:hi[i]`` of each sentence ``i``, one after the other: (values
+        ``[layers, n, 2P]``, scales ``[layers, n]``). A view when they already lie so in
+        one block (the CPU's, when no window overlaps the one before), else a copy."""
+        at = np.array([start for _, start, _ in self.where], np.int64)
+        begin, end = at + np.asarray(lo, np.int64), at + np.asarray(hi, np.int64)
+        if len(self.values) == 1 and len(at) and np.array_equal(begin[1:], end[:-1]):
+            return (self.values[0][:, begin[0]:end[-1]], self.scales[0][:, begin[0]:end[-1]])
+        parts = [self.sentence(i) for i in range(len(self))]
+        if not parts:
+            raise ValueError("no sentences")
+        return (np.concatenate([v[:, a:b] for (v, _), a, b in zip(parts, lo, hi, strict=True)],
+                               axis=1),
+                np.concatenate([s[:, a:b] for (_, s), a, b in zip(parts, lo, hi, strict=True)],
+                               axis=1))
+
     def sentence(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Sentence ``i``'s (values ``[L + 1, n, 2P]``, scales ``[L + 1, n]``; from layer
         ``first_layer``), views."""

@@ -41,39 +41,37 @@ def quantize_int8_torch(vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return q.to(torch.int8), scale
 
 
-def quantize_int8_packed(packed: list[torch.Tensor], plan: PackPlan, lengths: list[int]
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_int8_packed(packed: list[torch.Tensor], plan: PackPlan, lengths: list[int],
+                         values: np.ndarray, scales: np.ndarray, starts: list[int]) -> None:
     """A CPU batch's real tokens quantized straight from where the biLM left its layers:
     ``packed`` holds per layer a float32 ``[2, N, P]`` tensor in ``plan``'s packed order
     (forward, backward; ``BiLM.contextualize(..., canonical=False)``) of sentences
-    ``lengths`` long between their ``<S>`` and ``</S>`` rows. Returns (``[k, n, 2P]``
-    int8 values, ``[k, n]`` float32 scales) of the ``k`` layers' ``n`` real tokens in
-    sentence order: the bytes of ``quantize_int8_torch`` on the canonical layers
-    ``[h_fwd; h_bwd]``, by ``schemas.quantize_kernels.quantize_halves``, with no
-    canonical copy of the layers made first."""
+    ``lengths`` long between their ``<S>`` and ``</S>`` rows. Sentence ``i``'s rows of
+    layer ``k`` go to ``values[k, starts[i]:starts[i] + lengths[i]]`` (int8 ``[k, T, 2P]``)
+    and ``scales[k, ...]`` (float32 ``[k, T]``): the bytes of ``quantize_int8_torch`` on
+    the canonical layers ``[h_fwd; h_bwd]``, by ``schemas.quantize_kernels.quantize_halves``,
+    with no canonical copy of the layers made first."""
     from schemas import quantize_kernels  # numba: imported when int8 layers are written
 
     sizes = np.asarray(lengths, np.int64)
-    if plan.n_tokens != int(sizes.sum()) + 2 * len(sizes):
+    if plan.n_tokens != int(sizes.sum()) + 2 * len(sizes) or len(starts) != len(sizes):
         raise ValueError(f"the plan has {plan.n_tokens} rows, the sentences {int(sizes.sum())} "
-                         f"tokens and {2 * len(sizes)} boundaries")
+                         f"tokens and {2 * len(sizes)} boundaries, {len(starts)} starts")
+    if values.shape[0] != len(packed) or values.dtype != np.int8 or scales.dtype != np.float32:
+        raise ValueError("values must be int8 [layers, T, 2P], scales float32 [layers, T]")
     forward_at, backward_at = plan.packed_positions()
     ends = np.cumsum(sizes + 2)  # one past each </S>
     real = np.ones(plan.n_tokens, bool)
     real[ends - 1] = real[ends - sizes - 2] = False  # </S>, <S>
     real = np.flatnonzero(real)
+    out_rows = np.repeat(np.asarray(starts, np.int64) - np.cumsum(sizes) + sizes, sizes
+                         ) + np.arange(len(real))  # each real token's row in values
     forward_rows, backward_rows = forward_at[real], backward_at[real]
-    n, p = len(real), packed[0].shape[-1] if packed else 0
-    # numpy asks for transparent huge pages on large arrays; torch.empty's fresh block
-    # faulted in 4 KiB pages cost ~0.7 us a token more at 3 x 1024 (one fault per 2 tokens)
-    values = torch.from_numpy(np.empty((len(packed), n, 2 * p), np.int8))
-    scales = torch.empty((len(packed), n), dtype=torch.float32)
     for k, layer in enumerate(packed):
         if layer.device.type != "cpu" or layer.dtype != torch.float32 or layer.ndim != 3:
             raise ValueError("quantize_int8_packed takes float32 [2, N, P] CPU layers")
         quantize_kernels.quantize_halves(layer[0].numpy(), layer[1].numpy(), forward_rows,
-                                         backward_rows, values[k].numpy(), scales[k].numpy())
-    return values, scales
+                                         backward_rows, values[k], scales[k], out_rows)
 
 
 class TypeQuantizer:
@@ -100,7 +98,8 @@ class TypeQuantizer:
         values = np.empty((len(new), 2 * half.shape[1]), np.int8)
         scales = np.empty(len(new), np.float32)
         # layer 0's row [x; x] quantized from x alone, as the LSTM layers' from their halves
-        quantize_kernels.quantize_halves(half, half, rows, rows, values, scales)
+        quantize_kernels.quantize_halves(half, half, rows, rows, values, scales,
+                                         np.arange(len(new)))
         for token in new:
             self.row[token] = len(self.row)
         self.values.append(values)

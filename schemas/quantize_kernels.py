@@ -54,16 +54,19 @@ def quantize_rows(vectors: np.ndarray, out: np.ndarray, scales: np.ndarray, offs
 
 @numba.njit(nogil=True, cache=True)
 def quantize_halves(first: np.ndarray, second: np.ndarray, first_rows: np.ndarray,
-                    second_rows: np.ndarray, out: np.ndarray, scales: np.ndarray) -> None:
+                    second_rows: np.ndarray, out: np.ndarray, scales: np.ndarray,
+                    out_rows: np.ndarray) -> None:
     """``quantize_rows`` (offset 0) of the vectors ``[first[first_rows[r]];
-    second[second_rows[r]]]`` (float32 ``[N, P]`` each) into ``out`` (int8 ``[n, 2P]``)
-    and ``scales`` (``[n]``), without making them: the same bytes, read where the two
-    halves lie (a biLM layer's forward and backward outputs in packed order)."""
+    second[second_rows[r]]]`` (float32 ``[N, P]`` each) into row ``out_rows[r]`` of
+    ``out`` (int8 ``[n, 2P]``) and ``scales`` (``[n]``), without making them: the same
+    bytes, read where the two halves lie (a biLM layer's forward and backward outputs in
+    packed order) and written where the caller keeps them."""
     p = first.shape[1]
     for r in range(first_rows.shape[0]):
         a, b = first[first_rows[r]], second[second_rows[r]]
         top_a, top_b = _absmax_bits(a), _absmax_bits(b)
         scale = _scale_of(top_a if top_a > top_b else top_b)
-        scales[r] = scale
-        _quantize_into(a, scale, out[r, :p], 0)
-        _quantize_into(b, scale, out[r, p:], 0)
+        at = out_rows[r]
+        scales[at] = scale
+        _quantize_into(a, scale, out[at, :p], 0)
+        _quantize_into(b, scale, out[at, p:], 0)

@@ -283,11 +283,9 @@ def _int8_columns(layers: Any, lo: Any, hi: Any, n_out: int, dim: int) -> dict[s
     from schemas import SCALE_SUFFIX
 
     first = layers.first_layer  # 1: layer 0 came per token type (``Int8Layers.layer_0``)
-    parts = [layers.sentence(i) for i in range(len(layers))]
-    values = np.concatenate([v[:, a:b] for (v, _), a, b in zip(parts, lo, hi, strict=True)],
-                            axis=1) if parts else np.zeros((n_out - first, 0, dim), np.int8)
-    scales = np.concatenate([s[:, a:b] for (_, s), a, b in zip(parts, lo, hi, strict=True)],
-                            axis=1) if parts else np.zeros((n_out - first, 0), np.float32)
+    values, scales = (layers.stored_rows(lo, hi) if len(layers) else
+                      (np.zeros((n_out - first, 0, dim), np.int8),
+                       np.zeros((n_out - first, 0), np.float32)))
     columns = {}
     for k in range(first, n_out):
         columns[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(

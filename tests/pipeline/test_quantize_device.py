@@ -113,7 +113,8 @@ def test_embed_int8_gives_the_reference_quantizer_of_embed(
     floats = embedder.embed(sentences)
     embedder.reset_state()
     pending = embedder.submit_int8(sentences)
-    assert (len(pending.batches) == 1) == (mode == "stateful")  # stateless: several
+    # stateless: several model batches (on the CPU quantized into one block for the call)
+    assert (len(embedder._batches(sentences)) == 1) == (mode == "stateful")
     layers = pickle.loads(pickle.dumps(pending.result()))
     assert len(layers) == len(sentences)
     for i, vectors in enumerate(floats):
@@ -207,12 +208,39 @@ def test_packed_layers_quantize_as_their_canonical_rows() -> None:
     canonical[0, 6] = torch.arange(2 * p, dtype=torch.float32) - p + 0.5  # ties
     packed = [torch.stack([layer[plan.forward_index, :p], layer[plan.backward_index, p:]])
               for layer in canonical]
-    values, scales = quantize_int8_packed(packed, plan, lengths)
-    starts = np.cumsum([0, *(n + 2 for n in lengths[:-1])])
-    real = np.concatenate([np.arange(s + 1, s + 1 + n)
-                           for s, n in zip(starts, lengths, strict=True)])
-    assert values.shape == (2, sum(lengths), 2 * p) and scales.shape == (2, sum(lengths))
+    # each sentence's rows where the caller keeps them: here last sentence first
+    starts = [10, 9, 2, 0]
+    values = np.zeros((2, 13, 2 * p), np.int8)
+    scales = np.full((2, 13), -1.0, np.float32)
+    quantize_int8_packed(packed, plan, lengths, values, scales, starts)
+    boundaries = np.cumsum([0, *(n + 2 for n in lengths[:-1])])
     for k, layer in enumerate(canonical):
-        ref_values, ref_scales = quantize_int8(layer[real].numpy())
-        assert np.array_equal(values[k].numpy(), ref_values)
-        assert scales[k].numpy().tobytes() == ref_scales.tobytes()
+        for begin, start, n in zip(boundaries, starts, lengths, strict=True):
+            ref_values, ref_scales = quantize_int8(layer[begin + 1:begin + 1 + n].numpy())
+            assert np.array_equal(values[k, start:start + n], ref_values)
+            assert scales[k, start:start + n].tobytes() == ref_scales.tobytes()
+    with pytest.raises(ValueError, match="the plan has"):
+        quantize_int8_packed(packed, plan, lengths[1:], values, scales, starts[1:])
+
+
+def test_stored_rows_are_a_view_of_one_block_and_a_copy_otherwise() -> None:
+    """``Int8Layers.stored_rows``: the windows' own rows, one after the other. When they
+    lie so in the CPU's one block it hands out a view (no copy of the unit); a window that
+    keeps only part of its rows (an overlap), or rows in several blocks, give a copy with
+    the same rows."""
+    from elmo_model.device_copy import Int8Layers
+
+    block = np.arange(2 * 9 * 4, dtype=np.int64).astype(np.int8).reshape(2, 9, 4)
+    scales = np.arange(18, dtype=np.float32).reshape(2, 9)
+    one = Int8Layers([block], [scales], [(0, 0, 3), (0, 3, 4), (0, 7, 2)])
+    values, got_scales = one.stored_rows(np.array([0, 0, 0]), np.array([3, 4, 2]))
+    assert np.shares_memory(values, block) and np.array_equal(values, block)
+    assert np.array_equal(got_scales, scales)
+    values, got_scales = one.stored_rows(np.array([0, 1, 0]), np.array([3, 4, 2]))  # overlap
+    assert not np.shares_memory(values, block)
+    assert np.array_equal(values, np.delete(block, 3, axis=1))
+    assert np.array_equal(got_scales, np.delete(scales, 3, axis=1))
+    split = Int8Layers([block[:, :3], block[:, 3:]], [scales[:, :3], scales[:, 3:]],
+                       [(0, 0, 3), (1, 0, 4), (1, 4, 2)])
+    values, got_scales = split.stored_rows(np.array([0, 0, 0]), np.array([3, 4, 2]))
+    assert np.array_equal(values, block) and np.array_equal(got_scales, scales)
