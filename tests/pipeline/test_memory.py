@@ -67,7 +67,7 @@ def test_no_per_item_progress_is_kept_after_commit(tmp_path: Path, tiny_model_di
 
 # Run in a fresh process (a heap with little free room): glibc serves a block from its heap
 # when the heap's free top can hold it, whatever the threshold.
-ONE_BLOCK = """
+MALLOC = """
 import ctypes, sys
 from pipeline.write import process_memory
 
@@ -79,6 +79,8 @@ class MallInfo2(ctypes.Structure):
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+"""
+ONE_BLOCK = MALLOC + """
 # What glibc does by itself after freeing blocks of a few MB: raise the threshold.
 assert libc.mallopt(process_memory._M_MMAP_THRESHOLD, 256 << 20)
 if sys.argv[1] == "fixed":
@@ -96,18 +98,7 @@ def test_large_allocations_stay_on_mmap_once_fixed(how: str, mmapped: str) -> No
     assert done.stdout.strip() == mmapped
 
 
-KEEP_HEAP_TOP = """
-import ctypes, sys
-from pipeline.write import process_memory
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
-
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo2
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+KEEP_HEAP_TOP = MALLOC + """
 libc.free.argtypes = [ctypes.c_void_p]
 if sys.argv[1] == "fixed":
     assert process_memory.fix_mmap_threshold()
