@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from elmo_model.char_ids import BOS_TOKEN, EOS_TOKEN, PADDING, token_char_ids
-from elmo_model.pack_plan import PackPlan, float32_out
+from elmo_model.pack_plan import DistinctInput, LayerInput, PackPlan, float32_out, packed_input
 from elmo_model.weight_versions import VersionedWeights
 
 Affine = Callable[[torch.Tensor], torch.Tensor]  # x [n, in] -> x W + b [n, out]
@@ -235,7 +235,7 @@ class BiLstmLayer(VersionedWeights):
         with torch.no_grad():
             self.bias[:, d : 2 * d] = 1.0  # forget gate
 
-    def forward(self, x: torch.Tensor, plan: PackPlan, h: torch.Tensor, c: torch.Tensor,
+    def forward(self, x: LayerInput, plan: PackPlan, h: torch.Tensor, c: torch.Tensor,
                 step: LstmStep | None = None, out: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: packed input ``[2, N, P]``; h, c: initial state ``[2, B, *]`` in rank order.
@@ -269,14 +269,13 @@ class BiLstmLayer(VersionedWeights):
 class LstmStep(Protocol):
     """One way to run a layer's recurrence over a packed batch, with autocast off.
 
-    x ``[2, N, P]`` packed layer input; h ``[2, B, P]``, c ``[2, B, D]`` float32 initial
-    state in rank order; dtype: the matmuls' (float32, or autocast's: gates, cell state
-    and outputs stay float32). Returns the packed output ``[2, N, P]`` float32 (into
-    ``out`` if given, not ``x``) and each sentence's state after its last token, ``[2, B,
-    *]`` in rank order.
-    """
+    x ``[2, N, P]`` packed layer input (a ``DistinctInput`` for the first layer in
+    inference); h ``[2, B, P]``, c ``[2, B, D]`` float32 initial state in rank order;
+    dtype: the matmuls' (float32, or autocast's: gates, cell state and outputs stay
+    float32). Returns the packed output ``[2, N, P]`` float32 (into ``out`` if given, not
+    ``x``) and each sentence's state after its last token, ``[2, B, *]`` in rank order."""
 
-    def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
+    def __call__(self, layer: BiLstmLayer, x: LayerInput, plan: PackPlan, h: torch.Tensor,
                  c: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
@@ -290,10 +289,10 @@ class ReferenceStep:
     """The recurrence written out, out of place: what autograd follows (training), and
     what every faster step is tested against."""
 
-    def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
+    def __call__(self, layer: BiLstmLayer, x: LayerInput, plan: PackPlan, h: torch.Tensor,
                  c: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        d = c.shape[-1]
+        x, d = packed_input(x), c.shape[-1]
         w_in, w_rec, w_proj = layer.matmul_weights(dtype)
         pre = layer.input_projection(x, w_in)  # [2, N, 4D]
         out = float32_out((2, x.shape[1], w_proj.shape[-1]), x, out)
@@ -364,18 +363,13 @@ class BiLM(VersionedWeights):
         zeros = lambda dim: torch.zeros(2, batch_size, dim, device=device)  # noqa: E731
         return [(zeros(p), zeros(d)) for _ in range(self.config.n_layers)]
 
-    def contextualize(
-        self,
-        tokens: torch.Tensor,
-        plan: PackPlan,
-        initial_state: LstmState | None = None,
-        dropout: float = 0.0,
-        backward_tokens: torch.Tensor | None = None,
-        step: LstmStep | None = None,
-        out: torch.Tensor | None = None,
-        packed: Sequence[torch.Tensor] | None = None,
-        canonical: bool = True,
-    ) -> tuple[torch.Tensor | None, LstmState]:
+    def contextualize(self, tokens: torch.Tensor, plan: PackPlan,
+                      initial_state: LstmState | None = None, dropout: float = 0.0,
+                      backward_tokens: torch.Tensor | None = None, step: LstmStep | None = None,
+                      out: torch.Tensor | None = None,
+                      packed: Sequence[torch.Tensor] | None = None, canonical: bool = True,
+                      token_rows: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor | None, LstmState]:
         """Run both LSTM stacks over token vectors in canonical order.
 
         tokens: ``[N, P]``, each sentence's tokens in a row, boundaries included.
@@ -387,21 +381,27 @@ class BiLM(VersionedWeights):
         back-propagation can carry both states across consecutive windows).
         out: a float32 ``[L, N, 2P]`` to write the layers into (and return) instead of a
         new tensor. ``packed`` (inference): L + 1 float32 ``[2, N, P]`` buffers reused per
-        batch: the packed input goes into the first, layer j's packed output (residual
-        added) into buffer j. ``canonical=False``: the layers returned are None, the caller
-        reads them from ``packed`` (``plan`` says where), and no canonical copy is made."""
+        batch: the packed input goes into the first (without ``token_rows``), layer j's
+        packed output (residual added) into buffer j. ``canonical=False``: the layers
+        returned are None, the caller reads them from ``packed`` (``plan`` says where).
+        token_rows (inference) ``[N]``: ``tokens`` holds each distinct token once, position
+        i is row ``token_rows[i]``; the first layer's input stays so (``DistinctInput``)."""
+        if token_rows is not None and (dropout or backward_tokens is not None):
+            raise ValueError("token_rows is for inference: no dropout, no backward_tokens")
         n_sentences = len(plan.lengths)
         initial_state = initial_state or self.zero_state(n_sentences, tokens.device)
         order = torch.from_numpy(plan.order).to(tokens.device)
         p = self.config.projection_dim
-        # per batch, fresh [N, P] tensors would be new pages (the workers' mmap threshold)
-        if backward_tokens is None:  # [2, N, P]
-            both = torch.stack([plan.forward_index, plan.backward_index]).view(-1)
-            x = (tokens.index_select(0, both) if packed is None else torch.index_select(
-                tokens, 0, both, out=packed[0].view(-1, p))).view(2, -1, p)
-        else:
+        both = torch.stack([plan.forward_index, plan.backward_index])  # [2, N]
+        x: LayerInput  # [2, N, P]; per batch, fresh ones would be new pages (mmap threshold)
+        if backward_tokens is not None:
             x = torch.stack([tokens[plan.forward_index], backward_tokens[plan.backward_index]])
-        layers = (float32_out((self.config.n_layers, plan.n_tokens, 2 * p), x, out)
+        elif token_rows is not None:
+            x = DistinctInput(tokens, token_rows[both])
+        else:
+            x = (tokens.index_select(0, both.view(-1)) if packed is None else torch.index_select(
+                tokens, 0, both.view(-1), out=packed[0].view(-1, p))).view(2, -1, p)
+        layers = (float32_out((self.config.n_layers, plan.n_tokens, 2 * p), tokens, out)
                   if canonical else None)  # [L, N, 2P]
         final_state = []
         for index, (layer, (h0, c0)) in enumerate(zip(self.layers, initial_state, strict=True)):

@@ -86,7 +86,7 @@ class TypeQuantizer:
         self.scales: list[np.ndarray] = []
 
     def add(self, tokens: list[str], vectors: torch.Tensor) -> None:
-        """A batch's tokens and their float32 CPU vectors ``[N, P]`` (layer 0's halves)."""
+        """Tokens and their float32 CPU vectors ``[N, P]``, row for row (layer 0's halves)."""
         from schemas import quantize_kernels  # numba: imported when int8 layers are written
 
         at = dict(zip(tokens, range(len(tokens)), strict=True))  # any occurrence will do

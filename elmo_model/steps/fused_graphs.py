@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from elmo_model.model import BiLstmLayer, CharCNN
-from elmo_model.pack_plan import PackPlan, float32_out
+from elmo_model.pack_plan import LayerInput, PackPlan, float32_out, packed_input
 from elmo_model.steps.fused_lstm import Buffers, StepWeights, fused_step, packed_steps
 from elmo_model.weight_versions import DerivedWeights
 
@@ -241,9 +241,10 @@ class FusedStep:
             self._recurrence_graphs[device] = RecurrenceGraphs(device)
         return self._recurrence_graphs[device]
 
-    def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
+    def __call__(self, layer: BiLstmLayer, x: LayerInput, plan: PackPlan, h: torch.Tensor,
                  c: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = packed_input(x)
         w_in, weights = step_weights(layer, dtype)
         graphs = self.recurrence_graphs(x.device) if self.graphs else None
         sorted_lengths = plan.lengths[plan.order]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from elmo_model.model import BiLstmLayer, CharCNN
-from elmo_model.pack_plan import PackPlan, float32_out
+from elmo_model.pack_plan import DistinctInput, LayerInput, PackPlan, float32_out
 from elmo_model.steps.torch_step import cell_update_
 from elmo_model.weight_versions import DerivedWeights
 
@@ -126,26 +126,40 @@ class OnednnStep:
     def __setstate__(self, state: dict[str, int]) -> None:
         self.__init__(state["in_place_max_bytes"])  # type: ignore[misc]
 
-    def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
+    def __call__(self, layer: BiLstmLayer, x: LayerInput, plan: PackPlan, h: torch.Tensor,
                  c: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         _require(dtype)
         weight = layer.recurrent_weight
         if dtype == torch.float32 and weight[0].numel() * 4 <= self.in_place_max_bytes:
+            distinct = x.vectors.shape[0] if isinstance(x, DistinctInput) else 0
             with self._lock:
-                return _recurrence(layer, x, plan, h, c, self._in_place(layer, x.shape[1]),
-                                   out)
+                return _recurrence(layer, x, plan, h, c,
+                                   self._in_place(layer, x.shape[1], distinct), out)
         return _recurrence(layer, x, plan, h, c, _packed(layer, dtype, c.shape[1]), out)
 
-    def _in_place(self, layer: BiLstmLayer, n_tokens: int) -> list[_Direction]:
-        """float32, the per-step matmuls in place (see ``IN_PLACE_MAX_WEIGHT_BYTES``)."""
-        d = layer.recurrent_weight.shape[-1] // 4
-        if self._buffer.numel() < n_tokens * 4 * d:
-            self._buffer = torch.empty(n_tokens * 4 * d)
-        pre = self._buffer[: n_tokens * 4 * d].view(n_tokens, 4 * d)
+    def _in_place(self, layer: BiLstmLayer, n_tokens: int, n_distinct: int
+                  ) -> list[_Direction]:
+        """float32, the per-step matmuls in place (see ``IN_PLACE_MAX_WEIGHT_BYTES``);
+        ``n_distinct`` rows more for a ``DistinctInput``'s products before they are
+        gathered."""
+        width = layer.recurrent_weight.shape[-1]  # 4D
+        size = (n_tokens + n_distinct) * width
+        if self._buffer.numel() < size:
+            self._buffer = torch.empty(size)
+        pre = self._buffer[: n_tokens * width].view(n_tokens, width)
+        per_distinct = self._buffer[n_tokens * width : size].view(n_distinct, width)
+
+        def project_input(x_k: torch.Tensor, rows: torch.Tensor | None, k: int
+                          ) -> torch.Tensor:
+            bias, weight = layer.bias[k].detach(), layer.input_weight[k].detach()
+            if rows is None:
+                return torch.addmm(bias, x_k.float(), weight, out=pre)
+            products = torch.addmm(bias, x_k.float(), weight, out=per_distinct)
+            return torch.index_select(products, 0, rows, out=pre)
+
         return [_Direction(
-            lambda x_k, k=k: torch.addmm(layer.bias[k].detach(), x_k.float(),
-                                         layer.input_weight[k].detach(), out=pre),
+            lambda x_k, rows, k=k: project_input(x_k, rows, k),
             lambda h_k, rows, k=k: rows.addmm_(h_k, layer.recurrent_weight[k].detach()),
             lambda cell, rows, k=k: torch.mm(cell, layer.projection[k].detach(), out=rows))
             for k in range(2)]
@@ -164,12 +178,13 @@ class OnednnStep:
 
 @dataclass
 class _Direction:
-    """One direction's three maps for ``_recurrence``: input projection ``[N, P] -> [N,
-    4D]`` (bias included), gates ``(h [n, P], its rows of the projection [n, 4D]) -> [n,
+    """One direction's three maps for ``_recurrence``: input projection ``(x [M, P], rows
+    [N] or None) -> [N, 4D]`` (bias included; rows ``rows`` of x's products, or all of
+    them in order), gates ``(h [n, P], its rows of the projection [n, 4D]) -> [n,
     4D]`` (may write into those rows) and output projection ``(cell [n, D], the output's
     rows [n, P]) -> [n, P]`` (may write into those rows)."""
 
-    project_input: Callable[[torch.Tensor], torch.Tensor]
+    project_input: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
     gates: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     project_output: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -184,7 +199,7 @@ def _packed(layer: BiLstmLayer, dtype: torch.dtype, batch: int) -> list[_Directi
          PackedLinear(layer.projection[k], None, dtype))
         for k in range(2)])
     if not low:
-        return [_Direction(lambda x_k, w_in=w_in: w_in(x_k.to(dtype)),
+        return [_Direction(lambda x_k, rows, w_in=w_in: _rows_of(w_in(x_k.to(dtype)), rows),
                            lambda h_k, rows, w_rec=w_rec: w_rec(h_k, add=rows),
                            lambda cell, _, w_proj=w_proj: w_proj(cell))
                 for w_in, w_rec, w_proj in packings]
@@ -197,24 +212,32 @@ def _packed(layer: BiLstmLayer, dtype: torch.dtype, batch: int) -> list[_Directi
         out = flat_gates[: rows.shape[0] * 4 * d].view(-1, 4 * d)
         return out.copy_(w_rec(h_k.to(dtype))).add_(rows).add_(layer.bias[k])
 
-    return [_Direction(lambda x_k, w_in=w_in: w_in(x_k.to(dtype)),
+    return [_Direction(lambda x_k, rows, w_in=w_in: _rows_of(w_in(x_k.to(dtype)), rows),
                        lambda h_k, rows, w_rec=w_rec, k=k: gates(h_k, rows, w_rec, k),
                        lambda cell, _, w_proj=w_proj: w_proj(cell.to(dtype)).float())
             for k, (w_in, w_rec, w_proj) in enumerate(packings)]
 
 
-def _recurrence(layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
+def _rows_of(products: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    return products if rows is None else products.index_select(0, rows)
+
+
+def _recurrence(layer: BiLstmLayer, x: LayerInput, plan: PackPlan, h: torch.Tensor,
                 c: torch.Tensor, directions: list[_Direction], out: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The packed time loop, one direction after the other, with ``directions``' maps;
-    the output into ``out`` when given."""
+    the output into ``out`` when given. A ``DistinctInput`` is projected once per
+    distinct token and the products gathered: a third of the first layer's input matmul
+    on running text."""
     batch, d, p = c.shape[1], c.shape[-1], layer.projection.shape[-1]
-    out = float32_out((2, x.shape[1], p), x, out)
+    like = x.vectors if isinstance(x, DistinctInput) else x
+    out = float32_out((2, x.shape[1], p), like, out)
     c = c.clone()  # updated in place; rows that end keep their final value
     final_h = h.clone()
-    flat_cell = x.new_empty(batch * d, dtype=torch.float32)
+    flat_cell = like.new_empty(batch * d, dtype=torch.float32)
     for k, direction in enumerate(directions):
-        pre = direction.project_input(x[k])  # [N, 4D]
+        pre = (direction.project_input(x.vectors, x.rows[k]) if isinstance(x, DistinctInput)
+               else direction.project_input(x[k], None))  # [N, 4D]
         h_k = h[k]
         for t, n in enumerate(plan.batch_sizes):
             if n < h_k.shape[0]:  # sentences of rank >= n just ended: keep their state

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from elmo_model.model import BiLstmLayer, CharCNN
-from elmo_model.pack_plan import PackPlan, float32_out
+from elmo_model.pack_plan import LayerInput, PackPlan, float32_out, packed_input
 
 
 def cell_update_(gates: torch.Tensor, c: torch.Tensor, cell: torch.Tensor,
@@ -31,9 +31,10 @@ def cell_update_(gates: torch.Tensor, c: torch.Tensor, cell: torch.Tensor,
 class TorchStep:
     """``LstmStep``: the recurrence in preallocated buffers, both directions per bmm."""
 
-    def __call__(self, layer: BiLstmLayer, x: torch.Tensor, plan: PackPlan, h: torch.Tensor,
+    def __call__(self, layer: BiLstmLayer, x: LayerInput, plan: PackPlan, h: torch.Tensor,
                  c: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = packed_input(x)
         w_in, w_rec, w_proj = layer.matmul_weights(dtype)
         pre = layer.input_projection(x, w_in)  # [2, N, 4D]
         batch, d, p = c.shape[1], c.shape[-1], w_proj.shape[-1]

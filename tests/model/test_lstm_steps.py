@@ -16,6 +16,7 @@ from helpers import layer_plan_input, run_layer
 from elmo_model import lstm_steps
 from elmo_model.errors import ElmoUserError
 from elmo_model.model import BiLM, LstmStep, PackPlan, reference_step
+from elmo_model.pack_plan import DistinctInput, packed_input
 from elmo_model.steps.onednn import OnednnStep
 from elmo_model.steps.torch_step import TorchStep
 
@@ -253,3 +254,47 @@ def test_contextualize_into_the_callers_packed_buffers(n_layers: int) -> None:
                 assert torch.equal(packed[j + 1][1][backward_at], want[j, :, p:])
             for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
                 assert torch.equal(h, want_h) and torch.equal(c, want_c)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["reference", *sorted(FAST_CPU_STEPS)])
+def test_an_input_held_per_distinct_token_runs_as_its_packed_tensor(
+        name: str, dtype: torch.dtype | None) -> None:
+    """A ``DistinctInput`` (7 vectors, each packed position of each direction reading one)
+    gives what its gathered ``[2, N, P]`` tensor gives: the oneDNN step projects the 7 and
+    gathers the products, the others gather the input first."""
+    layer, plan, _, state = layer_plan_input(seed=2)
+    vectors = torch.randn(7, CONFIG.projection_dim)
+    rows = torch.randint(0, 7, (2, plan.n_tokens))
+    distinct = DistinctInput(vectors, rows)
+    assert distinct.shape == (2, plan.n_tokens, CONFIG.projection_dim)
+    assert torch.equal(packed_input(distinct)[1, 5], vectors[rows[1, 5]])
+    new_step = FAST_CPU_STEPS.get(name, lambda: reference_step)
+    want = run_layer(layer, plan, packed_input(distinct), state, new_step(), dtype)
+    got = run_layer(layer, plan, distinct, state, new_step(), dtype)
+    for part, a, b in zip(("output", "final h", "final c"), got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=f"{name} {part}")
+
+
+def test_contextualize_with_token_rows_equals_the_gathered_tokens() -> None:
+    """``token_rows``: ``tokens`` holds each distinct token once; the layers and the state
+    are those of the gathered ``[N, P]`` tokens, the packed buffers' input is left alone,
+    and training's arguments are refused with it."""
+    torch.manual_seed(3)
+    model = BiLM(CONFIG).eval()
+    plan = PackPlan.build(LENGTHS)
+    distinct = torch.randn(9, CONFIG.projection_dim)
+    token_rows = torch.randint(0, 9, (plan.n_tokens,))
+    p = CONFIG.projection_dim
+    with torch.inference_mode():
+        want, want_state = model.contextualize(distinct[token_rows], plan, step=OnednnStep())
+        packed = [torch.full((2, plan.n_tokens, p), float("nan")) for _ in range(3)]
+        got, state = model.contextualize(distinct, plan, step=OnednnStep(), packed=packed,
+                                         token_rows=token_rows)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+        for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
+            torch.testing.assert_close(h, want_h, atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(c, want_c, atol=1e-6, rtol=1e-6)
+        assert packed[0].isnan().all()
+    with pytest.raises(ValueError, match="token_rows is for inference"):
+        model.contextualize(distinct, plan, dropout=0.1, token_rows=token_rows)
