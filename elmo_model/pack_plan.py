@@ -63,8 +63,8 @@ class DistinctInput:
     """A packed layer input ``[2, N, P]`` held once per distinct token: ``vectors`` ``[U,
     P]`` and ``rows`` ``[2, N]``, packed position ``n`` of direction ``k`` reading
     ``vectors[rows[k, n]]``. The first LSTM layer's input in inference: the CPU step
-    projects the U vectors once and gathers the products (on running text a batch of 4,096
-    tokens has about 1,400 distinct ones); other steps read ``packed_input(x)``."""
+    projects the U vectors once and gathers the products (on austen.txt the median batch
+    has 979 distinct tokens in 4,067); other steps read ``packed_input(x)``."""
 
     vectors: torch.Tensor
     rows: torch.Tensor

@@ -227,8 +227,7 @@ def _recurrence(layer: BiLstmLayer, x: LayerInput, plan: PackPlan, h: torch.Tens
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The packed time loop, one direction after the other, with ``directions``' maps;
     the output into ``out`` when given. A ``DistinctInput`` is projected once per
-    distinct token and the products gathered: a third of the first layer's input matmul
-    on running text."""
+    distinct token and the products gathered: on running text a quarter of the rows."""
     batch, d, p = c.shape[1], c.shape[-1], layer.projection.shape[-1]
     like = x.vectors if isinstance(x, DistinctInput) else x
     out = float32_out((2, x.shape[1], p), like, out)
