@@ -297,11 +297,12 @@ class ElmoEmbedder:
         N, 2P]`` float32 on the device, sentence after sentence with their ``<S>`` and
         ``</S>`` rows (None when not ``canonical``); the packed layers ``[2, N, P]``, input
         first (``BiLM.contextualize``'s ``packed``: in the workspace, valid until the next
-        batch); and the plan. With ``types`` layer 0 is left unwritten and its token
-        vectors go to ``types`` instead (layer 0 per token type)."""
+        batch; not ``canonical``: the last layer without its residual, which the caller
+        adds, ``contextualize``'s ``last_residual``); and the plan. With ``types`` layer 0 is
+        left unwritten and its token vectors go to ``types`` instead (layer 0 per type)."""
         flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
         plan = PackPlan.build(np.array([len(s) + 2 for s in sentences]), self.device)
-        n_layers, width = self.model.config.n_layers, self.model.config.projection_dim
+        n_layers, width = self.config.n_layers, self.config.projection_dim
         with self._autocast():
             distinct, vectors, token_rows = self._token_vectors(flat)  # [U, P], [N]
             packed = [self._workspace.get(f"packed {j}", (2, plan.n_tokens, width))
@@ -313,7 +314,7 @@ class ElmoEmbedder:
             _, final_state = self.model.contextualize(
                 vectors, plan, self._initial_state(len(sentences)), step=self.step,
                 out=None if layers is None else layers[1:], packed=packed, canonical=canonical,
-                token_rows=token_rows)
+                token_rows=token_rows, last_residual=canonical)
         if self.mode == "stateful":
             assert self._carried is not None
             for (h, c), (fh, fc) in zip(self._carried, final_state, strict=True):
@@ -365,6 +366,7 @@ class ElmoEmbedder:
         starts = np.cumsum([0, *(len(s) for s in sentences)])
         first = 0 if types is None else 1
         shape = (self.config.n_layers + 1 - first, int(starts[-1]))
+        residual = self.config.has_residual(self.config.n_layers - 1)  # added as quantized
         # numpy asks for transparent huge pages on large arrays; torch.empty's fresh block
         # faulted in 4 KiB pages cost ~0.7 us a token more at 3 x 1024
         values = np.empty((*shape, self.config.output_dim), np.int8)
@@ -373,7 +375,8 @@ class ElmoEmbedder:
             _, packed, plan = self._batch_layers([sentences[i] for i in batch], types,
                                                  canonical=False)
             quantize_int8_packed(packed[first:], plan, [len(sentences[i]) for i in batch],
-                                 values, scales, [int(starts[i]) for i in batch])
+                                 values, scales, [int(starts[i]) for i in batch],
+                                 packed[-2] if residual else None)
         where = [(0, int(starts[i]), len(s)) for i, s in enumerate(sentences)]
         return PendingInt8([HostBatch(torch.from_numpy(values), torch.from_numpy(scales))],
                            where, None if types is None else types.result())

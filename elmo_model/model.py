@@ -69,6 +69,9 @@ class BiLMConfig:
     def n_output_layers(self) -> int:
         return self.n_layers + 1
 
+    def has_residual(self, layer: int) -> bool:  # LSTM layer 0..L-1: its input added?
+        return self.use_skip_connections and layer > 0
+
     def forward_flops_per_token(self) -> int:
         """Multiply-adds x 2 for one token through char CNN, highway, projection and both
         LSTM directions (the per-token cost of inference; softmax excluded)."""
@@ -368,7 +371,7 @@ class BiLM(VersionedWeights):
                       backward_tokens: torch.Tensor | None = None, step: LstmStep | None = None,
                       out: torch.Tensor | None = None,
                       packed: Sequence[torch.Tensor] | None = None, canonical: bool = True,
-                      token_rows: torch.Tensor | None = None
+                      token_rows: torch.Tensor | None = None, last_residual: bool = True
                       ) -> tuple[torch.Tensor | None, LstmState]:
         """Run both LSTM stacks over token vectors in canonical order.
 
@@ -385,12 +388,14 @@ class BiLM(VersionedWeights):
         packed output (residual added) into buffer j. ``canonical=False``: the layers
         returned are None, the caller reads them from ``packed`` (``plan`` says where).
         token_rows (inference) ``[N]``: ``tokens`` holds each distinct token once, position
-        i is row ``token_rows[i]``; the first layer's input stays so (``DistinctInput``)."""
+        i is row ``token_rows[i]``; the first layer's input stays so (``DistinctInput``).
+        ``last_residual=False`` (with ``packed``, when the last layer has a residual): its
+        buffer keeps the layer's own output, the caller adds the buffer before it."""
         if token_rows is not None and (dropout or backward_tokens is not None):
             raise ValueError("token_rows is for inference: no dropout, no backward_tokens")
-        n_sentences = len(plan.lengths)
-        initial_state = initial_state or self.zero_state(n_sentences, tokens.device)
+        initial_state = initial_state or self.zero_state(len(plan.lengths), tokens.device)
         order = torch.from_numpy(plan.order).to(tokens.device)
+        unsort = torch.argsort(order)  # rank order -> sentence order
         p = self.config.projection_dim
         both = torch.stack([plan.forward_index, plan.backward_index])  # [2, N]
         x: LayerInput  # [2, N, P]; per batch, fresh ones would be new pages (mmap threshold)
@@ -408,14 +413,12 @@ class BiLM(VersionedWeights):
             layer_in = F.dropout(x, dropout, self.training) if dropout else x
             y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order], step,
                             None if packed is None else packed[index + 1])  # [2, N, P]
-            if self.config.use_skip_connections and index > 0:
+            if self.config.has_residual(index) and (last_residual or index < len(self.layers) - 1):
                 y += x  # residual between LSTM layers, not into the first one
             if layers is not None:
                 layers[index, :, :p].index_copy_(0, plan.forward_index, y[0])
                 layers[index, :, p:].index_copy_(0, plan.backward_index, y[1])
-            unsort_h, unsort_c = torch.empty_like(h), torch.empty_like(c)
-            unsort_h[:, order], unsort_c[:, order] = h, c
-            final_state.append((unsort_h, unsort_c))
+            final_state.append((h[:, unsort], c[:, unsort]))
             x = y
         return layers, final_state
 
@@ -428,23 +431,18 @@ class BiLM(VersionedWeights):
         """
         batch, width, _ = char_ids.shape
         mask = char_ids[..., 0] > 0  # [B, T]
-        lengths = mask.sum(dim=1)
-        device = char_ids.device
+        lengths, device = mask.sum(dim=1).tolist(), char_ids.device
         bos = torch.from_numpy(token_char_ids(BOS_TOKEN, self.config.max_chars)).to(device)
         eos = torch.from_numpy(token_char_ids(EOS_TOKEN, self.config.max_chars)).to(device)
-        pieces = []
-        for row in range(batch):
-            n = int(lengths[row])
-            pieces += [bos[None], char_ids[row, :n], eos[None]]
-        flat_ids = torch.cat(pieces)  # [N, C]
-        plan = PackPlan.build(lengths.cpu().numpy() + 2, device)
+        flat_ids = torch.cat([part for row, n in enumerate(lengths)
+                              for part in (bos[None], char_ids[row, :n], eos[None])])  # [N, C]
+        plan = PackPlan.build([n + 2 for n in lengths], device)
         tokens = self.token_embedding(flat_ids, step)
         lstm_layers, _ = self.contextualize(tokens, plan, initial_state, step=step)
         all_layers = torch.cat([tokens.repeat(1, 2).unsqueeze(0), lstm_layers])  # [L+1, N, 2P]
         out = all_layers.new_zeros(all_layers.shape[0], batch, width, all_layers.shape[-1])
         start = 0
-        for row in range(batch):
-            n = int(lengths[row])
+        for row, n in enumerate(lengths):
             out[:, row, :n] = all_layers[:, start + 1 : start + 1 + n]
             start += n + 2
         return BiLMOutput(out, mask)

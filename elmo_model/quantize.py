@@ -42,7 +42,8 @@ def quantize_int8_torch(vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def quantize_int8_packed(packed: list[torch.Tensor], plan: PackPlan, lengths: list[int],
-                         values: np.ndarray, scales: np.ndarray, starts: list[int]) -> None:
+                         values: np.ndarray, scales: np.ndarray, starts: list[int],
+                         last_residual: torch.Tensor | None = None) -> None:
     """A CPU batch's real tokens quantized straight from where the biLM left its layers:
     ``packed`` holds per layer a float32 ``[2, N, P]`` tensor in ``plan``'s packed order
     (forward, backward; ``BiLM.contextualize(..., canonical=False)``) of sentences
@@ -50,7 +51,9 @@ def quantize_int8_packed(packed: list[torch.Tensor], plan: PackPlan, lengths: li
     layer ``k`` go to ``values[k, starts[i]:starts[i] + lengths[i]]`` (int8 ``[k, T, 2P]``)
     and ``scales[k, ...]`` (float32 ``[k, T]``): the bytes of ``quantize_int8_torch`` on
     the canonical layers ``[h_fwd; h_bwd]``, by ``schemas.quantize_kernels.quantize_halves``,
-    with no canonical copy of the layers made first."""
+    with no canonical copy of the layers made first. ``last_residual``: a packed layer
+    to add to the last one as it is quantized (``BiLM.contextualize(...,
+    last_residual=False)`` left that residual connection to the caller)."""
     from schemas import quantize_kernels  # numba: imported when int8 layers are written
 
     sizes = np.asarray(lengths, np.int64)
@@ -67,11 +70,19 @@ def quantize_int8_packed(packed: list[torch.Tensor], plan: PackPlan, lengths: li
     out_rows = np.repeat(np.asarray(starts, np.int64) - np.cumsum(sizes) + sizes, sizes
                          ) + np.arange(len(real))  # each real token's row in values
     forward_rows, backward_rows = forward_at[real], backward_at[real]
-    for k, layer in enumerate(packed):
+    extra = [] if last_residual is None else [last_residual]
+    for layer in [*packed, *extra]:
         if layer.device.type != "cpu" or layer.dtype != torch.float32 or layer.ndim != 3:
             raise ValueError("quantize_int8_packed takes float32 [2, N, P] CPU layers")
-        quantize_kernels.quantize_halves(layer[0].numpy(), layer[1].numpy(), forward_rows,
-                                         backward_rows, values[k], scales[k], out_rows)
+    for k, layer in enumerate(packed):
+        if k == len(packed) - 1 and last_residual is not None:
+            quantize_kernels.quantize_summed_halves(
+                layer[0].numpy(), layer[1].numpy(), last_residual[0].numpy(),
+                last_residual[1].numpy(), forward_rows, backward_rows, values[k], scales[k],
+                out_rows)
+        else:
+            quantize_kernels.quantize_halves(layer[0].numpy(), layer[1].numpy(), forward_rows,
+                                             backward_rows, values[k], scales[k], out_rows)
 
 
 class TypeQuantizer:

@@ -52,6 +52,17 @@ def quantize_rows(vectors: np.ndarray, out: np.ndarray, scales: np.ndarray, offs
         _quantize_into(vectors[r], scale, out[r], offset)
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _quantize_pair(a: np.ndarray, b: np.ndarray, out_row: np.ndarray, scales: np.ndarray,
+                   at: int) -> None:
+    """The vector ``[a; b]`` (float32 halves) quantized into ``out_row`` and ``scales[at]``."""
+    top_a, top_b = _absmax_bits(a), _absmax_bits(b)
+    scale = _scale_of(top_a if top_a > top_b else top_b)
+    scales[at] = scale
+    _quantize_into(a, scale, out_row[: a.shape[0]], 0)
+    _quantize_into(b, scale, out_row[a.shape[0] :], 0)
+
+
 @numba.njit(nogil=True, cache=True)
 def quantize_halves(first: np.ndarray, second: np.ndarray, first_rows: np.ndarray,
                     second_rows: np.ndarray, out: np.ndarray, scales: np.ndarray,
@@ -61,12 +72,24 @@ def quantize_halves(first: np.ndarray, second: np.ndarray, first_rows: np.ndarra
     ``out`` (int8 ``[n, 2P]``) and ``scales`` (``[n]``), without making them: the same
     bytes, read where the two halves lie (a biLM layer's forward and backward outputs in
     packed order) and written where the caller keeps them."""
-    p = first.shape[1]
     for r in range(first_rows.shape[0]):
-        a, b = first[first_rows[r]], second[second_rows[r]]
-        top_a, top_b = _absmax_bits(a), _absmax_bits(b)
-        scale = _scale_of(top_a if top_a > top_b else top_b)
-        at = out_rows[r]
-        scales[at] = scale
-        _quantize_into(a, scale, out[at, :p], 0)
-        _quantize_into(b, scale, out[at, p:], 0)
+        _quantize_pair(first[first_rows[r]], second[second_rows[r]], out[out_rows[r]],
+                       scales, out_rows[r])
+
+
+@numba.njit(nogil=True, cache=True)
+def quantize_summed_halves(first: np.ndarray, second: np.ndarray, first_add: np.ndarray,
+                           second_add: np.ndarray, first_rows: np.ndarray,
+                           second_rows: np.ndarray, out: np.ndarray, scales: np.ndarray,
+                           out_rows: np.ndarray) -> None:
+    """``quantize_halves`` of ``first + first_add`` and ``second + second_add`` (float32
+    sums, as a biLM's residual connection ``y += x`` makes them), without writing the sums
+    anywhere: one pass over the layer where adding first would take two more."""
+    p = first.shape[1]
+    a, b = np.empty(p, np.float32), np.empty(p, np.float32)
+    for r in range(first_rows.shape[0]):
+        i, k = first_rows[r], second_rows[r]
+        for j in range(p):
+            a[j] = first[i, j] + first_add[i, j]
+            b[j] = second[k, j] + second_add[k, j]
+        _quantize_pair(a, b, out[out_rows[r]], scales, out_rows[r])

@@ -298,3 +298,28 @@ def test_contextualize_with_token_rows_equals_the_gathered_tokens() -> None:
         assert packed[0].isnan().all()
     with pytest.raises(ValueError, match="token_rows is for inference"):
         model.contextualize(distinct, plan, dropout=0.1, token_rows=token_rows)
+
+
+@pytest.mark.parametrize("n_layers", [1, 2, 3])
+def test_the_last_residual_left_to_the_caller(n_layers: int) -> None:
+    """``last_residual=False``: the last layer's buffer holds its own output, and adding
+    the buffer before it gives, bitwise, the layer with its residual; the other layers and
+    the state are untouched. A single layer has no residual: nothing is left out."""
+    torch.manual_seed(4)
+    config = dataclasses.replace(CONFIG, n_layers=n_layers)
+    model = BiLM(config).eval()
+    plan = PackPlan.build(LENGTHS)
+    tokens = torch.randn(plan.n_tokens, config.projection_dim)
+    p = config.projection_dim
+    forward_at, backward_at = plan.packed_positions()
+    with torch.inference_mode():
+        want, want_state = model.contextualize(tokens, plan, step=OnednnStep())
+        packed = [torch.empty(2, plan.n_tokens, p) for _ in range(n_layers + 1)]
+        _, state = model.contextualize(tokens, plan, step=OnednnStep(), packed=packed,
+                                       canonical=False, last_residual=False)
+    last = packed[-1] + packed[-2] if config.has_residual(n_layers - 1) else packed[-1]
+    for j, layer in enumerate([*packed[1:-1], last]):
+        assert torch.equal(layer[0][forward_at], want[j, :, :p])
+        assert torch.equal(layer[1][backward_at], want[j, :, p:])
+    for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
+        assert torch.equal(h, want_h) and torch.equal(c, want_c)

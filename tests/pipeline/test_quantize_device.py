@@ -221,6 +221,18 @@ def test_packed_layers_quantize_as_their_canonical_rows() -> None:
             assert scales[k, start:start + n].tobytes() == ref_scales.tobytes()
     with pytest.raises(ValueError, match="the plan has"):
         quantize_int8_packed(packed, plan, lengths[1:], values, scales, starts[1:])
+    # a residual added to the last layer as it is quantized: the bytes of the float32 sum
+    residual = torch.randn(plan.n_tokens, 2 * p, generator=gen) ** 3
+    packed_residual = torch.stack([residual[plan.forward_index, :p],
+                                   residual[plan.backward_index, p:]])
+    first_layer = values[0].copy()
+    quantize_int8_packed(packed, plan, lengths, values, scales, starts, packed_residual)
+    assert np.array_equal(values[0], first_layer)
+    summed = canonical[1] + residual
+    for begin, start, n in zip(boundaries, starts, lengths, strict=True):
+        ref_values, ref_scales = quantize_int8(summed[begin + 1:begin + 1 + n].numpy())
+        assert np.array_equal(values[1, start:start + n], ref_values)
+        assert scales[1, start:start + n].tobytes() == ref_scales.tobytes()
 
 
 def test_stored_rows_are_a_view_of_one_block_and_a_copy_otherwise() -> None:
