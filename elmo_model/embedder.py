@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Literal
 
@@ -26,6 +25,7 @@ from elmo_model.device_copy import HostBatch, HostCopier, Int8Layers, PendingInt
 from elmo_model.errors import ElmoUserError, SettingError
 from elmo_model.lstm_steps import choose_step
 from elmo_model.model import BiLM, BiLMConfig, LstmState, LstmStep, PackPlan, reference_step
+from elmo_model.pack_plan import stateless_batches
 
 if TYPE_CHECKING:
     from elmo_model.quantize import TypeQuantizer
@@ -171,22 +171,6 @@ class Workspace:
             buffer = torch.empty(size, dtype=torch.float32, device=self.device)
             self._buffers[name] = buffer
         return buffer[:size].view(shape)
-
-
-def stateless_batches(rows: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
-    """Sequence indices grouped for stateless batches: sorted by length (similar lengths
-    together, little padding), each group within ``max_batch_tokens`` rows (a sequence
-    longer than the budget goes alone). Stateless results do not depend on the grouping,
-    so any grouping is exact; this one is fast."""
-    batches: list[list[int]] = []
-    budget = 0
-    for index in sorted(range(len(rows)), key=lambda i: rows[i]):
-        if not batches or budget + rows[index] > max_batch_tokens:
-            batches.append([])
-            budget = 0
-        batches[-1].append(index)
-        budget += rows[index]
-    return batches
 
 
 def expand_state(state: LstmState | None, batch_size: int) -> LstmState | None:

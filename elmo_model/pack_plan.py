@@ -1,7 +1,9 @@
-"""The packed batch layout the biLM's recurrence runs over (see ``model.py``)."""
+"""The packed batch layout the biLM's recurrence runs over (see ``model.py``), and how
+sentences are grouped into stateless batches."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,6 +88,22 @@ def packed_input(x: LayerInput) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
     return x.vectors.index_select(0, x.rows.reshape(-1)).view(x.shape)
+
+
+def stateless_batches(rows: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+    """Sequence indices grouped for stateless batches: sorted by length (similar lengths
+    together, little padding), each group within ``max_batch_tokens`` rows (a sequence
+    longer than the budget goes alone). Stateless results do not depend on the grouping,
+    so any grouping is exact; this one is fast."""
+    batches: list[list[int]] = []
+    budget = 0
+    for index in sorted(range(len(rows)), key=lambda i: rows[i]):
+        if not batches or budget + rows[index] > max_batch_tokens:
+            batches.append([])
+            budget = 0
+        batches[-1].append(index)
+        budget += rows[index]
+    return batches
 
 
 def float32_out(shape: tuple[int, ...], like: torch.Tensor, out: torch.Tensor | None = None

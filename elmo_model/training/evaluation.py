@@ -8,9 +8,10 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from elmo_model.embedder import expand_state, stateless_batches
+from elmo_model.embedder import expand_state
 from elmo_model.lstm_steps import choose_step
 from elmo_model.model import BiLM, LstmState, PackPlan
+from elmo_model.pack_plan import stateless_batches
 from elmo_model.training.data import Corpus, embed_types
 from elmo_model.training.lm_head import Softmax, perplexity
 
