@@ -25,7 +25,7 @@ from elmo_model.device_copy import HostBatch, HostCopier, Int8Layers, PendingInt
 from elmo_model.errors import ElmoUserError, SettingError
 from elmo_model.lstm_steps import choose_step
 from elmo_model.model import BiLM, BiLMConfig, LstmState, LstmStep, PackPlan, reference_step
-from elmo_model.pack_plan import stateless_batches
+from elmo_model.pack_plan import DistinctInput, packed_input, stateless_batches
 
 if TYPE_CHECKING:
     from elmo_model.quantize import TypeQuantizer
@@ -309,8 +309,7 @@ class ElmoEmbedder:
             layers[0, :, :width] = vectors[token_rows]
             layers[0, :, width:] = layers[0, :, :width]
         else:  # the packed input, layer 0 of each position (contextualize left it unwritten)
-            both = torch.cat([plan.forward_index, plan.backward_index])
-            torch.index_select(vectors, 0, token_rows[both], out=packed[0].view(-1, width))
+            packed_input(DistinctInput(vectors, token_rows[plan.token_index]), packed[0])
         return layers, packed, plan
 
     def _run_batch(self, sentences: list[list[str]]) -> list[np.ndarray]:

@@ -393,19 +393,20 @@ class BiLM(VersionedWeights):
         buffer keeps the layer's own output, the caller adds the buffer before it."""
         if token_rows is not None and (dropout or backward_tokens is not None):
             raise ValueError("token_rows is for inference: no dropout, no backward_tokens")
+        if not last_residual and (packed is None or canonical):
+            raise ValueError("last_residual=False needs packed buffers and canonical=False")
         initial_state = initial_state or self.zero_state(len(plan.lengths), tokens.device)
         order = torch.from_numpy(plan.order).to(tokens.device)
         unsort = torch.argsort(order)  # rank order -> sentence order
         p = self.config.projection_dim
-        both = torch.stack([plan.forward_index, plan.backward_index])  # [2, N]
         x: LayerInput  # [2, N, P]; per batch, fresh ones would be new pages (mmap threshold)
         if backward_tokens is not None:
             x = torch.stack([tokens[plan.forward_index], backward_tokens[plan.backward_index]])
         elif token_rows is not None:
-            x = DistinctInput(tokens, token_rows[both])
+            x = DistinctInput(tokens, token_rows[plan.token_index])
         else:
-            x = (tokens.index_select(0, both.view(-1)) if packed is None else torch.index_select(
-                tokens, 0, both.view(-1), out=packed[0].view(-1, p))).view(2, -1, p)
+            x = packed_input(DistinctInput(tokens, plan.token_index),
+                             None if packed is None else packed[0])
         layers = (float32_out((self.config.n_layers, plan.n_tokens, 2 * p), tokens, out)
                   if canonical else None)  # [L, N, 2P]
         final_state = []

@@ -49,6 +49,12 @@ class PackPlan:
     def n_tokens(self) -> int:
         return int(self.lengths.sum())
 
+    @property
+    def token_index(self) -> torch.Tensor:
+        """``[2, N]``: the canonical token at each packed position, read forwards (row 0)
+        and backwards (row 1): ``forward_index`` and ``backward_index`` stacked."""
+        return torch.stack([self.forward_index, self.backward_index])
+
     def packed_positions(self) -> tuple[np.ndarray, np.ndarray]:
         """Per token in canonical order, its packed position read forwards and read
         backwards: ``[N]`` int64 each, the inverses of ``forward_index`` and
@@ -83,11 +89,15 @@ class DistinctInput:
 LayerInput = torch.Tensor | DistinctInput  # an LSTM layer's input, [2, N, P]
 
 
-def packed_input(x: LayerInput) -> torch.Tensor:
-    """``x`` as a packed ``[2, N, P]`` tensor (a DistinctInput's rows gathered)."""
+def packed_input(x: LayerInput, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` as a packed ``[2, N, P]`` tensor: a DistinctInput's rows gathered, into
+    ``out`` when given; a tensor as it is."""
     if isinstance(x, torch.Tensor):
         return x
-    return x.vectors.index_select(0, x.rows.reshape(-1)).view(x.shape)
+    if out is None:
+        return x.vectors.index_select(0, x.rows.reshape(-1)).view(x.shape)
+    return torch.index_select(x.vectors, 0, x.rows.reshape(-1), out=out.view(-1, x.shape[2])
+                              ).view(x.shape)
 
 
 def stateless_batches(rows: Sequence[int], max_batch_tokens: int) -> list[list[int]]:

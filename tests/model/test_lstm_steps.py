@@ -323,3 +323,5 @@ def test_the_last_residual_left_to_the_caller(n_layers: int) -> None:
         assert torch.equal(layer[1][backward_at], want[j, :, p:])
     for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
         assert torch.equal(h, want_h) and torch.equal(c, want_c)
+    with pytest.raises(ValueError, match="last_residual=False needs packed buffers"):
+        model.contextualize(tokens, plan, last_residual=False)  # would return it canonical
