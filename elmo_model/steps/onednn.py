@@ -21,9 +21,10 @@ weights change.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -88,18 +89,20 @@ def _require(dtype: torch.dtype) -> None:
 # share them.
 _LAYER_PACKINGS = DerivedWeights()
 _CHAR_CNN_PACKINGS = DerivedWeights()
+_OUTPUT_PACKINGS = DerivedWeights()  # the in-place path's output projections, per direction
 
 
 # In float32, a recurrent weight up to this size is multiplied by torch's own matmul
-# (MKL) straight into the input projection's rows, in a buffer the step keeps, and the
-# layer's output projection straight into the output's rows: no new tensor per time step.
-# oneDNN's products have no output argument, and with the pipeline's fixed mmap threshold
-# (pipeline/write/executors.py) each new multi-MB gate tensor is freshly zeroed pages; a
-# fresh projection then clipped into the output cost 2-5x the in-place product at the
-# small layers' shapes (BENCHMARKS.md, "The width cost on the idle machine"). In place
-# wins up to about this size and loses at the standard model's 32 MB, where MKL's
-# per-call copy of the weight costs more than the pages did (BENCHMARKS.md, "Figures
-# once in code").
+# (MKL) straight into the input projection's rows, in a buffer the step keeps: no new
+# gate tensor per time step. oneDNN's products have no output argument, and with the
+# pipeline's fixed mmap threshold (pipeline/write/executors.py) each new multi-MB gate
+# tensor is freshly zeroed pages (BENCHMARKS.md, "The width cost on the idle machine").
+# In place wins up to about this size and loses at the standard model's 32 MB, where
+# MKL's per-call copy of the weight costs more than the pages did (BENCHMARKS.md,
+# "Figures once in code"). The output projection (``[n, P]``, small) goes through oneDNN
+# on every path: with more than one thread MKL splits that product's long reduction over
+# threads at some row counts and not at others, so a row's bits would depend on how many
+# sentences shared its time step (BENCHMARKS.md, "Same bytes whatever the batch").
 IN_PLACE_MAX_WEIGHT_BYTES = 8 << 20
 
 
@@ -109,9 +112,9 @@ class OnednnStep:
     direction's input projections are held at a time.
 
     In float32 with a recurrent weight of at most ``IN_PLACE_MAX_WEIGHT_BYTES``, the input
-    projection goes into a buffer this step keeps between calls, each time step's gates
-    are computed in place in its rows and its output projected straight into the output's
-    rows, so a call allocates no large tensor; one call at a
+    projection goes into a buffer this step keeps between calls and each time step's gates
+    are computed in place in its rows (the output projection, ``[n, P]``, through oneDNN),
+    so a call allocates no large tensor; one call at a
     time uses the buffer (a lock), as the pipeline's model lock already ensures.
     """
 
@@ -148,6 +151,8 @@ class OnednnStep:
         if self._buffer.numel() < size:
             self._buffer = torch.empty(size)
         pre = self._buffer[: n_tokens * width].view(n_tokens, width)
+        output = _OUTPUT_PACKINGS.get(layer, torch.float32, lambda: [
+            PackedLinear(layer.projection[k], None) for k in range(2)])
         per_distinct = self._buffer[n_tokens * width : size].view(n_distinct, width)
 
         def project_input(x_k: torch.Tensor, rows: torch.Tensor | None, k: int
@@ -161,8 +166,8 @@ class OnednnStep:
         return [_Direction(
             lambda x_k, rows, k=k: project_input(x_k, rows, k),
             lambda h_k, rows, k=k: rows.addmm_(h_k, layer.recurrent_weight[k].detach()),
-            lambda cell, rows, k=k: torch.mm(cell, layer.projection[k].detach(), out=rows))
-            for k in range(2)]
+            lambda cell, _, w_proj=w_proj: w_proj(cell))
+            for k, w_proj in enumerate(output)]
 
     def char_cnn_linears(self, char_cnn: CharCNN, dtype: torch.dtype
                          ) -> list[Callable[[torch.Tensor], torch.Tensor]]:
@@ -205,7 +210,7 @@ def _packed(layer: BiLstmLayer, dtype: torch.dtype, batch: int) -> list[_Directi
                 for w_in, w_rec, w_proj in packings]
     # In low precision the input projection has no bias, as ``BiLstmLayer.input_projection``
     # does (rounding x W alone is more accurate); the bias is added in float32 per step.
-    flat_gates = torch.empty(batch * 4 * d)
+    flat_gates = torch.empty(max(batch, 2) * 4 * d)  # two rows at least: _never_one_row
 
     def gates(h_k: torch.Tensor, rows: torch.Tensor, w_rec: PackedLinear, k: int
               ) -> torch.Tensor:
@@ -220,6 +225,41 @@ def _packed(layer: BiLstmLayer, dtype: torch.dtype, batch: int) -> list[_Directi
 
 def _rows_of(products: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
     return products if rows is None else products.index_select(0, rows)
+
+
+def _never_one_row(product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                   a: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``product(a, rows)`` (a ``_Direction`` map: ``a``'s product, which may be written
+    into or added to ``rows``), run on two copies of the row when ``a`` has one: with one
+    row MKL and oneDNN take a matrix-vector kernel that rounds differently from the
+    matrix kernel every other row count gets, so a sentence's vectors would depend on
+    whether it ran its last steps alone, i.e. on which sentences shared its batch
+    (BENCHMARKS.md, "Same bytes whatever the batch"). Returns what ``product`` would: in
+    ``rows`` when it writes there, else a tensor of its own."""
+    if a.shape[0] != 1:
+        return product(a, rows)
+    scratch = rows.expand(2, -1).clone()
+    twice = product(a.expand(2, -1).contiguous(), scratch)
+    return rows.copy_(twice[:1]) if twice.data_ptr() == scratch.data_ptr() else twice[:1]
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch on one thread inside: its element-wise kernels cut a tensor into one piece per
+    thread, and each piece's last few elements go through a scalar loop whose sigmoid
+    rounds differently from the vector loop's; with the cuts where the row count puts
+    them, a row's bits would depend on the batch (BENCHMARKS.md, "Same bytes whatever the
+    batch"). One piece has its tail at the end of each row, where every batch has it
+    (4D and D multiples of 32, the vector loop's step). Setting the count costs ~0.1 us."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _recurrence(layer: BiLstmLayer, x: LayerInput, plan: PackPlan, h: torch.Tensor,
@@ -243,10 +283,12 @@ def _recurrence(layer: BiLstmLayer, x: LayerInput, plan: PackPlan, h: torch.Tens
                 final_h[k, n : h_k.shape[0]] = h_k[n:]
                 h_k = h_k[:n]
             start = plan.offsets[t]
-            gates = direction.gates(h_k, pre[start : start + n])  # [n, 4D]
-            cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d), layer.cell_clip)
+            gates = _never_one_row(direction.gates, h_k, pre[start : start + n])  # [n, 4D]
+            with _one_thread():
+                cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d),
+                                    layer.cell_clip)
             rows = out[k, start : start + n]  # h_k is read from here at the next step
-            h_k = direction.project_output(cell, rows)  # [n, P]
+            h_k = _never_one_row(direction.project_output, cell, rows)  # [n, P]
             if h_k.data_ptr() == rows.data_ptr():  # written in place
                 h_k = rows.clamp_(-layer.proj_clip, layer.proj_clip) if layer.proj_clip else rows
             elif layer.proj_clip:  # clipped on its way into out: one pass over [n, P], not two
