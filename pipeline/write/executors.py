@@ -120,8 +120,8 @@ def local_model_threads(in_flight: int) -> int:
     own meanwhile. torch's default (every core) splits the model's larger ops over a core
     that item wants: on 2 cores at 3 x 1024, ~25 us more CPU a token for no gain in wall
     time (BENCHMARKS.md, "The model stage's buffers, layer 0 per type, one model
-    thread"). The stored bytes depend on torch's thread count in the last bit of a few
-    rows' values (see there)."""
+    thread"). The stored bytes do not depend on the thread count (docs/dataset_format.md,
+    "Same vectors whatever the batch")."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) - (in_flight - 1))
 
