@@ -89,13 +89,17 @@ def test_stateless_vectors_do_not_depend_on_batch(elmo_fixture_dir: Path, dtype:
     embedder = _fixture_embedder(elmo_fixture_dir, "stateless", lstm_impl)
     embedder.embed(others)  # history must not matter
     batched = embedder.embed([*others[:7], target, *others[7:]])[7]
+    # the CPU's own step in float32 gives the same bits in any batch (issue 50); the
+    # others stay close (docs/dataset_format.md, "Same vectors whatever the batch")
+    exact = dtype == "float32" and lstm_impl == "onednn"
     if dtype == "float32":
-        assert np.abs(alone - batched).max() <= 1e-5
+        assert np.array_equal(alone, batched) if exact else np.abs(alone - batched).max() <= 1e-5
     small_batches = _fixture_embedder(elmo_fixture_dir, "stateless", lstm_impl, dtype=dtype,
                                       max_batch_tokens=16)
     regrouped = small_batches.embed([others[0], target, others[-1]])[1]
     tolerance = 1e-5 if dtype == "float32" else 5e-2
-    assert np.abs(alone - regrouped).max() <= tolerance
+    assert np.array_equal(alone, regrouped) if exact else (
+        np.abs(alone - regrouped).max() <= tolerance)
 
 
 def test_tensor_api_matches_embed(elmo_fixture_dir: Path) -> None:
