@@ -102,7 +102,10 @@ _OUTPUT_PACKINGS = DerivedWeights()  # the in-place path's output projections, p
 # "Figures once in code"). The output projection (``[n, P]``, small) goes through oneDNN
 # on every path: with more than one thread MKL splits that product's long reduction over
 # threads at some row counts and not at others, so a row's bits would depend on how many
-# sentences shared its time step (BENCHMARKS.md, "Same bytes whatever the batch").
+# sentences shared its time step (BENCHMARKS.md, "Same bytes whatever the batch"). Its
+# fresh ``[n, P]`` result clipped into the output had cost 2-5x MKL's in-place product at
+# the near-free models' small shapes ("The width cost on the idle machine"); on the
+# default model the whole step measured 1.03x (within the noise).
 IN_PLACE_MAX_WEIGHT_BYTES = 8 << 20
 
 
