@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import bench_lookup, local_ray_cluster, uncommit_shard_1
+from helpers import local_ray_cluster, uncommit_shard_1
+from synthetic_dataset import write_synthetic
 
 from jobs.index_refresh import refresh_index, refresh_indexes
 from jobs.spec import load_spec
@@ -47,7 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("refresh_ray") / "ds"
-    bench_lookup().write_synthetic(out, ROWS, DIM, n_shards=3, vocab=100)
+    write_synthetic(out, ROWS, DIM, n_shards=3, vocab=100)
     return out
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import bench_lookup, moto_fs, uncommit_shard_1
+from helpers import moto_fs, uncommit_shard_1
+from synthetic_dataset import write_synthetic
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.build import build_index
@@ -43,7 +44,7 @@ def _dir_bytes(path: Path) -> int:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("compact")
-    bench_lookup().write_synthetic(root / "ds", ROWS, DIM, n_shards=2, vocab=200)
+    write_synthetic(root / "ds", ROWS, DIM, n_shards=2, vocab=200)
     build_index(str(root / "ds"), "top", str(root / "ix"), compact=True)
     return root
 

@@ -14,7 +14,8 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import bench_lookup, moto_fs, uncommit_shard_1
+from helpers import moto_fs, uncommit_shard_1
+from synthetic_dataset import write_synthetic
 
 from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.ivf_build import (
@@ -40,7 +41,7 @@ DIM = 32
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("held_ivf")
-    data = bench_lookup().write_synthetic(root / "ds", 6000, DIM, n_shards=2, vocab=200)
+    data = write_synthetic(root / "ds", 6000, DIM, n_shards=2, vocab=200)
     build_index(str(root / "ds"), "top", str(root / "ix"), kind="hnsw", compact=False)
     return root, data
 

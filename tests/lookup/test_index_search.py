@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import bench_lookup
+from synthetic_dataset import write_synthetic
 
 from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.lance_search import VectorSearch
@@ -28,7 +28,7 @@ DIM = 32
 
 
 def _write_synthetic(out: Path, n_tokens: int) -> None:
-    bench_lookup().write_synthetic(out, n_tokens, DIM, n_shards=2, vocab=200)
+    write_synthetic(out, n_tokens, DIM, n_shards=2, vocab=200)
 
 
 @pytest.fixture(scope="module")
