@@ -93,6 +93,7 @@ def _same_hits(a: Path, b: Path) -> None:
                                       want["_distance"].to_numpy())
 
 
+@pytest.mark.slow
 def test_a_job_refresh_on_ray_builds_the_index_of_one_process(
         cluster: str, dataset: Path, tmp_path: Path) -> None:
     ds = Path(shutil.copytree(dataset, tmp_path / "ds"))
@@ -113,6 +114,7 @@ def test_a_job_refresh_on_ray_builds_the_index_of_one_process(
     _same_hits(on_ray, local)
 
 
+@pytest.mark.slow
 def test_an_incremental_refresh_on_ray_adds_the_shard_one_process_adds(
         cluster: str, dataset: Path, tmp_path: Path) -> None:
     ds = Path(shutil.copytree(dataset, tmp_path / "ds"))

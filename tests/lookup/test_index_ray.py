@@ -62,6 +62,7 @@ def _hits(table) -> tuple[list[tuple], np.ndarray]:
     return keys, table["_distance"].to_numpy()
 
 
+@pytest.mark.slow
 def test_actors_on_two_nodes_give_the_hits_of_one_process(
         cluster: str, built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     one = SenseIndex(str(built / "ix"))

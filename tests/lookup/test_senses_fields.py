@@ -103,6 +103,7 @@ def test_index_holds_plain_metadata_fields_as_columns(index: str) -> None:
         assert row["meta_president"] == by_id[row["doc_id"]]["president"]
 
 
+@pytest.mark.slow
 def test_search_hits_carry_fields_and_filters_keep_only_passing_documents(
         index: str, dataset: Path) -> None:
     from pipeline.lookup.index.sense_index import SenseIndex
@@ -239,6 +240,7 @@ def test_breakdown_counts_each_sense_per_bin_of_a_field(index: str) -> None:
         breakdown_of(result, "president", bin=10)
 
 
+@pytest.mark.slow
 def test_cli_cluster_filters_breaks_down_and_exports(index: str, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,6 +36,7 @@ def test_import_is_light() -> None:
     assert loaded == []
 
 
+@pytest.mark.slow
 def test_to_table_with_and_without_a_mix(dataset: str) -> None:
     ds = pipeline.open_dataset(dataset)
     n_layers = ds.descriptor.n_output_layers
@@ -53,6 +54,7 @@ def test_to_table_with_and_without_a_mix(dataset: str) -> None:
     assert documents.num_rows == 124 and documents.column_names == ["doc_id", "source"]
 
 
+@pytest.mark.slow
 def test_schema_count_rows_and_filters(dataset: str) -> None:
     import pyarrow.compute as pc
 
@@ -87,6 +89,7 @@ def test_schema_count_rows_and_filters(dataset: str) -> None:
         ds.count_rows("token")
 
 
+@pytest.mark.slow
 def test_sql_is_a_relation_on_one_connection(dataset: str) -> None:
     import duckdb
 
@@ -107,6 +110,7 @@ def test_sql_is_a_relation_on_one_connection(dataset: str) -> None:
     ds.close()
 
 
+@pytest.mark.slow
 def test_an_s3_dataset_opened_with_explicit_options(dataset: str, s3_endpoint: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """No credentials or endpoint in the environment: only ``storage_options`` reach S3,
@@ -132,6 +136,7 @@ def test_an_s3_dataset_opened_with_explicit_options(dataset: str, s3_endpoint: s
     assert remote.to_table(["token"], mix="top").equals(local.to_table(["token"], mix="top"))
 
 
+@pytest.mark.slow
 def test_index_built_searched_clustered_and_changed(dataset: str, tmp_path: Path) -> None:
     out = str(tmp_path / "ix")
     # A full, flat index: the quickest to build here (the default, compact, trains an IVF).
@@ -177,6 +182,7 @@ def test_embed_settings_are_the_config_s_fields() -> None:
     assert typed == fields
 
 
+@pytest.mark.slow
 def test_errors_in_the_library_s_terms(dataset: str, tmp_path: Path) -> None:
     ds = pipeline.open_dataset(dataset)
     with pytest.raises(ElmoUserError, match="no column 'nope' in tokens"):

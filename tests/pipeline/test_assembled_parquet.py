@@ -126,6 +126,7 @@ SHAPES = [  # rows, output layers, dim, unit rows, rows per row group, bytes per
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("rows", "n_out", "dim", "unit", "group_rows", "page_bytes"), SHAPES,
                          ids=[f"{s[0]}x{s[1]}x{s[2]}" for s in SHAPES])
 def test_assembled_files_read_back_as_the_reference(

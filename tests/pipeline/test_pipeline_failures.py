@@ -31,6 +31,7 @@ def snapshot(folder: Path) -> dict[str, bytes] | None:
             for p in sorted(folder.rglob("*"))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("existing", [False, True])
 def test_readme_gpu_line_on_a_gpu_less_machine_fails_at_once(tmp_path: Path,
                                                              existing: bool) -> None:
@@ -57,6 +58,7 @@ def test_readme_gpu_line_on_a_gpu_less_machine_fails_at_once(tmp_path: Path,
     assert snapshot(out) == before  # the output is as it was found
 
 
+@pytest.mark.slow
 def test_a_ray_address_nothing_answers_fails_in_seconds(tmp_path: Path) -> None:
     """`elmo embed --ray-address HOST:PORT` where no cluster listens: one line naming the
     fix within seconds (``ray.init`` alone waits minutes), and no output written."""
