@@ -1,5 +1,6 @@
 # Two entry points for a newcomer: `make run` and `make test`. Both create .venv when missing.
-# Neither needs anything outside the repository; a skipped test fails `make test`.
+# Their data is in the repository; `make test` also installs the Debian packages below when
+# their commands are missing, and a skipped test fails it.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

@@ -5,8 +5,8 @@ and embedding throughput through ``ElmoEmbedder``.
 
 Perplexity uses the weights as shipped (e.g. float16, widened to float32) and the same
 fixed held-out lines as training, cut by the tokenizer the model declares. Throughput:
-stateless, token cache on (cold at the start of the timed pass), real tokens only, over
-held-out text; torch threads as given.
+``default_model_throughput.tokens_per_second`` (stateless, token cache on and cold at the
+start of the timed pass, real tokens only) over held-out text; torch threads as given.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import argparse
 import json
 import time
 from pathlib import Path
+
+# The suite's one embedding-throughput timing (run as a script, bench/ is on the path).
+from default_model_throughput import tokens_per_second
 
 
 def main() -> None:
@@ -69,11 +72,7 @@ def main() -> None:
         torch.set_num_threads(threads)
         for dtype in ("float32", "bfloat16"):
             embedder = elmo_model.load_model_dir(model_dir, device="cpu", dtype=dtype)
-            embedder.embed(sentences[:10])  # warm-up: allocator, kernels
-            embedder.cache = elmo_model.TokenCache(100_000)
-            start = time.perf_counter()
-            embedder.embed(sentences)
-            rate = n / (time.perf_counter() - start)
+            rate = tokens_per_second(embedder, sentences)
             results[f"tokens_per_s_{dtype}_{threads}thread"] = round(rate)
             print(f"{dtype} threads={threads}: {rate:,.0f} tokens/s ({n} tokens)", flush=True)
     print(json.dumps(results, indent=2))

@@ -10,7 +10,7 @@ run reuses the same few blocks instead of pinning new memory per batch.
 On the CPU the same calls run with plain host buffers and synchronous copies (torch has no
 pinned memory, side streams or events there): the buffers, the copies and the slicing
 below are the code a GPU runs; pinning, the stream, the event and ``record_stream`` are
-not (they have not run anywhere yet: no GPU was lent while they were written). The
+not (they run on a GPU only: tests/pipeline/test_quantize_device.py, BENCHMARKS.md). The
 embedder's own CPU int8 path does not copy at all: it quantizes each batch from its
 reused packed float buffers straight into the host arrays (``quantize.quantize_int8_packed``).
 """

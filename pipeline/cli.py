@@ -24,10 +24,10 @@ REGISTRARS = (
 )
 
 # Commands whose work is faiss's, one query (or one batch of codes) a call: between
-# calls OpenMP's threads spin by default, and on a machine whose cores are busy that spin
-# cost 27x the CPU of a sketch scan (81 vs 3 ms a query) and 2.5x of encoding a build's
-# codes (BENCHMARKS.md, "The sense index at corpus scale"). Passive waits sleep instead.
-# Embedding keeps the default: its many small parallel regions a step want threads awake.
+# calls OpenMP's threads spin by default, and where the cores are busy that spin costs
+# many times the CPU of the work itself (BENCHMARKS.md, "The sense index at corpus
+# scale"). Passive waits sleep instead. Embedding keeps the default: its many small
+# parallel regions a step want threads awake.
 PASSIVE_WAIT_COMMANDS = frozenset({"index", "senses", "serve"})
 
 

@@ -32,13 +32,24 @@ import numpy as np
 from zlib_ng import zlib_ng
 
 from schemas.layers import INDEX_OFFSET  # dictionary index of value q: q + 127
-from schemas.thrift_compact import BOOL, I32, I64, STRUCT, Struct, encode_struct, i32, i64, list_of
-
-# parquet.thrift enums
-INT32 = 1
-PLAIN, RLE, RLE_DICTIONARY = 0, 3, 8
-DATA_PAGE, DICTIONARY_PAGE = 0, 2
-CODEC_IDS = {"uncompressed": 0, "snappy": 1, "gzip": 2, "brotli": 4, "zstd": 6, "lz4_raw": 7}
+from schemas.thrift_compact import (
+    BOOL,
+    CODEC_IDS,
+    DATA_PAGE,
+    DICTIONARY_PAGE,
+    I32,
+    I64,
+    INT32,
+    PLAIN,
+    RLE,
+    RLE_DICTIONARY,
+    STRUCT,
+    Struct,
+    encode_struct,
+    i32,
+    i64,
+    list_of,
+)
 
 DICTIONARY_VALUES = np.arange(-INDEX_OFFSET, INDEX_OFFSET + 1, dtype="<i4")
 INDEX_BIT_WIDTH = 8  # 255 dictionary entries

@@ -1,4 +1,5 @@
-"""Thrift compact protocol, both ways, for Parquet's page headers and footer.
+"""Thrift compact protocol, both ways, for Parquet's page headers and footer, and the
+Parquet enums in them.
 
 Parquet stores its page headers and its footer (``FileMetaData``) as Thrift structs in
 the compact protocol (parquet.thrift). The project writes the int8 layer columns' pages
@@ -26,6 +27,14 @@ from typing import Any
 BOOL, I8, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = 1, 3, 4, 5, 6, 7, 8, 9, 10, \
     11, 12
 _BOOL_FALSE = 2
+
+# parquet.thrift's enums, once for the writer of int8 chunks (``int8_column_chunk``) and the
+# readers of layer pages (``pipeline/lookup/layers``).
+INT32 = 1  # Type
+PLAIN, PLAIN_DICTIONARY, RLE, RLE_DICTIONARY = 0, 2, 3, 8  # Encoding
+DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3  # PageType
+# CompressionCodec, by pyarrow's codec name ("lz4" is Hadoop-framed LZ4: never written).
+CODEC_IDS = {"uncompressed": 0, "snappy": 1, "gzip": 2, "brotli": 4, "zstd": 6, "lz4_raw": 7}
 
 Value = tuple[int, Any]
 Struct = dict[int, Value]

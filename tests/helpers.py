@@ -163,18 +163,6 @@ def run_layer(layer: BiLstmLayer, plan: PackPlan, x: torch.Tensor, state, step: 
         return layer(x, plan, state[0], state[1], step)
 
 
-def bench_lookup():
-    """``bench/lookup.py`` as a module (its ``write_synthetic`` writes a dataset in the real
-    layout without an embedding run)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_lookup", REPO / "bench" / "lookup.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def moto_fs(endpoint: str, monkeypatch: pytest.MonkeyPatch):
     """An s3fs file system on the moto server at ``endpoint`` (the ``s3_endpoint`` fixture),
     with the test credentials also in the environment (for LanceDB and pyarrow)."""

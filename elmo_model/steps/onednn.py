@@ -2,11 +2,9 @@
 
 torch's CPU ``matmul`` goes to MKL, which copies each call's weight into its own panel
 layout before multiplying. The biLM's per-step products multiply a few dozen rows by a
-32 MB weight, so that copy, not the arithmetic, set their pace: at 8 rows MKL ran 22
-GFLOP/s where oneDNN on a weight reordered once into its blocked layout ran 60, at 32 rows
-40-52 against 92 (one thread, the project machine, an AVX-512 AMD EPYC, 2026-11-23). The
-large products gain less (the input projection over 1,077 tokens: 77 -> 93 GFLOP/s).
-See BENCHMARKS.md for the model's figures.
+large weight, so that copy, not the arithmetic, sets their pace; oneDNN multiplies by a
+weight reordered once into its blocked layout, and the few-row products gain most
+(BENCHMARKS.md has the figures).
 
 The ops are torch's own (``torch.ops.mkldnn``, which inductor's CPU backend uses the same
 way), but private, so ``onednn_unavailable`` tries them once before a step is chosen;

@@ -255,8 +255,8 @@ def format_table(table: Any, max_rows: int) -> list[str]:
 
 
 def run_sql(args: argparse.Namespace) -> int:
-    import pipeline
     from elmo_model.errors import ElmoUserError
+    from pipeline.lookup.sql import run_query
 
     if args.format == "parquet" and not args.out:
         raise ElmoUserError("--format parquet needs --out FILE")
@@ -264,8 +264,9 @@ def run_sql(args: argparse.Namespace) -> int:
         from schemas.verify import require_intact
 
         require_intact(args.dataset, remember=not args.verify)
-    table = pipeline.open_dataset(args.dataset).sql(args.query, _params(args.param),
-                                                    mixes=args.mix)
+    # The whole result at once, so errors DuckDB raises while running the query (not only
+    # while binding it, as ``DatasetReader.sql`` does) become one line too.
+    table = run_query(args.dataset, args.query, _params(args.param), mixes=args.mix)
     if args.format == "parquet":
         import pyarrow.parquet as pq
 

@@ -5,8 +5,9 @@ it knows of it: ``source`` (the input file), ``line`` and the extra JSON Lines f
 (``metadata``: ``year``, ``president``, ...). Results carry these fields, and searches and
 clusters can be limited by them:
 
-    filters = {"president": "Abraham Lincoln", "year": [1861, 1865]}   # Python
+    where=["president=Abraham Lincoln", "year=1861..1865"]             # Python, server
     --where president=Abraham Lincoln --where year=1861..1865          # CLI
+    where={"president": "Abraham Lincoln", "year": {">=": 1861, "<=": 1865}}  # a mapping
 
 A field the index stores (``doc_id``, ``source``, and the metadata fields whose values
 were all numbers or all text when the index was created, as ``meta_<name>`` columns) is
@@ -213,6 +214,21 @@ class FieldFilter:
         return f"{column} {'<>' if self.op == '!=' else self.op} {literal(self.value)}"
 
 
+    def expression(self) -> Any:
+        """The filter as a pyarrow compute expression on the column of its name (filter
+        already typed): what ``open_dataset(...).to_table(filter=...)`` applies."""
+        import pyarrow.compute as pc
+
+        column = pc.field(self.field)
+        if self.op == "in":
+            return column.isin(self.value)
+        if self.op == "~":
+            return pc.match_substring(column, str(self.value), ignore_case=True)
+        return {"=": column == self.value, "!=": column != self.value,
+                ">=": column >= self.value, "<=": column <= self.value,
+                ">": column > self.value, "<": column < self.value}[self.op]
+
+
 WHERE = re.compile(r"\s*([A-Za-z_][\w.-]*)\s*(!=|>=|<=|=|>|<|~)\s*(.*)\Z", re.S)
 
 
@@ -234,27 +250,29 @@ def parse_where(text: str) -> list[FieldFilter]:
     return [FieldFilter(name, op, value)]
 
 
-Filters = Mapping[str, Any] | Sequence[FieldFilter] | None
+# One filter language, however it arrives: condition text as the CLI's ``--where`` writes
+# it (``"year=1900..1950"``, one string or several), a mapping, or ``FieldFilter``s.
+Filters = str | Mapping[str, Any] | Sequence[FieldFilter | str] | None
 
 
 def as_filters(filters: Filters) -> list[FieldFilter]:
-    """Filters from a mapping (``{"president": "X"}``: equal; ``{"year": [1900, 1950]}``:
-    a range, ends included, None for an open end; ``{"party": ("a", "b")}`` of text: any
-    of) or a list of ``FieldFilter``."""
+    """Filters from condition text (``parse_where``: ``"year=1900..1950"``,
+    ``["party=A|B", "year>=1900"]``), ``FieldFilter``s, or a mapping of field to a value
+    (equal), a list of values (any of, whatever their number or kind) or operators to
+    values (``{"year": {">=": 1900, "<=": 1950}}``: a range, ends included)."""
     if not filters:
         return []
+    if isinstance(filters, str):
+        return parse_where(filters)
     if not isinstance(filters, Mapping):
-        return list(filters)
+        return [c for f in filters
+                for c in (parse_where(f) if isinstance(f, str) else [f])]
     out: list[FieldFilter] = []
     for name, value in filters.items():
-        if isinstance(value, list | tuple):
-            if len(value) == 2 and all(v is None or value_kind(v) in ("int", "float")
-                                       for v in value):
-                low, high = value
-                out += [FieldFilter(name, ">=", low)] if low is not None else []
-                out += [FieldFilter(name, "<=", high)] if high is not None else []
-            else:
-                out.append(FieldFilter(name, "in", list(value)))
+        if isinstance(value, Mapping):
+            out += [FieldFilter(name, op, v) for op, v in value.items()]
+        elif isinstance(value, list | tuple):
+            out.append(FieldFilter(name, "in", list(value)))
         else:
             out.append(FieldFilter(name, "=", value))
     return out

@@ -298,7 +298,7 @@ def run_query(dataset: str, query: str, params: dict[str, Any] | None = None,
     try:
         con = connect(dataset)
     except duckdb.Error as error:  # e.g. unreadable Parquet behind a view
-        raise ElmoUserError(f"{dataset}: {_one_line(error)}") from None
+        raise connection_error(dataset, error) from None
     try:
         if mixes:
             ds = open_dataset(dataset)
@@ -306,14 +306,25 @@ def run_query(dataset: str, query: str, params: dict[str, Any] | None = None,
                 materialize_mix(con, ds, spec)
         return con.sql(query, params=params or None).to_arrow_table()
     except duckdb.Error as error:
-        message = _one_line(error)
-        names = {r[0] for r in con.sql("SELECT function_name FROM duckdb_functions()"
-                                       " WHERE function_name = 'elmo_mix'").fetchall()}
-        if not names and ("elmo_" in query or "layer_" in query):
-            message += f" ({dataset} stores no layer columns, so no elmo_* functions)"
-        raise ElmoUserError(message) from None
+        raise query_error(con, dataset, query, error) from None
     finally:
         con.close()
+
+
+def query_error(con: duckdb.DuckDBPyConnection, dataset: str, query: str,
+                error: Exception) -> ElmoUserError:
+    """A failed query's one-line error, saying so when it needs layers the dataset lacks."""
+    message = _one_line(error)
+    names = {r[0] for r in con.sql("SELECT function_name FROM duckdb_functions()"
+                                   " WHERE function_name = 'elmo_mix'").fetchall()}
+    if not names and ("elmo_" in query or "layer_" in query):
+        message += f" ({dataset} stores no layer columns, so no elmo_* functions)"
+    return ElmoUserError(message)
+
+
+def connection_error(dataset: str, error: Exception) -> ElmoUserError:
+    """A connection that could not be made (e.g. unreadable Parquet behind a view)."""
+    return ElmoUserError(f"{dataset}: {_one_line(error)}")
 
 
 def _one_line(error: Exception) -> str:

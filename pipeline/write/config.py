@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import elmo_model
 from elmo_model.errors import ElmoUserError, SettingError
@@ -259,3 +260,38 @@ class EmbedConfig:
         # Sorted and de-duplicated like list_sources: the plan and the ids do not depend
         # on the order the caller listed the files in.
         return sorted({s.uri: s for s in given}.values(), key=lambda s: s.uri)
+
+
+class EmbedSettings(TypedDict, total=False):
+    """``pipeline.embed``'s keyword settings, typed for editors and type checkers:
+    ``EmbedConfig``'s fields (less ``sources``, ``out``, ``model``, ``read``) and
+    ``ReadOptions``' fields, by the same names and types; a test holds the three equal."""
+
+    min_items: int
+    item_tokens: int
+    actors: int
+    executor: str
+    ray_address: str | None
+    wait_for_resources_s: float
+    cpus_per_actor: float | None
+    gpus_per_actor: float | None
+    cpu_workers: int | None
+    dtype: str
+    device: str
+    compute_dtype: str
+    batch_tokens: int | None
+    tokenizer: str | None
+    max_sentence_tokens: int
+    window_overlap: int
+    part: str
+    repair: bool
+    progress: bool
+    unit_tokens: int | None
+    storage_options: dict | None
+    source_files: tuple[SourceFile | str, ...] | None
+    format: str
+    doc_per: str
+    pretokenized: bool
+    text_column: str
+    id_column: str
+    tokens_column: str

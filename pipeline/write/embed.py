@@ -101,11 +101,6 @@ class EmbedSummary:
         return lines
 
 
-def dataset_totals(fs: Any, root: str) -> dict[str, int]:
-    """Row counts of the live view (what readers see), from the manifest."""
-    return live_counts(fs, root)
-
-
 def describe_dataset(cfg: EmbedConfig, tokenizer: Any) -> Any:
     """The descriptor this run's data needs (``_dataset.json``)."""
     config = elmo_model.read_options(cfg.model.options)

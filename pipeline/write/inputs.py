@@ -80,10 +80,11 @@ class ReadOptions:
         help="input is already tokenized (whitespace-separated / 'tokens' lists)"))
     text_column: str = field(default="text", metadata=exposed(
         flag="--text-column", job_key="read.text_column",
-        help="JSONL/Parquet text field"))
+        help="JSONL/Parquet text field (default %(default)s)"))
     id_column: str = field(default="id", metadata=exposed(
         flag="--id-column", job_key="read.id_column",
-        help="JSONL/Parquet document id field"))
+        help="JSONL/Parquet document id field (default %(default)s; a record without one "
+             "is PATH:N)"))
     tokens_column: str = field(default="tokens", metadata=exposed(
         flag="--tokens-column", job_key="read.tokens_column",
         help="JSONL/Parquet field of token lists, with --pretokenized (default %(default)s)"))

@@ -75,9 +75,10 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path) -> None:
     import subprocess
     import sys
 
-    from helpers import REPO, bench_lookup
+    from helpers import REPO
+    from synthetic_dataset import write_synthetic
 
-    bench_lookup().write_synthetic(tmp_path / "ds", 200, 8, n_shards=1, vocab=20)
+    write_synthetic(tmp_path / "ds", 200, 8, n_shards=1, vocab=20)
     command = [sys.executable, "-m", "pipeline.cli", "sql", str(tmp_path / "ds"),
                "select * from range(300000)", "--format", "csv", "--no-verify"]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -99,6 +99,7 @@ def _environment() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_readme_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                         ) -> None:
     markdown = README.read_text(encoding="utf-8")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import bench_lookup, local_ray_cluster, uncommit_shard_1
+from helpers import local_ray_cluster, uncommit_shard_1
+from synthetic_dataset import write_synthetic
 
 from jobs.index_refresh import refresh_index, refresh_indexes
 from jobs.spec import load_spec
@@ -47,7 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("refresh_ray") / "ds"
-    bench_lookup().write_synthetic(out, ROWS, DIM, n_shards=3, vocab=100)
+    write_synthetic(out, ROWS, DIM, n_shards=3, vocab=100)
     return out
 
 
@@ -92,6 +93,7 @@ def _same_hits(a: Path, b: Path) -> None:
                                       want["_distance"].to_numpy())
 
 
+@pytest.mark.slow
 def test_a_job_refresh_on_ray_builds_the_index_of_one_process(
         cluster: str, dataset: Path, tmp_path: Path) -> None:
     ds = Path(shutil.copytree(dataset, tmp_path / "ds"))
@@ -112,6 +114,7 @@ def test_a_job_refresh_on_ray_builds_the_index_of_one_process(
     _same_hits(on_ray, local)
 
 
+@pytest.mark.slow
 def test_an_incremental_refresh_on_ray_adds_the_shard_one_process_adds(
         cluster: str, dataset: Path, tmp_path: Path) -> None:
     ds = Path(shutil.copytree(dataset, tmp_path / "ds"))

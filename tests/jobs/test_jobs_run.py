@@ -243,6 +243,7 @@ def expected_views(tables: dict[str, pa.Table]) -> dict[str, Any]:
             "docs": [(d,) for d in sorted(tables["documents"].column("doc_id").to_pylist())]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["mid-part", "after-part", "after-state", "after-switch"])
 def test_kill_9_during_a_run_then_rerun_equals_a_clean_run(
         tiny_model_dir: Path, clean_final: tuple[Path, dict[str, pa.Table]], mode: str) -> None:
@@ -298,6 +299,7 @@ def test_kill_9_during_a_run_then_rerun_equals_a_clean_run(
         p.relative_to(clean_out) for p in clean_out.glob("*/shard=*/*.parquet"))
 
 
+@pytest.mark.slow
 def test_index_refresh_gets_deltas_and_is_retried_after_a_failure(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     """The real LanceDB index follows the live view by deltas; a refresh that fails (the
@@ -360,6 +362,7 @@ SLOW_SCHEDULER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_schedulers_on_one_spec_run_one_at_a_time(tiny_model_dir: Path,
                                                       tmp_path: Path) -> None:
     from jobs.schedule import tick
@@ -424,6 +427,7 @@ def test_cli_run_status_and_busy(tiny_model_dir: Path, tmp_path: Path,
     assert "in use by another run of this job" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compact", [None, False, True])
 def test_index_refresh_with_the_lookup_layers_build_index(tiny_model_dir: Path,
                                                            tmp_path: Path,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import bench_lookup
+from synthetic_dataset import write_synthetic
 
 SHARDED_DIM = 64
 SHARDED_ROWS = 4_000
@@ -20,7 +20,7 @@ def sharded_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pipeline.lookup.index.build import build_index
 
     root = tmp_path_factory.mktemp("shards")
-    bench_lookup().write_synthetic(root / "ds", SHARDED_ROWS, SHARDED_DIM, n_shards=2,
+    write_synthetic(root / "ds", SHARDED_ROWS, SHARDED_DIM, n_shards=2,
                                    vocab=200)
     with pytest.MonkeyPatch.context() as patch:
         # Product-quantized codes from 1,000 rows on (the product asks 9,984: 39 points for

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import bench_lookup, moto_fs, uncommit_shard_1
+from helpers import moto_fs, uncommit_shard_1
+from synthetic_dataset import write_synthetic
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.build import build_index
@@ -43,7 +44,7 @@ def _dir_bytes(path: Path) -> int:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("compact")
-    bench_lookup().write_synthetic(root / "ds", ROWS, DIM, n_shards=2, vocab=200)
+    write_synthetic(root / "ds", ROWS, DIM, n_shards=2, vocab=200)
     build_index(str(root / "ds"), "top", str(root / "ix"), compact=True)
     return root
 
@@ -81,6 +82,7 @@ def _queries(vectors: np.ndarray, n: int, seed: int = 3) -> np.ndarray:
     return vectors[picks] + 0.3 * rng.standard_normal((n, vectors.shape[1])).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_holds_codes_and_keys_its_vectors_beside_it(built: Path) -> None:
     index = SenseIndex(str(built / "ix"))
     meta = index.meta
@@ -101,6 +103,7 @@ def test_holds_codes_and_keys_its_vectors_beside_it(built: Path) -> None:
     assert _dir_bytes(built / "ix") < 2 * _dir_bytes(built / "ds")
 
 
+@pytest.mark.slow
 def test_searches_rank_with_the_datasets_vectors(built: Path, truth: tuple) -> None:
     keys, words, vectors = truth
     index = SenseIndex(str(built / "ix"))
@@ -137,6 +140,7 @@ def test_searches_rank_with_the_datasets_vectors(built: Path, truth: tuple) -> N
         assert part.equals(one)
 
 
+@pytest.mark.slow
 def test_a_filter_leaving_many_rows_searches_the_lists(built: Path, truth: tuple,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Above EXACT_FILTER_ROWS the filtered rows are searched through the lists and the
@@ -160,6 +164,7 @@ def test_a_filter_leaving_many_rows_searches_the_lists(built: Path, truth: tuple
     assert _keys(exact) == [keys[i] for i in want]
 
 
+@pytest.mark.slow
 def test_occurrences_carry_the_datasets_vectors(built: Path, truth: tuple) -> None:
     keys, words, vectors = truth
     index = SenseIndex(str(built / "ix"))
@@ -170,6 +175,7 @@ def test_occurrences_carry_the_datasets_vectors(built: Path, truth: tuple) -> No
     np.testing.assert_array_equal(got, vectors[[found[k] for k in _keys(rows)]])
 
 
+@pytest.mark.slow
 def test_a_changed_dataset_is_followed_by_the_next_build(built: Path, tmp_path: Path,
                                                         truth: tuple) -> None:
     keys, _, vectors = truth
@@ -194,6 +200,7 @@ def test_a_changed_dataset_is_followed_by_the_next_build(built: Path, tmp_path: 
     assert _keys(got) == [keys[0]]
 
 
+@pytest.mark.slow
 def test_grown_past_scalar_codes_it_trains_product_codes(built: Path, tmp_path: Path) -> None:
     """A refresh keeps an IVF's training only for the same kind of codes: a compact index
     that grows past PQ_MIN_ROWS trains product codes."""
@@ -210,6 +217,7 @@ def test_grown_past_scalar_codes_it_trains_product_codes(built: Path, tmp_path: 
     assert again["trained_rows"] == ROWS
 
 
+@pytest.mark.slow
 def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     from pipeline import cli
@@ -255,6 +263,7 @@ def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
     assert "not allowed with argument" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_new_index_is_compact(built: Path, truth: tuple, tmp_path: Path) -> None:
     """Without --full or --compact a new index keeps no vectors, answers as a compact one,
     and its later builds (and a job's refresh without ``index_compact``) keep it so."""
@@ -271,6 +280,7 @@ def test_a_new_index_is_compact(built: Path, truth: tuple, tmp_path: Path) -> No
     assert hits[0]["_distance"] < 1e-3
 
 
+@pytest.mark.slow
 def test_vectors_of_rows_in_any_order(built: Path, truth: tuple) -> None:
     """The vectors a compact index holds are the dataset's, row for row, whether its rows
     come in the files' order (one slice per batch) or any other (a gather)."""
@@ -284,6 +294,7 @@ def test_vectors_of_rows_in_any_order(built: Path, truth: tuple) -> None:
     assert np.array_equal(vectors_of(rows.take(shuffled)), want[shuffled])
 
 
+@pytest.mark.slow
 def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch,
                       truth: tuple, tmp_path: Path) -> None:
     """On an object store the shards are written whole and, when opened, copied to a local
@@ -335,6 +346,7 @@ def _killed(*args: object, **kwargs: object) -> None:
     raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_served_compact_index(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     """Over HTTP a compact index of the bundled model answers a word's senses as the flat
     (exact) index of the same dataset does, and searches without a word too."""
@@ -357,6 +369,7 @@ def test_served_compact_index(tmp_path_factory: pytest.TempPathFactory, tmp_path
     assert answers[0] == answers[1] and len(answers[0]) == 5
 
 
+@pytest.mark.slow
 def test_a_moved_dataset_is_one_error_naming_the_fix(built: Path, tmp_path: Path) -> None:
     """A compact index whose dataset moved searches by vector as before, and says where it
     looked and how to fix it for what embeds a query (the dataset's model)."""

@@ -54,6 +54,7 @@ def check(out: Path, rows: Iterator[tuple[tuple, Any, Any]]) -> None:
     assert seen == set(want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_duckdb_reads_the_documented_join(stored: dict[str, Path], dtype: str) -> None:
     import duckdb
@@ -75,6 +76,7 @@ def test_duckdb_reads_the_documented_join(stored: dict[str, Path], dtype: str) -
     check(out, (((d, s, i), a, b) for d, s, i, a, b in rows))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pyarrow_reads_each_shard_with_its_types(stored: dict[str, Path], dtype: str) -> None:
     out = stored[dtype]
@@ -96,6 +98,7 @@ def test_pyarrow_reads_each_shard_with_its_types(stored: dict[str, Path], dtype:
     check(out, rows())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_polars_reads_the_join(stored: dict[str, Path], dtype: str) -> None:
     import polars as pl
@@ -131,6 +134,7 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.mark.slow
 def test_spark_reads_float32_and_int8_and_not_float16(stored: dict[str, Path],
                                                       spark: Any) -> None:
     for dtype in ("float32", "int8"):

@@ -14,7 +14,8 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import bench_lookup, moto_fs, uncommit_shard_1
+from helpers import moto_fs, uncommit_shard_1
+from synthetic_dataset import write_synthetic
 
 from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.ivf_build import (
@@ -40,7 +41,7 @@ DIM = 32
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("held_ivf")
-    data = bench_lookup().write_synthetic(root / "ds", 6000, DIM, n_shards=2, vocab=200)
+    data = write_synthetic(root / "ds", 6000, DIM, n_shards=2, vocab=200)
     build_index(str(root / "ds"), "top", str(root / "ix"), kind="hnsw", compact=False)
     return root, data
 
@@ -68,6 +69,7 @@ def _queries(data: dict, n: int, seed: int = 3) -> np.ndarray:
     return top[picks] + 0.3 * rng.standard_normal((n, top.shape[1])).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_built_beside_the_table_and_used_without_a_prefilter(built: tuple[Path, dict]) -> None:
     root, data = built
     index = SenseIndex(str(root / "ix"))
@@ -102,6 +104,7 @@ def test_built_beside_the_table_and_used_without_a_prefilter(built: tuple[Path, 
     assert np.mean(recall) >= 0.95
 
 
+@pytest.mark.slow
 def test_several_queries_and_full_result_columns(built: tuple[Path, dict]) -> None:
     root, data = built
     index = SenseIndex(str(root / "ix"))
@@ -128,6 +131,7 @@ def test_several_queries_and_full_result_columns(built: tuple[Path, dict]) -> No
     assert everything.num_rows == 6000 and len(set(_keys(everything))) == 6000
 
 
+@pytest.mark.slow
 def test_stale_ivf_is_not_used_and_a_new_build_replaces_it(built: tuple[Path, dict],
                                                             tmp_path: Path) -> None:
     root, data = built
@@ -151,6 +155,7 @@ def test_stale_ivf_is_not_used_and_a_new_build_replaces_it(built: tuple[Path, di
     assert isinstance(again.vector_query(_queries(data, 1), k=10, columns=KEYS), IvfSearch)
 
 
+@pytest.mark.slow
 def test_a_missing_file_falls_back_to_lancedb_and_the_next_build_makes_it_again(
         built: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root, data = built
@@ -170,6 +175,7 @@ def test_a_missing_file_falls_back_to_lancedb_and_the_next_build_makes_it_again(
     assert (ix / IVF_DIR / again.meta.ivf["folder"] / "ivf.faiss").exists()
 
 
+@pytest.mark.slow
 def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
         built: tuple[Path, dict]) -> None:
     import fsspec
@@ -224,6 +230,7 @@ def test_exact_nearest_matches_numpy(rows: int) -> None:
     assert [set(r) for r in got] == [set(r) for r in want]
 
 
+@pytest.mark.slow
 def test_stored_on_s3(built: tuple[Path, dict], s3_endpoint: str,
                       monkeypatch: pytest.MonkeyPatch) -> None:
     """On an object store the folder is made locally and uploaded; loading reads it into
@@ -244,6 +251,7 @@ def test_stored_on_s3(built: tuple[Path, dict], s3_endpoint: str,
     assert remote.nearest_rows(q, 10, KEYS).equals(local.nearest_rows(q, 10, KEYS))
 
 
+@pytest.mark.slow
 def test_a_grown_table_keeps_the_training_of_its_ivf(built: tuple[Path, dict],
                                                      tmp_path: Path) -> None:
     """New rows are encoded with the coarse centroids and codes the IVF was trained with,
@@ -285,6 +293,7 @@ def test_a_grown_table_keeps_the_training_of_its_ivf(built: tuple[Path, dict],
     assert kept_index is not None and kept_index.is_trained and kept_index.ntotal == 0
 
 
+@pytest.mark.slow
 def test_metadata_written_with_held_still_reads(built: tuple[Path, dict], tmp_path: Path
                                                 ) -> None:
     """``_elmo_index.json`` files written before the IVF's record was named ``ivf`` call it

@@ -64,6 +64,7 @@ def _dataset_sentences(dataset: Path) -> dict[tuple[str, int], str]:
                                              ).fetchall()}
 
 
+@pytest.mark.slow
 def test_sentences_are_stored_once_and_hits_show_them(dataset: Path, tmp_path: Path) -> None:
     out = str(tmp_path / "ix")
     build_index(str(dataset), "top", out, kind="flat", compact=False)
@@ -184,6 +185,7 @@ def test_word_selection_is_recorded_refused_kept_and_rebuilt(
         build_index(str(ds), "top", str(tmp_path / "none"), words=WordSelection(min_count=999))
 
 
+@pytest.mark.slow
 def test_cli_words_file_progress_and_no_progress(dataset: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,6 +222,7 @@ def test_write_corpus_helper_indexes_whole(tiny_model_dir: Path, tmp_path: Path)
     assert (tmp_path / "ix" / f"{SENTENCES_TABLE}.lance").is_dir()
 
 
+@pytest.mark.slow
 def test_served_index_of_some_words(tmp_path_factory: pytest.TempPathFactory,
                                     tmp_path: Path) -> None:
     """Over HTTP, an index of some words answers for them (the sentence text fetched by

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import bench_lookup
+from synthetic_dataset import write_synthetic
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError, cli_flag
 from pipeline.lookup.index import ivf_ray, ivf_search
 from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.ivf_ray import scatter, split_shards
@@ -62,6 +62,7 @@ def _hits(table) -> tuple[list[tuple], np.ndarray]:
     return keys, table["_distance"].to_numpy()
 
 
+@pytest.mark.slow
 def test_actors_on_two_nodes_give_the_hits_of_one_process(
         cluster: str, built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     one = SenseIndex(str(built / "ix"))
@@ -111,12 +112,13 @@ def test_actors_on_two_nodes_give_the_hits_of_one_process(
 def test_shards_split_by_rows() -> None:
     assert split_shards([100, 10, 60, 50], 2) == [[0, 1], [2, 3]]
     assert split_shards([5, 5, 5], 8) == [[0], [1], [2]]
-    with pytest.raises(ElmoUserError, match="--ray-actors must be at least 1"):
+    with pytest.raises(SettingError, match=r"^ray_actors must be at least 1") as caught:
         split_shards([5], 0)
+    assert caught.value.named(cli_flag).startswith("--ray-actors must")  # as the CLI says it
 
 
 def test_a_full_index_is_refused_before_ray_starts(tmp_path: Path) -> None:
-    bench_lookup().write_synthetic(tmp_path / "ds", 300, 16, n_shards=1, vocab=20)
+    write_synthetic(tmp_path / "ds", 300, 16, n_shards=1, vocab=20)
     build_index(str(tmp_path / "ds"), "top", str(tmp_path / "ix"), kind="flat",
                 compact=False)
     with pytest.raises(ElmoUserError, match=r"not a compact index in shards.*--rebuild"):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from helpers import bench_lookup
+from synthetic_dataset import write_synthetic
 
 from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.lance_search import VectorSearch
@@ -28,7 +28,7 @@ DIM = 32
 
 
 def _write_synthetic(out: Path, n_tokens: int) -> None:
-    bench_lookup().write_synthetic(out, n_tokens, DIM, n_shards=2, vocab=200)
+    write_synthetic(out, n_tokens, DIM, n_shards=2, vocab=200)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,7 @@ def _assert_same(fast: pa.Table, plain: pa.Table) -> None:
     assert fast.equals(plain), (fast.slice(0, 3).to_pydict(), plain.slice(0, 3).to_pydict())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_vectors", [1, 5])
 @pytest.mark.parametrize("graph", [True, False])
 @pytest.mark.parametrize("prefilter", [False, True])
@@ -78,6 +79,7 @@ def test_fast_path_equals_plain_lancedb_query(index: SenseIndex, n_vectors: int,
         assert set(tokens["token"].to_pylist()) <= {"w1", "w2", "w7"}
 
 
+@pytest.mark.slow
 def test_settings_reach_the_search(index: SenseIndex) -> None:
     """Whatever the graph settings, both paths give the same answer."""
     q = _queries(1)
@@ -86,6 +88,7 @@ def test_settings_reach_the_search(index: SenseIndex) -> None:
         _assert_same(search.to_arrow(), search.lancedb_query().to_arrow())
 
 
+@pytest.mark.slow
 def test_sense_index_search_uses_it(index: SenseIndex) -> None:
     """With its in-memory IVF set aside (tests/lookup/test_held_ivf.py covers that path),
     every search goes this way."""
@@ -113,6 +116,7 @@ def _searches_use_it(index: SenseIndex) -> None:
     assert exact["tok_idx"].to_pylist() == vectors["tok_idx"].take(best).to_pylist()
 
 
+@pytest.mark.slow
 def test_runs_from_threads_and_inside_a_running_loop(index: SenseIndex) -> None:
     """Each thread runs the search on its own event loop; inside a running loop (where a
     second cannot run) it goes to LanceDB's background loop."""

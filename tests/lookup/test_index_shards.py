@@ -50,6 +50,7 @@ def _keys(table) -> list[tuple]:
     return list(zip(*(table[c].to_pylist() for c in KEYS), strict=True))
 
 
+@pytest.mark.slow
 def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
     index = SenseIndex(str(built / "ix"))
     held = index.meta.ivf
@@ -71,6 +72,7 @@ def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
     assert ivf.index.code_size + 8 + ivf.sketch.codes.shape[1] <= MEMORY_BYTES_PER_ROW
 
 
+@pytest.mark.slow
 def test_search_matches_the_exact_answer(built: Path) -> None:
     index = SenseIndex(str(built / "ix"))
     ivf = index.ivf()
@@ -87,6 +89,7 @@ def test_search_matches_the_exact_answer(built: Path) -> None:
     assert set(got["token"].to_pylist()) == {"w1"} and got.num_rows == 5
 
 
+@pytest.mark.slow
 def test_a_grown_dataset_adds_a_shard_and_keeps_the_others(built: Path, tmp_path: Path
                                                            ) -> None:
     ds = Path(shutil.copytree(built / "ds", tmp_path / "ds"))
@@ -105,6 +108,7 @@ def test_a_grown_dataset_adds_a_shard_and_keeps_the_others(built: Path, tmp_path
         [again["train"], *(s["folder"] for s in again["shards"].values())])
 
 
+@pytest.mark.slow
 def test_a_build_killed_half_way_leaves_the_previous_index(built: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
@@ -131,6 +135,7 @@ def test_a_build_killed_half_way_leaves_the_previous_index(built: Path, tmp_path
     assert SenseIndex(str(ix)).meta.rows == ROWS
 
 
+@pytest.mark.slow
 def test_a_missing_shard_names_the_build_that_makes_it(built: Path, tmp_path: Path) -> None:
     ix = Path(shutil.copytree(built / "ix", tmp_path / "ix"))
     held = read_meta(str(ix)).ivf
@@ -146,6 +151,7 @@ def test_a_missing_shard_names_the_build_that_makes_it(built: Path, tmp_path: Pa
     assert SenseIndex(str(ix)).search(np.ones(DIM, np.float32), k=3).num_rows == 3
 
 
+@pytest.mark.slow
 def test_a_build_that_would_not_fit_says_so_first(built: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ivf_shards_build, "free_memory", lambda: 1 << 20)
@@ -166,6 +172,7 @@ def test_memory_bound_follows_the_sample_not_the_rows() -> None:
     assert bigger - big == 2 * 10**7 * MEMORY_BYTES_PER_ROW
 
 
+@pytest.mark.slow
 def test_a_stale_shard_is_named_not_left_out(built: Path, tmp_path: Path) -> None:
     """The table holds rows of a file the IVF's record no longer lists (an IVF older than
     its table): a filtered search names that shard instead of leaving its rows out."""
@@ -187,6 +194,7 @@ def test_a_stale_shard_is_named_not_left_out(built: Path, tmp_path: Path) -> Non
         index.occurrences(["w1"], columns=KEYS)
 
 
+@pytest.mark.slow
 def test_training_reports_each_round_and_trains_as_faiss(tmp_path: Path) -> None:
     """The training's progress steps (coarse k-means rounds, then each sub-quantizer) are
     ``train_steps``, and the coarse centroids are those of faiss's own one-call training."""
@@ -227,6 +235,7 @@ def test_training_reports_each_round_and_trains_as_faiss(tmp_path: Path) -> None
                                atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_filtered_search_reads_only_its_rows_codes_and_answers_the_same(built: Path
                                                                           ) -> None:
     """Before the codes are loaded, a search among some rows (a word's) builds an IVF of
@@ -245,6 +254,7 @@ def test_a_filtered_search_reads_only_its_rows_codes_and_answers_the_same(built:
     assert np.array_equal(got[0], want[0]) and np.allclose(got[1], want[1])
 
 
+@pytest.mark.slow
 def test_a_word_search_needs_no_lancedb_and_finds_what_a_lance_filter_finds(built: Path
                                                                             ) -> None:
     """A compact index's word search (and a word's occurrences, for its senses) takes the

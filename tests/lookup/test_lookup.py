@@ -326,6 +326,7 @@ def test_refresh_index_adds_only_the_files_it_is_given(
                       add_files=[str(tmp_path / "nope.parquet")])
 
 
+@pytest.mark.slow
 def test_hnsw_index_builds_finds_itself_and_takes_new_shards(
         dataset: Path, fixture_model: Path, tmp_path: Path) -> None:
     from pipeline.lookup.index.build import build_index
@@ -373,6 +374,7 @@ def test_search_params_follow_index_size() -> None:
 # --------------------------------------------------------------------------- senses
 
 
+@pytest.mark.slow
 def test_sense_search_finds_its_own_sentence_and_clusters(dataset: Path, tmp_path: Path) -> None:
     from pipeline.lookup.index.build import build_index
     from pipeline.lookup.senses.clusters import cluster_senses
@@ -442,6 +444,7 @@ def test_sense_ranking_with_a_trained_model(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- mix fit
 
 
+@pytest.mark.slow
 def test_mix_fit_stores_a_named_mix(dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     ds_copy = tmp_path / "ds"
@@ -518,6 +521,7 @@ def test_cli_sql_precomputed_mix(dataset: Path, capsys: pytest.CaptureFixture,
     assert json.loads(capsys.readouterr().out)["n"] == len(vectors)
 
 
+@pytest.mark.slow
 def test_cli_index_and_senses(dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
                               monkeypatch: pytest.MonkeyPatch) -> None:
     ix = str(tmp_path / "ix")
@@ -544,6 +548,7 @@ def _dataset_without_layers(dataset: Path, tmp_path: Path) -> Path:
     return bare
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["unknown-mix-sql", "unknown-mix-index", "no-layers",
                                   "no-layers-sql",
                                   "word-not-in-sentence", "malformed-sql", "no-dataset",

@@ -271,6 +271,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.slow
 def test_png_map_has_title_axes_and_a_legend_naming_each_sense(clusters: ClusterResult,
                                                                 tmp_path: Path) -> None:
     from matplotlib.image import imread
@@ -387,6 +388,7 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:
     return cli.main(argv)
 
 
+@pytest.mark.slow
 def test_cli_search_default_forms_and_any_word(index: str, capsys: pytest.CaptureFixture,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     assert run_cli(monkeypatch, ["senses", "search", MUSIC[0], "--word", "plays", "-k", "20",
@@ -448,6 +450,7 @@ def _subparser(verb: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+@pytest.mark.slow
 def test_demo_writes_both_sense_maps_and_says_where(fixture_model: Path, corpus_file: Path,
                                                     tmp_path: Path,
                                                     capsys: pytest.CaptureFixture,

@@ -335,6 +335,7 @@ def test_documents_view_has_typed_field_columns(dataset: Path) -> None:
     assert rows == [(r["id"], r["year"], r["speaker"]) for r in RECORDS if r["year"] >= 2019]
 
 
+@pytest.mark.slow
 def test_served_routes_take_ids_with_slashes_and_follow_filters(
         dataset: Path, index: str, tmp_path: Path) -> None:
     import httpx

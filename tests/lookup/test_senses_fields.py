@@ -103,6 +103,7 @@ def test_index_holds_plain_metadata_fields_as_columns(index: str) -> None:
         assert row["meta_president"] == by_id[row["doc_id"]]["president"]
 
 
+@pytest.mark.slow
 def test_search_hits_carry_fields_and_filters_keep_only_passing_documents(
         index: str, dataset: Path) -> None:
     from pipeline.lookup.index.sense_index import SenseIndex
@@ -120,8 +121,10 @@ def test_search_hits_carry_fields_and_filters_keep_only_passing_documents(
         assert hit.fields["speech-type"] == record["speech-type"]
         assert hit.fields["source"].endswith("speeches.jsonl") and hit.fields["line"] >= 1
     cases = [({"president": "Barack Obama"}, _ids(president="Barack Obama")),
-             ({"year": [1900, 1909]}, _ids(year=1901) | _ids(year=1905)),
-             ({"year": [None, 1910], "speech-type": "written"},
+             ("year=1900..1909", _ids(year=1901) | _ids(year=1905)),
+             ({"year": {">=": 1900, "<=": 1909}}, _ids(year=1901) | _ids(year=1905)),
+             ({"year": [1901, 1905, 2009]}, _ids(year=1901) | _ids(year=1905) | _ids(year=2009)),
+             (["year<=1910", "speech-type=written"],
               (_ids(year=1901) | _ids(year=1905)) & _ids(**{"speech-type": "written"})),
              ([FieldFilter("president", "~", "roosevelt")], _ids(president="Theodore Roosevelt")),
              ({"doc_id": ("money-0-bank", "river-0-Bank")}, {"money-0-bank", "river-0-Bank"}),
@@ -131,7 +134,7 @@ def test_search_hits_carry_fields_and_filters_keep_only_passing_documents(
         found = search_senses(ix, query, "bank", k=100, filters=filters)
         assert {h.doc_id for h in found} == expected, filters
     # Indexed fields are LanceDB predicates on their columns; others a doc_id list.
-    where = ix.fields_where(as_filters({"year": [1900, 1909], "speech-type": "spoken"}))
+    where = ix.fields_where(as_filters({"year": {">=": 1900, "<=": 1909}, "speech-type": "spoken"}))
     assert "meta_year >= 1900" in where and "meta_year <= 1909" in where
     assert "doc_id IN (" in where and "speech-type" not in where
 
@@ -169,8 +172,14 @@ def test_where_syntax() -> None:
         with pytest.raises(SettingError, match=r"^where ") as caught:
             parse_where(bad)
         assert caught.value.named(cli_flag).startswith("--where ")
-    assert as_filters({"year": [1900, None], "party": ["Whig", "Democratic"]}) == [
+    # A mapping says a range with operators; a list is "any of", however many values.
+    assert as_filters({"year": {">=": 1900}, "party": ["Whig", "Democratic"]}) == [
         FieldFilter("year", ">=", 1900), FieldFilter("party", "in", ["Whig", "Democratic"])]
+    assert as_filters({"year": [1900, 1950]}) == [FieldFilter("year", "in", [1900, 1950])]
+    # Condition text reads as the CLI's --where, one string or several.
+    assert as_filters("year=1900..1950") == parse_where("year=1900..1950")
+    assert as_filters(["party=Whig|Democratic", FieldFilter("year", ">", 1900)]) == [
+        FieldFilter("party", "in", ["Whig", "Democratic"]), FieldFilter("year", ">", 1900)]
 
 
 # --------------------------------------------------------------------------- clusters
@@ -231,6 +240,7 @@ def test_breakdown_counts_each_sense_per_bin_of_a_field(index: str) -> None:
         breakdown_of(result, "president", bin=10)
 
 
+@pytest.mark.slow
 def test_cli_cluster_filters_breaks_down_and_exports(index: str, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -304,9 +314,9 @@ def test_index_built_before_document_fields_joins_them_then_rebuilds(
     ix = SenseIndex(str(old))
     assert ix.meta.doc_fields is None and ix.indexed_fields() == {"doc_id": "string"}
     # Every field is then matched on the documents table: same answers, same fields.
-    assert ix.fields_where(as_filters({"year": [2000, 2010]})).startswith("(doc_id IN (")
+    assert ix.fields_where(as_filters("year=2000..2010")).startswith("(doc_id IN (")
     hits = search_senses(ix, "The bank lent him money.", "bank", k=100,
-                         filters={"year": [2000, 2010], "president": "Barack Obama"})
+                         filters={"year": {">=": 2000, "<=": 2010}, "president": "Barack Obama"})
     assert {h.doc_id for h in hits} == _ids(year=2009)
     assert all(h.fields["president"] == "Barack Obama" for h in hits)
     lines: list[str] = []
@@ -355,7 +365,7 @@ def test_without_its_dataset_an_index_still_clusters_and_filters_its_own_fields(
     meta["dataset"] = str(tmp_path / "gone")
     (moved / INDEX_META).write_text(json.dumps(meta))
     ix = SenseIndex(str(moved))
-    result = cluster_senses(ix, ["bank"], k=2, filters={"year": [2000, 2010]})
+    result = cluster_senses(ix, ["bank"], k=2, filters="year=2000..2010")
     assert {h.doc_id for h in result.occurrences} == _ids(year=2001) | _ids(year=2009)
     assert all(h.fields == {} for h in result.occurrences)
     with pytest.raises(ElmoUserError, match="cannot filter on 'speech-type': the index's "

@@ -67,6 +67,7 @@ def sql(client: httpx.Client, query: str, **params: object) -> httpx.Response:
     return client.post("/sql", json={"query": query, "params": params or None})
 
 
+@pytest.mark.slow
 def test_info_describes_the_dataset_and_index(client: httpx.Client, data: Served) -> None:
     info = client.get("/info").json()
     counts = sql(client, "SELECT (SELECT count(*) FROM documents), (SELECT count(*) FROM "
@@ -84,6 +85,7 @@ def test_info_describes_the_dataset_and_index(client: httpx.Client, data: Served
             "/sentences/{doc_id}/{sent_idx}", "/sql"} <= set(paths)
 
 
+@pytest.mark.slow
 def test_search_answers_as_the_cli_function_does(client: httpx.Client, data: Served) -> None:
     from pipeline.lookup.index.sense_index import SenseIndex
     from pipeline.lookup.senses.search import search_senses
@@ -109,6 +111,7 @@ def test_search_answers_as_the_cli_function_does(client: httpx.Client, data: Ser
     assert hit["similarity"] > 0.95 and hit["document"]["source"].endswith("/shakespeare_play.txt")
 
 
+@pytest.mark.slow
 def test_an_index_with_an_in_memory_ivf_answers_from_it(data: Served, tmp_path: Path) -> None:
     """An hnsw index also has the in-memory IVF: the server loads it at start, answers
     searches without a word from it as the CLI function does, and batched answers equal
@@ -141,6 +144,7 @@ def test_an_index_with_an_in_memory_ivf_answers_from_it(data: Served, tmp_path: 
         assert together == alone
 
 
+@pytest.mark.slow
 def test_concurrent_requests_are_batched_and_answer_as_one_at_a_time(
         client: httpx.Client) -> None:
     bodies = [{"sentence": s, "word": w, "k": k, "any_word": any_word}
@@ -160,6 +164,7 @@ def test_concurrent_requests_are_batched_and_answer_as_one_at_a_time(
     assert batches < jobs and after["largest"] > 1  # requests shared model calls
 
 
+@pytest.mark.slow
 def test_filters_keep_hits_of_matching_documents(client: httpx.Client) -> None:
     body = {"sentence": QUERIES[0][0], "word": "play", "k": 5}
     everywhere = search(client, **body)["hits"]
@@ -175,6 +180,7 @@ def test_filters_keep_hits_of_matching_documents(client: httpx.Client) -> None:
     assert unknown.status_code == 400 and "colour" in unknown.json()["error"]
 
 
+@pytest.mark.slow
 def test_embed_returns_tokens_and_every_layer_or_a_mix(client: httpx.Client) -> None:
     sentences = ["He plays the guitar in a band.", "The whale !"]
     layers = client.post("/embed", json={"sentences": sentences, "mix": None}).json()
@@ -189,6 +195,7 @@ def test_embed_returns_tokens_and_every_layer_or_a_mix(client: httpx.Client) -> 
     assert bad.status_code == 400 and "nope" in bad.json()["error"]
 
 
+@pytest.mark.slow
 def test_sense_clusters_and_map_points(client: httpx.Client) -> None:
     result = client.get("/senses/play", params={"k": "auto"}).json()
     assert result["auto"] and 2 <= result["k"] <= 8 and len(result["clusters"]) == result["k"]
@@ -202,6 +209,7 @@ def test_sense_clusters_and_map_points(client: httpx.Client) -> None:
     assert client.get("/senses/zzzzqx").status_code == 400  # no contexts to cluster
 
 
+@pytest.mark.slow
 def test_occurrences_page_through_every_use(client: httpx.Client) -> None:
     n = sql(client, "SELECT count(*) FROM tokens WHERE lower(token) = $w",
             w="play").json()["rows"][0][0]
@@ -214,6 +222,7 @@ def test_occurrences_page_through_every_use(client: httpx.Client) -> None:
     assert all(h["token"].lower() == "play" for h in rest["occurrences"])
 
 
+@pytest.mark.slow
 def test_sentence_in_context(client: httpx.Client) -> None:
     hit = search(client, sentence=QUERIES[0][0], word="play", k=1)["hits"][0]
     got = client.get(f"/sentences/{hit['doc_id']}/{hit['sent_idx']}",
@@ -226,6 +235,7 @@ def test_sentence_in_context(client: httpx.Client) -> None:
     assert client.get("/sentences/no-such-doc/0").status_code == 404
 
 
+@pytest.mark.slow
 def test_sql_reads_and_refuses_everything_else(client: httpx.Client, tmp_path: Path) -> None:
     ok = sql(client, "SELECT lower(token) AS w, count(*) AS n FROM tokens WHERE lower(token) "
                      "= $w GROUP BY 1", w="whale").json()
@@ -256,6 +266,7 @@ def test_sql_reads_and_refuses_everything_else(client: httpx.Client, tmp_path: P
     assert many["truncated"] and len(many["rows"]) == 10_000
 
 
+@pytest.mark.slow
 def test_other_hosts_need_a_token(data: Served, tmp_path: Path) -> None:
     refused = subprocess.run(elmo_serve_argv(data, free_port(), "--host", "0.0.0.0"),
                              cwd=REPO, env=serve_env(), capture_output=True, text=True,
@@ -279,6 +290,7 @@ def test_other_hosts_need_a_token(data: Served, tmp_path: Path) -> None:
                                      ).text)["rows"] == [[1]]
 
 
+@pytest.mark.slow
 def test_unknown_dataset_or_index_is_one_line(data: Served, tmp_path: Path) -> None:
     cases = [([str(tmp_path / "nope"), "--index", str(data.index)], "no _dataset.json"),
              ([str(data.dataset), "--index", str(tmp_path / "nope.lance")],

@@ -53,6 +53,7 @@ def browser(tmp_path: Path) -> Iterator[object]:
         driver.quit()
 
 
+@pytest.mark.slow
 def test_explorer_page_searches_maps_and_shows_context(server: str, browser: object,
                                                        tmp_path: Path) -> None:
     from selenium.common.exceptions import StaleElementReferenceException

@@ -120,6 +120,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         assert "Traceback" not in Path(log).read_text()
 
 
+@pytest.mark.slow
 def test_hostile_requests_get_one_line_4xx_and_the_server_stays_up(server: str) -> None:
     cases = [(*case, False) for case in requests_to_send()]
     cases += [("POST", "/senses/search", {"json": body}, True) for body in odd_search_bodies()]

@@ -27,6 +27,7 @@ def ray_server(data: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield url
 
 
+@pytest.mark.slow
 def test_ray_serve_replicas_answer_as_the_plain_server(ray_server: str, data: Served,
                                                        tmp_path: Path) -> None:
     from pipeline.lookup.index.sense_index import SenseIndex

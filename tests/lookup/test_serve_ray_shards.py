@@ -45,6 +45,7 @@ def _keys(hits: list[dict]) -> list[tuple]:
     return [tuple(h[k] for k in KEYS) for h in hits]
 
 
+@pytest.mark.slow
 def test_a_replica_searches_through_shard_actors_as_one_process(
         cluster: str, data: Served, tmp_path: Path) -> None:
     from pipeline.lookup.doc_fields import parse_where
@@ -82,6 +83,7 @@ def test_a_replica_searches_through_shard_actors_as_one_process(
             sorted(c.size for c in local.clusters)
 
 
+@pytest.mark.slow
 def test_shard_actors_refuse_a_full_index_and_a_silent_address(
         cluster: str, data: Served, tmp_path: Path) -> None:
     full = Served(data.dataset, data.index.parent / "index")  # served_data's flat index

@@ -25,6 +25,7 @@ def _fixture_embedder(fixture: Path, mode: str, lstm_impl: str = "auto",
                            device="cpu", lstm_impl=lstm_impl, **options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lstm_impl", CPU_STEPS)
 def test_stateful_mode_reproduces_bilm_tf_top_layer(elmo_fixture_dir: Path,
                                                     lstm_impl: str) -> None:
@@ -78,6 +79,7 @@ def test_layer_zero_is_the_token_vector_for_both_directions(elmo_fixture_dir: Pa
     assert np.array_equal(layers[0, :, :16], layers[0, :, 16:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lstm_impl", CPU_STEPS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_stateless_vectors_do_not_depend_on_batch(elmo_fixture_dir: Path, dtype: str,

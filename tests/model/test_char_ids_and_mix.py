@@ -80,6 +80,7 @@ def test_scalar_mix_errors_say_what_mismatched() -> None:
         ScalarMix(2, layer_norm=True)([torch.zeros(4, 2)] * 2, torch.ones(5, dtype=torch.bool))
 
 
+@pytest.mark.slow
 def test_scalar_mix_learns() -> None:
     torch.manual_seed(0)
     layers = torch.randn(3, 32, 4)

@@ -332,6 +332,7 @@ def interpreter_outcomes(elmo_fixture_dir: Path) -> dict[str, str]:
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_in_triton_interpreter(interpreter_outcomes: dict[str, str], name: str) -> None:
     assert interpreter_outcomes[name] == "ok", interpreter_outcomes[name]

@@ -31,20 +31,19 @@ def snapshot(folder: Path) -> dict[str, bytes] | None:
             for p in sorted(folder.rglob("*"))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("existing", [False, True])
 def test_readme_gpu_line_on_a_gpu_less_machine_fails_at_once(tmp_path: Path,
                                                              existing: bool) -> None:
     """`elmo embed <corpus> --out <dir> --actors 4 --device cuda` (the README's cluster
-    line, with the bundled model) on this machine: one line, within seconds, no output."""
-    import torch
-
-    assert not torch.cuda.is_available(), "this test needs a machine without a GPU"
+    line, with the bundled model) where no GPU is visible (a machine's own are hidden from
+    the command): one line, within seconds, no output."""
     corpus = write_corpus(tmp_path / "corpus")
     out = tmp_path / "ds"
     if existing:
         out.mkdir()
     before = snapshot(out)
-    env = dict(os.environ, PYTHONPATH=str(REPO), RAY_ADDRESS="")
+    env = dict(os.environ, PYTHONPATH=str(REPO), RAY_ADDRESS="", CUDA_VISIBLE_DEVICES="")
     t0 = time.monotonic()
     run = subprocess.run([sys.executable, "-c", PROGRAM, "embed", str(corpus), "--out", str(out),
                           "--actors", "4", "--device", "cuda"],
@@ -59,6 +58,7 @@ def test_readme_gpu_line_on_a_gpu_less_machine_fails_at_once(tmp_path: Path,
     assert snapshot(out) == before  # the output is as it was found
 
 
+@pytest.mark.slow
 def test_a_ray_address_nothing_answers_fails_in_seconds(tmp_path: Path) -> None:
     """`elmo embed --ray-address HOST:PORT` where no cluster listens: one line naming the
     fix within seconds (``ray.init`` alone waits minutes), and no output written."""

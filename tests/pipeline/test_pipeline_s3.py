@@ -15,6 +15,7 @@ from pipeline.write.embed import embed_corpus
 from schemas.dataset import open_dataset
 
 
+@pytest.mark.slow
 def test_s3_round_trip(s3_endpoint: str, tiny_model_dir: Path, tmp_path: Path,
                        monkeypatch: pytest.MonkeyPatch) -> None:
     import duckdb

@@ -204,6 +204,7 @@ def test_flip_truncate_delete_on_local_disk_are_reported_and_repaired(
     _check_damage_reported_and_repaired(tiny_model_dir, corpus, out, files, None)
 
 
+@pytest.mark.slow
 def test_flip_truncate_delete_on_s3_are_reported_and_repaired(
         s3_endpoint: str, tiny_model_dir: Path, reference: tuple[Path, dict[str, bytes]],
         monkeypatch: pytest.MonkeyPatch) -> None:

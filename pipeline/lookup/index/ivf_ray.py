@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.index.ivf_search import CANDIDATES_PER_RESULT, EXACT_FILTER_ROWS
 from pipeline.lookup.index.ivf_shards import SHARD_CANDIDATES_PER_RESULT, ShardedIvf, is_sharded
 from pipeline.lookup.ray_work import connect
@@ -50,7 +50,8 @@ def split_shards(rows: Sequence[int], parts: int) -> list[list[int]]:
     """Shard indexes for each of ``parts`` actors, each holding about as many rows (the
     largest shards first, each to the part with the fewest rows); ascending in a part."""
     if parts < 1:
-        raise ElmoUserError(f"--ray-actors must be at least 1, not {parts}")
+        raise SettingError("ray_actors", lambda name: (
+            f"{name('ray_actors')} must be at least 1, not {parts}"))
     held = [0] * min(parts, max(1, len(rows)))
     split: list[list[int]] = [[] for _ in held]
     for s in sorted(range(len(rows)), key=lambda i: (-rows[i], i)):
@@ -354,7 +355,8 @@ def start_searchers(index: SenseIndex, address: str, actors: int | None = None) 
     import ray
 
     if actors is not None and actors < 1:
-        raise ElmoUserError(f"--ray-actors must be at least 1, not {actors}")
+        raise SettingError("ray_actors", lambda name: (
+            f"{name('ray_actors')} must be at least 1, not {actors}"))
     record = index.meta.ivf
     rebuild = f"`elmo index build {index.meta.dataset} --mix {index.meta.mix_name} " \
               f"--out {index.uri}`"

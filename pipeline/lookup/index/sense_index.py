@@ -41,7 +41,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import (
     INDEX_FIELDS,
     DocumentTable,
@@ -361,7 +361,7 @@ class SenseIndex:
             self.require_stems()
         column = "token_stem" if forms else "token_lower"
         if k < 1:
-            raise ElmoUserError("-k must be at least 1")
+            raise SettingError("k", lambda name: f"{name('k')} must be at least 1")
         vectors = np.asarray(vectors, np.float32)
         if vectors.ndim != 2 or vectors.shape[1] != self.meta.dim:
             raise ElmoUserError(f"query vector has {vectors.shape[-1]} values, index has "

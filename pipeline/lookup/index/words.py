@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from elmo_model.errors import ElmoUserError
+from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import quote
 
 if TYPE_CHECKING:
@@ -84,9 +84,10 @@ class WordSelection:
         for name in ("min_count", "max_count"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ElmoUserError(f"--{name.replace('_', '-')} must be at least 1")
+                raise SettingError(name, lambda named, n=name: f"{named(n)} must be at least 1")
         if self.min_count and self.max_count and self.min_count > self.max_count:
-            raise ElmoUserError("--min-count is above --max-count: no word would be indexed")
+            raise SettingError("min_count", lambda named: (
+                f"{named('min_count')} is above {named('max_count')}: no word would be indexed"))
         if self.words is not None:
             self.words = sorted({w.lower() for w in self.words if w.strip()})
             if not self.words:

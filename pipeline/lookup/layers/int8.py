@@ -29,25 +29,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.lookup.layers.parquet import (
-    _DICTIONARY_PAGE,
-    _PAGE_HEADER_FIELDS,
-    _PLAIN,
+    PAGE_HEADER_FIELDS,
     UnsupportedLayoutError,
-    _codec,
-    _read_range,
     data_page_values,
     fixed_size_list_leaves,
     page_bodies,
+    page_codec,
+    read_range,
 )
+from schemas.thrift_compact import DICTIONARY_PAGE, PLAIN, PLAIN_DICTIONARY, RLE_DICTIONARY
 
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-_RLE_DICTIONARY, _PLAIN_DICTIONARY = 8, 2
-_DICTIONARY_ENCODINGS = (_RLE_DICTIONARY, _PLAIN_DICTIONARY)  # of a data page's indices
+_DICTIONARY_ENCODINGS = (RLE_DICTIONARY, PLAIN_DICTIONARY)  # of a data page's indices
 # PageHeader field 7: DictionaryPageHeader (num_values, encoding).
-_HEADER_FIELDS: dict[int, Any] = {**_PAGE_HEADER_FIELDS, 7: {1: True, 2: True}}
+_HEADER_FIELDS: dict[int, Any] = {**PAGE_HEADER_FIELDS, 7: {1: True, 2: True}}
 
 
 @dataclass(frozen=True)
@@ -97,18 +95,18 @@ def _read_chunk(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: I
         raise UnsupportedLayoutError("not a dictionary-encoded INT32 chunk")
     if not set(chunk.encodings) <= {"PLAIN", "RLE", "RLE_DICTIONARY", "PLAIN_DICTIONARY"}:
         raise UnsupportedLayoutError(f"encodings {chunk.encodings}")
-    codec = _codec(chunk.compression)
+    codec = page_codec(chunk.compression)
     total = rows * column.dim
     if chunk.num_values != total or len(values) != total:
         raise UnsupportedLayoutError("value count differs from rows * dim")
     start = chunk.dictionary_page_offset or chunk.data_page_offset
-    data = _read_range(source, start, chunk.total_compressed_size, read_buffer)
+    data = read_range(source, start, chunk.total_compressed_size, read_buffer)
     if len(data) != chunk.total_compressed_size:
         raise UnsupportedLayoutError("short read")
     table: np.ndarray | None = None
     filled = 0
     for header, body in page_bodies(data, start, _HEADER_FIELDS):
-        if header.get(1) == _DICTIONARY_PAGE:
+        if header.get(1) == DICTIONARY_PAGE:
             table = _dictionary(body, codec, header.get(2, -1), header.get(7, {}))
             continue
         if table is None:
@@ -131,7 +129,7 @@ def _read_chunk(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: I
 def _dictionary(body: memoryview, codec: Any, size: int, header: dict[int, Any]
                 ) -> np.ndarray:
     """The dictionary page's INT32 values as a 256-entry int8 lookup table."""
-    if header.get(2, _PLAIN) not in (_PLAIN, _PLAIN_DICTIONARY):
+    if header.get(2, PLAIN) not in (PLAIN, PLAIN_DICTIONARY):
         raise UnsupportedLayoutError("dictionary encoding")
     raw = body if codec is None else codec.decompress(body, decompressed_size=size,
                                                       asbytes=False)

@@ -36,15 +36,27 @@ import numpy as np
 from zlib_ng import zlib_ng
 
 from elmo_model.errors import ElmoUserError
-from schemas.thrift_compact import BOOL, I8, I16, I32, I64, STRUCT, Struct, ThriftError, read_struct
+from schemas.thrift_compact import (
+    BOOL,
+    DATA_PAGE,
+    DATA_PAGE_V2,
+    I8,
+    I16,
+    I32,
+    I64,
+    INDEX_PAGE,
+    PLAIN,
+    RLE,
+    STRUCT,
+    Struct,
+    ThriftError,
+    read_struct,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-# Parquet enums (parquet.thrift).
-_DATA_PAGE, _INDEX_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 1, 2, 3
-_PLAIN, _RLE = 0, 3
 # Parquet codec name (as pyarrow reports it) -> pyarrow codec. "LZ4" is left out on
 # purpose: old writers used it for Hadoop-framed LZ4, which pyarrow's codec cannot read.
 _CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "ZSTD": "zstd",
@@ -53,7 +65,7 @@ _CODECS = {"SNAPPY": "snappy", "GZIP": "gzip", "BROTLI": "brotli", "ZSTD": "zstd
 # Which PageHeader fields to decode (field id -> nested spec, or True for a scalar).
 _DATA_PAGE_FIELDS = {1: True, 2: True, 3: True, 4: True}
 _DATA_PAGE_V2_FIELDS = {1: True, 2: True, 3: True, 4: True, 5: True, 6: True, 7: True}
-_PAGE_HEADER_FIELDS: dict[int, Any] = {1: True, 2: True, 3: True, 4: True,
+PAGE_HEADER_FIELDS: dict[int, Any] = {1: True, 2: True, 3: True, 4: True,
                                        5: _DATA_PAGE_FIELDS, 8: _DATA_PAGE_V2_FIELDS}
 
 
@@ -144,7 +156,7 @@ def vector_columns(metadata: pq.FileMetaData, schema: pa.Schema,
             if kind.value_type in dtypes}
 
 
-def _codec(name: str) -> Any:
+def page_codec(name: str) -> Any:
     import pyarrow as pa
 
     if name == "UNCOMPRESSED":
@@ -168,7 +180,7 @@ def _skip_v1_levels(page: memoryview, pos: int, max_level: int, encoding: int) -
     """Skip one RLE level section of a v1 data page (a 4-byte length, then the runs)."""
     if max_level == 0:
         return pos
-    if encoding != _RLE:
+    if encoding != RLE:
         raise UnsupportedLayoutError(f"level encoding {encoding}")
     size = int.from_bytes(page[pos:pos + 4], "little")
     return pos + 4 + size
@@ -197,7 +209,7 @@ def iter_vector_pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int,
         raise UnsupportedLayoutError(str(error)) from error
 
 
-def _read_range(source: Any, offset: int, size: int, buffer: np.ndarray | None) -> Any:
+def read_range(source: Any, offset: int, size: int, buffer: np.ndarray | None) -> Any:
     """``size`` bytes at ``offset``: into ``buffer`` when it is big enough, else fresh."""
     if buffer is not None and buffer.dtype == np.uint8 and len(buffer) >= size:
         target = memoryview(buffer)[:size]
@@ -229,7 +241,7 @@ def page_bodies(data: Any, start: int, header_fields: dict[int, Any]
         if 4 in header and zlib_ng.crc32(body) != header[4] & 0xFFFFFFFF:
             raise CorruptPageError(f"page CRC mismatch in column chunk at byte {start}: "
                                    "the file is corrupt")
-        if header.get(1) != _INDEX_PAGE:
+        if header.get(1) != INDEX_PAGE:
             yield header, body
 
 
@@ -240,7 +252,7 @@ def data_page_values(header: dict[int, Any], body: memoryview, codec: Any, colum
     whose values are stored in one of ``encodings``. Another page type or encoding, or a
     V2 page with nulls, raises ``UnsupportedLayoutError``."""
     kind, size = header.get(1), header.get(2, -1)
-    if kind == _DATA_PAGE:
+    if kind == DATA_PAGE:
         page = header.get(5, {})
         if page.get(2) not in encodings:
             raise UnsupportedLayoutError("value encoding")
@@ -249,7 +261,7 @@ def data_page_values(header: dict[int, Any], body: memoryview, codec: Any, colum
         start = _skip_v1_levels(raw, 0, column.max_repetition_level, page.get(4, -1))
         start = _skip_v1_levels(raw, start, column.max_definition_level, page.get(3, -1))
         return raw[start:], page.get(1, -1)
-    if kind == _DATA_PAGE_V2:
+    if kind == DATA_PAGE_V2:
         page = header.get(8, {})
         if page.get(4) not in encodings or page.get(2, -1) != 0:
             raise UnsupportedLayoutError("value encoding or nulls")
@@ -267,20 +279,20 @@ def data_page_values(header: dict[int, Any], body: memoryview, codec: Any, colum
 def _pages(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: VectorColumn,
            read_buffer: np.ndarray | None) -> Iterator[np.ndarray]:
     _check_chunk(chunk, column)
-    codec = _codec(chunk.compression)
+    codec = page_codec(chunk.compression)
     itemsize = column.dtype.itemsize
     total = rows * column.dim
     if chunk.num_values != total:
         raise UnsupportedLayoutError("value count differs from rows * dim")
-    data = _read_range(source, chunk.data_page_offset, chunk.total_compressed_size,
+    data = read_range(source, chunk.data_page_offset, chunk.total_compressed_size,
                        read_buffer)
     if len(data) != chunk.total_compressed_size:
         raise UnsupportedLayoutError("short read")
     dtype = column.dtype
     filled = 0
-    for header, body in page_bodies(data, chunk.data_page_offset, _PAGE_HEADER_FIELDS):
+    for header, body in page_bodies(data, chunk.data_page_offset, PAGE_HEADER_FIELDS):
         # a dictionary page, or something newer, is refused here
-        values, levels = data_page_values(header, body, codec, column, (_PLAIN,))
+        values, levels = data_page_values(header, body, codec, column, (PLAIN,))
         count = len(values) // itemsize
         # As many values as levels: no null list and no null value on this page.
         if len(values) % itemsize or count != levels or filled + count > total:

@@ -9,6 +9,7 @@ a per-vector scale (``schemas.layers``). Every reader of ours (the mixes, the SQ
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -195,24 +196,41 @@ def read_table(dataset: Any, table: str = "tokens", filters: Any = None) -> pa.T
     ``pq.read_table(OUT / "tokens")`` gave for version 1/2 datasets. For small datasets
     and checks; streaming readers use ``pipeline.lookup.layers.mixes.iter_mixed``."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     ds = open_dataset(dataset) if isinstance(dataset, str) else dataset
+    # An empty piece may carry another float width (no rows to take it from): leave it.
+    pieces = list(iter_table(ds, table, filters))
+    rows = [t for t in pieces if t.num_rows] or pieces[:1]
+    return pa.concat_tables(rows) if rows else table_schema(ds.descriptor, table).empty_table()
+
+
+def iter_table(ds: Any, table: str = "tokens", filters: Any = None,
+               columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+    """``read_table``'s rows a live file at a time; ``columns``: at least these (a file's
+    layers are read whole, with whatever they need, when one is asked for)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     fs = ds.arrow_filesystem()
     n_layers = ds.descriptor.n_output_layers
-    pieces = []
+    layers = columns is None or any(c.startswith("layer_") for c in columns)
+    stored = None if layers or columns is None else \
+        [c for c in columns if c != PARTITION_COLUMN]
     for file in ds.shard_files(table):
-        piece = pq.read_table(file.path, filesystem=fs, filters=filters)
-        if table == "tokens":
+        piece = pq.read_table(file.path, filesystem=fs, filters=filters, columns=stored)
+        if table == "tokens" and layers:
             types = None if has_own_layer_0(piece.schema) else read_types(fs, file.path)
             piece = with_every_layer(piece, n_layers, types)
-        pieces.append(piece.append_column(
-            PARTITION_COLUMN, pa.array([file.shard] * piece.num_rows, pa.int32())))
-    # An empty piece may carry another float width (no rows to take it from): leave it.
-    rows = [t for t in pieces if t.num_rows] or pieces[:1]
-    schema = _every_layer_schema(ds.descriptor) if table == "tokens" else TABLE_SCHEMAS[table]
-    empty = schema.empty_table().append_column(PARTITION_COLUMN, pa.array([], pa.int32()))
-    return pa.concat_tables(rows) if rows else empty
+        yield piece.append_column(
+            PARTITION_COLUMN, pa.array([file.shard] * piece.num_rows, pa.int32()))
+
+
+def table_schema(descriptor: Any, table: str = "tokens") -> pa.Schema:
+    """The schema ``read_table`` gives ``table``, with its ``shard`` column."""
+    import pyarrow as pa
+
+    schema = _every_layer_schema(descriptor) if table == "tokens" else TABLE_SCHEMAS[table]
+    return schema.append(pa.field(PARTITION_COLUMN, pa.int32()))
 
 
 def _every_layer_schema(descriptor: Any) -> pa.Schema:

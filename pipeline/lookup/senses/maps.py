@@ -34,13 +34,13 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 HOVER_CHARS = 360  # of the sentence around the word, in the HTML's hover box
 
 
-def _escape(text: str) -> str:
+def html_text(text: str) -> str:
     """Text for plotly's HTML-like labels: ``& < >`` escaped, quotes kept (plotly.js knows
     only a few named entities: ``&quot;`` would show as typed)."""
     return html.escape(text, quote=False)
 
 
-def _plain(text: str) -> str:
+def plot_text(text: str) -> str:
     """Text for matplotlib, which reads ``$...$`` as math: a corpus's dollars stay dollars."""
     return text.replace("$", r"\$")
 
@@ -103,9 +103,9 @@ def sense_map_figure(result: ClusterResult, width: float = 9.0, height: float = 
     for cluster, label in zip(result.clusters, legend_labels(result), strict=True):
         xy = result.points[result.labels == cluster.label]
         axes.scatter(xy[:, 0], xy[:, 1], s=18, alpha=0.75, color=colour(cluster.label),
-                     edgecolors="none", label=_plain(label))
-    figure.suptitle(_plain(map_title(result)), fontsize=13, fontweight="bold")
-    axes.set_title(_plain(map_subtitle(result)), fontsize=9, color="#555555")
+                     edgecolors="none", label=plot_text(label))
+    figure.suptitle(plot_text(map_title(result)), fontsize=13, fontweight="bold")
+    axes.set_title(plot_text(map_subtitle(result)), fontsize=9, color="#555555")
     x_label, y_label = axis_labels(result)
     axes.set_xlabel(x_label)
     axes.set_ylabel(y_label)
@@ -129,10 +129,11 @@ def hover_text(hit: Hit, chars: int = HOVER_CHARS, wrap: int = 80) -> str:
     text = hit.snippet(chars, left, right) if len(hit.sentence) > chars \
         else " ".join(hit.highlighted(left, right).split())
     lines = textwrap.wrap(text, wrap, break_long_words=False, break_on_hyphens=False)
-    body = "<br>".join(_escape(line) for line in lines)
+    body = "<br>".join(html_text(line) for line in lines)
     body = body.replace(left, "<b>").replace(right, "</b>")
     fields = hit.field_text()
-    where = f"{_escape(hit.doc_id)} #{hit.sent_idx}" + (f" ({_escape(fields)})" if fields else "")
+    where = f"{html_text(hit.doc_id)} #{hit.sent_idx}" + \
+        (f" ({html_text(fields)})" if fields else "")
     return f"<i>{where}</i><br>{body}"
 
 
@@ -145,14 +146,14 @@ def sense_map_plotly(result: ClusterResult) -> Any:
         members = (result.labels == cluster.label).nonzero()[0]
         figure.add_trace(go.Scatter(
             x=result.points[members, 0], y=result.points[members, 1], mode="markers",
-            name=_escape(cluster.name()), marker={"size": 7, "opacity": 0.75,
+            name=html_text(cluster.name()), marker={"size": 7, "opacity": 0.75,
                                                       "color": colour(cluster.label)},
             hovertext=[hover_text(result.occurrences[i]) for i in members],
             hovertemplate="%{hovertext}<extra></extra>"))
     x_label, y_label = axis_labels(result)
     figure.update_layout(
-        title={"text": f"{_escape(map_title(result))}<br><sup>"
-                       f"{_escape(map_subtitle(result))}; hover a dot to read it</sup>"},
+        title={"text": f"{html_text(map_title(result))}<br><sup>"
+                       f"{html_text(map_subtitle(result))}; hover a dot to read it</sup>"},
         xaxis_title=x_label, yaxis_title=y_label, template="plotly_white",
         legend={"title": {"text": "senses (most typical context words)"}},
         hoverlabel={"align": "left"}, width=1000, height=700)

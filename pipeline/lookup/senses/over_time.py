@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.lookup.doc_fields import Filters
 from pipeline.lookup.senses.clusters import cluster_senses
-from pipeline.lookup.senses.maps import _escape, _plain, check_writable, colour
+from pipeline.lookup.senses.maps import check_writable, colour, html_text, plot_text
 from pipeline.lookup.senses.tables import SenseBreakdown, bin_of, breakdown_of, field_value
 from schemas.files import write_whole
 
@@ -116,14 +116,14 @@ def timeline_figure(timeline: SenseTimeline, width: float = 10.0, height: float 
         share = np.array([row.shares()[i] for row in b.rows])
         example = timeline.examples[i][0].snippet(60) if timeline.examples[i] else ""
         label = f"{name}\n    e.g. {example}" if example else name
-        axes.bar(x, share, bottom=bottom, color=colour(i), label=_plain(label), width=0.8)
+        axes.bar(x, share, bottom=bottom, color=colour(i), label=plot_text(label), width=0.8)
         bottom += share
     axes.set_xticks(x, [f"{row.value}\n({row.total})" for row in b.rows], fontsize=8,
                     rotation=45 if len(b.rows) > 8 else 0)
     axes.set_xlabel(f"{b.by}{f' (bins of {b.bin:g})' if b.bin else ''}; uses in brackets")
     axes.set_ylabel("share of the word's uses")
     axes.set_ylim(0, 1)
-    figure.suptitle(_plain(_title(timeline)), fontsize=13, fontweight="bold")
+    figure.suptitle(plot_text(_title(timeline)), fontsize=13, fontweight="bold")
     figure.legend(loc="outside lower center", ncols=1, fontsize=8.5, frameon=False,
                   title="senses (most typical context words; the use nearest the centre)",
                   title_fontsize=8.5, alignment="left")
@@ -144,11 +144,11 @@ def timeline_plotly(timeline: SenseTimeline) -> Any:
     groups = [row.value for row in b.rows]
     for i, name in enumerate(b.senses):
         figure.add_trace(go.Bar(
-            x=groups, y=[row.shares()[i] for row in b.rows], name=_escape(name),
+            x=groups, y=[row.shares()[i] for row in b.rows], name=html_text(name),
             marker={"color": colour(i)}, customdata=[row.counts[i] for row in b.rows],
             hovertemplate=f"sense {i + 1}: %{{customdata}} uses (%{{y:.0%}})<extra></extra>"))
     figure.update_layout(
-        barmode="stack", title={"text": _escape(_title(timeline))}, template="plotly_white",
+        barmode="stack", title={"text": html_text(_title(timeline))}, template="plotly_white",
         xaxis_title=f"{b.by}{f' (bins of {b.bin:g})' if b.bin else ''}",
         yaxis_title="share of the word's uses", yaxis={"range": [0, 1]},
         legend={"title": {"text": "senses (most typical context words)"}},

@@ -2,7 +2,7 @@
 
     hits = search_senses("data/ds-top.lance", "He plays the guitar in a band", "plays", k=10)
     hits = search_senses(ix, "the Union must be preserved", "Union",
-                         filters={"year": [1850, 1870]})
+                         filters="year=1850..1870")
     result = cluster_senses("data/ds-top.lance", ["play"], k="auto")
 
 Search tokenizes the query sentence with the dataset's tokenizer (recorded in its
@@ -197,7 +197,7 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
 
     ``match``: ``forms`` (default: the same word in any of its forms), ``word`` (the same
     word, any case) or ``any`` (every token). ``filters``: only occurrences in documents
-    whose fields pass, e.g. ``{"president": "Abraham Lincoln", "year": [1861, 1865]}``
+    whose fields pass, e.g. ``["president=Abraham Lincoln", "year=1861..1865"]``
     (``doc_fields.as_filters``)."""
     check_search(k, match)
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
@@ -68,11 +68,12 @@ class SearchRequest(Strict):
     occurrence: int = Field(1, ge=1, le=MAX_OCCURRENCE)
     k: int = Field(10, ge=1, le=MAX_K)
     any_word: bool = False
-    filters: dict[str, Scalar | Annotated[list[Scalar | None], Field(max_length=20)]] | None = \
+    filters: dict[str, Scalar | Annotated[list[Scalar], Field(max_length=20)]
+                  | dict[Literal["=", "!=", ">=", "<=", ">", "<", "~"], Scalar]] | None = \
         Field(None, max_length=MAX_FILTERS,
-              description="document fields: {field: value} (equal), {field: [low, high]} (a "
-                          "numeric range, ends included, null for an open end) or {field: "
-                          "[a, b, ...]} (any of these texts)")
+              description="document fields: {field: value} (equal), {field: [a, b, ...]} "
+                          "(any of these), {field: {\">=\": low, \"<=\": high}} (compare; "
+                          "both: a range, ends included)")
     where: list[Annotated[str, Field(min_length=1, max_length=500)]] = Field(
         default_factory=list, max_length=MAX_FILTERS,
         description="conditions as `elmo senses search --where` writes them: 'year>=1900', "

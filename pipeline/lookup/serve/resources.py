@@ -156,12 +156,6 @@ class ServedStore:
         return [{"sent_idx": s, "text": t} for s, t in rows]
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"  # as JSON writes it, and a filter box types it
-    return "" if value is None else str(value)
-
-
 def _vocabulary_size(ix: SenseIndex) -> int | None:
     counts = ix.word_counts.table()
     return None if counts is None else counts.num_rows
