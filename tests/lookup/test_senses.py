@@ -526,3 +526,25 @@ def test_auto_k_finds_clearly_separated_senses(sizes: tuple[int, ...]) -> None:
     assert adjusted_rand_score(truth, labels) == 1.0
     # A fixed k is taken as given.
     assert sense_kmeans(x, 2).k == 2
+
+
+def test_auto_k_keeps_senses_whole_across_sentence_positions() -> None:
+    """Two senses, and a smaller shift shared by the uses that open a sentence (what the
+    forward LSTM sees no left context for): auto keeps the two senses and does not split
+    them again by position, though a larger k is allowed near the best silhouette."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from pipeline.lookup.senses.clusters import sense_kmeans
+
+    rng = np.random.default_rng(0)
+    dim, n = 64, 200
+    sense = rng.integers(0, 2, n)
+    first = rng.random(n) < 0.3  # first word of its sentence
+    base = rng.normal(size=dim)
+    sense_axis, position_axis = np.linalg.qr(rng.normal(size=(dim, 2)))[0].T
+    x = (base / np.linalg.norm(base) + 0.5 * np.where(sense, 1, -1)[:, None] * sense_axis
+         + 0.5 * first[:, None] * position_axis + 0.06 * rng.normal(size=(n, dim)))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    split = sense_kmeans(x, "auto")
+    assert split.k == 2 and adjusted_rand_score(sense, split.labels) == 1.0
+    assert abs(adjusted_rand_score(first, split.labels)) < 0.05
