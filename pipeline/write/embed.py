@@ -135,12 +135,18 @@ def _progress(total_tokens: int, enabled: bool) -> Any:
 class TokenProgress:
     """The embed bar in stored tokens: those of committed items plus what the workers
     report of the items they are running (per model unit), so it moves long before the
-    first item commits. The total is estimated from the plan's input bytes and raised if
-    the corpus turns out denser."""
+    first item commits. The total is the committed tokens plus each uncommitted item's
+    input bytes at the tokens per byte measured on the committed items
+    (``1 / BYTES_PER_TOKEN`` until one commits): a corpus denser or sparser than the
+    first guess corrects its total as items commit, instead of jumping at the end."""
 
-    def __init__(self, bar: Any) -> None:
+    def __init__(self, bar: Any, item_bytes: dict[int, int] | None = None) -> None:
         self.bar = bar
+        # item -> input bytes, of the items not committed yet (None: not known)
+        self.item_bytes = None if item_bytes is None else dict(item_bytes)
+        self.uncommitted_bytes = sum((item_bytes or {}).values())
         self.committed_tokens = 0
+        self.committed_bytes = 0
         self.running: dict[int, int] = {}  # item -> tokens done, for uncommitted items
         self.t0 = time.perf_counter()
 
@@ -153,20 +159,35 @@ class TokenProgress:
     def commit(self, item: int, tokens: int) -> None:
         self.running.pop(item, None)
         self.committed_tokens += tokens
+        if self.item_bytes is not None:
+            size = self.item_bytes.pop(item, 0)
+            self.committed_bytes += size
+            self.uncommitted_bytes -= size
         self._show()
 
     def finish(self) -> None:
-        self.bar.total = self.bar.n  # the estimate is done with: end at 100%
+        self.bar.total = self.bar.n  # nothing is left to estimate: end at 100%
         self.bar.refresh()
 
     @property
     def tokens(self) -> int:
         return self.committed_tokens + sum(self.running.values())
 
+    def expected_total(self) -> int:
+        """Tokens at the end, as far as is known now (the bar's total). Without the
+        items' bytes, the bar's own total, raised if the tokens pass it."""
+        if self.item_bytes is None:
+            return max(self.tokens, self.bar.total or 0)
+        per_byte = (self.committed_tokens / self.committed_bytes if self.committed_bytes
+                    else 1.0 / BYTES_PER_TOKEN)
+        # Each uncommitted item at its expected tokens, or at what it has made if more.
+        beyond = sum(max(0.0, done - self.item_bytes.get(item, 0) * per_byte)
+                     for item, done in self.running.items())
+        return self.committed_tokens + round(self.uncommitted_bytes * per_byte + beyond)
+
     def _show(self) -> None:
         n = self.tokens
-        if n > self.bar.total:
-            self.bar.total = n
+        self.bar.total = self.expected_total()
         rate = n / max(1e-9, time.perf_counter() - self.t0)
         self.bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
         self.bar.update(n - self.bar.n)
@@ -261,15 +282,16 @@ def _write(fs: Any, root: str, cfg: EmbedConfig, descriptor: Any, sources: list[
         summary.documents_resumed += resumed.get("documents", 0)
         summary.tokens_resumed += resumed.get("tokens", 0)
         # Two passes over the plan (a generator; no text read): the bar's total, the work.
-        total_bytes = sum(item.input_bytes for item in plan_items(sources, cfg.read, target)
-                          if item.index not in done)
+        item_bytes = {item.index: item.input_bytes
+                      for item in plan_items(sources, cfg.read, target)
+                      if item.index not in done}
         pending = (item for item in plan_items(sources, cfg.read, target)
                    if item.index not in done)
         committed: set[int] = set()  # item numbers only: duplicates of them are discarded
         info = {"compute_dtype": cfg.compute_dtype}
         try:
-            with _progress(max(0, total_bytes) // BYTES_PER_TOKEN, cfg.progress) as bar:
-                progress = TokenProgress(bar)
+            with _progress(sum(item_bytes.values()) // BYTES_PER_TOKEN, cfg.progress) as bar:
+                progress = TokenProgress(bar, item_bytes)
                 report = (lambda snapshot: progress.report(snapshot, committed)
                           ) if cfg.progress else None
                 for item, record in executor.run(pending, report):

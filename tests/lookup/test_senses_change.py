@@ -92,13 +92,13 @@ def _change(index: str, **kw: object) -> object:
 
 def test_the_changed_word_ranks_above_the_stable_one_with_every_score(index: str) -> None:
     ranking = _change(index)
-    assert ranking.groups == ["1900-1999", "2000-2099"]
+    assert ranking.groups == ["1900-1999", "2000-2020"]
     by_word = {r.word: r for r in ranking.rows}
     # Word forms as search has them: "banks" counts as "bank".
     assert "banks" not in by_word
     bank, garden = by_word["bank"], by_word["garden"]
-    assert bank.uses == {"1900-1999": 20, "2000-2099": 20} and bank.documents == 40
-    assert garden.uses == {"1900-1999": 20, "2000-2099": 20}
+    assert bank.uses == {"1900-1999": 20, "2000-2020": 20} and bank.documents == 40
+    assert garden.uses == {"1900-1999": 20, "2000-2020": 20}
     assert bank.rank < garden.rank
     assert bank.change > 3 and bank.p <= 0.02
     assert abs(garden.change) < bank.change / 2
@@ -168,7 +168,7 @@ def test_cli_table_json_and_parquet(index: str, tmp_path: Path, capsys: pytest.C
     assert {"change", "prt", "apd", "jsd", "interval_low", "interval_high",
             "uses_by_group"} <= set(table.column_names)
     assert table.column("uses_by_group").to_pylist()[0] == [
-        {"group": "1900-1999", "uses": 20}, {"group": "2000-2099", "uses": 20}]
+        {"group": "1900-1999", "uses": 20}, {"group": "2000-2020", "uses": 20}]
     assert cli.main(["senses", "change", "--index", index, "--by", "year", "--bin", "100",
                      "--min-uses", "5", "--words", "garden,bank", "--method", "apd",
                      "--format", "json"]) == 0
@@ -185,12 +185,12 @@ def test_cli_table_json_and_parquet(index: str, tmp_path: Path, capsys: pytest.C
     (["--by", "speaker", "--bin", "10"], "speaker holds text (e.g. 'Ada'), which has no bins; "
                                           "leave out --bin"),
     (["--by", "year", "--bin", "10000"], "every document with year is in one group "
-                                         "(0-9999), so there is nothing to compare; pass "
+                                         "(0-2020), so there is nothing to compare; pass "
                                          "--by a field with two values or more or a smaller "
                                          "--bin"),
     (["--by", "year", "--bin", "100", "--words", "bank", "--min-uses", "25"],
      "'bank' has too few uses to compare: it needs 25 in at least two groups and has "
-     "1900-1999: 20, 2000-2099: 20; pass --min-uses 20 or less"),
+     "1900-1999: 20, 2000-2020: 20; pass --min-uses 20 or less"),
     (["--by", "year", "--bin", "100", "--words", "zebra"], "'zebra' is not in this index|"
                                                            "no uses"),
 ])
@@ -219,7 +219,7 @@ def test_a_word_s_senses_per_group(index: str, tmp_path: Path) -> None:
 
     timeline = sense_timeline(index, "bank", "year", 100, k=2)
     rows = timeline.breakdown.rows
-    assert [r.value for r in rows] == ["1900-1999", "2000-2099"]
+    assert [r.value for r in rows] == ["1900-1999", "2000-2020"]
     # "bank" as written, any case, as senses cluster matches it ("banks" is another word).
     assert [r.total for r in rows] == [16, 16]
     assert all(len(r.counts) == 2 and sum(r.counts) == r.total for r in rows)
@@ -227,7 +227,7 @@ def test_a_word_s_senses_per_group(index: str, tmp_path: Path) -> None:
     assert lines[0].startswith("senses of 'bank' by year (bins of 100)")
     assert any("e.g. doc/" in line for line in lines)
     data = timeline.to_dict()
-    assert [len(data["uses"][g]) for g in ("1900-1999", "2000-2099")] == [16, 16]
+    assert [len(data["uses"][g]) for g in ("1900-1999", "2000-2020")] == [16, 16]
     assert {u["doc_id"] for u in data["uses"]["1900-1999"]} == {
         r["id"] for r in RECORDS[:20] if re.search(r"\bbank\b", r["text"])}
     png, html = tmp_path / "bank.png", tmp_path / "bank.html"
@@ -354,8 +354,8 @@ def test_served_routes_take_ids_with_slashes_and_follow_filters(
         # A word's senses per group.
         change = client.get("/senses/bank/change", params={"by": "year", "bin": 100,
                                                           "k": 2}).json()
-        assert [r["value"] for r in change["rows"]] == ["1900-1999", "2000-2099"]
-        assert len(change["uses"]["2000-2099"]) == 16 and len(change["senses"]) == 2
+        assert [r["value"] for r in change["rows"]] == ["1900-1999", "2000-2020"]
+        assert len(change["uses"]["2000-2020"]) == 16 and len(change["senses"]) == 2
         bad = client.get("/senses/bank/change", params={"by": "speaker", "bin": 5})
         assert bad.status_code == 400 and "holds text" in bad.json()["error"]
         typed = client.post("/sql", json={"query": "SELECT year FROM documents WHERE doc_id = "

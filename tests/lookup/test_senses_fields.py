@@ -222,8 +222,8 @@ def test_breakdown_counts_each_sense_per_bin_of_a_field(index: str) -> None:
 
     table = sense_breakdown(index, "bank", by="year", bin=10, k=2)
     assert [r.value for r in table.rows] == ["1900-1909", "1910-1919", "2000-2009",
-                                             "2010-2019"]
-    expected = {"1900-1909": 8, "1910-1919": 4, "2000-2009": 8, "2010-2019": 4}
+                                             "2010-2013"]
+    expected = {"1900-1909": 8, "1910-1919": 4, "2000-2009": 8, "2010-2013": 4}
     assert {r.value: r.total for r in table.rows} == expected
     assert all(sum(r.counts) == r.total for r in table.rows)
     result = cluster_senses(index, ["bank"], k=2)
@@ -371,3 +371,14 @@ def test_without_its_dataset_an_index_still_clusters_and_filters_its_own_fields(
     with pytest.raises(ElmoUserError, match="cannot filter on 'speech-type': the index's "
                                             "dataset is not readable"):
         cluster_senses(ix, ["bank"], filters={"speech-type": "spoken"})
+
+
+def test_the_last_bin_is_labelled_by_where_the_data_ends() -> None:
+    from pipeline.lookup.senses.tables import bin_of, last_number
+
+    # Data ending 2026 in bins of 5: "2025-2026", not "2025-2029" (no data after 2026).
+    assert last_number([2003, None, "n/a", 2026, 2011]) == 2026
+    assert bin_of(2026, 5, last=2026) == (2025, "2025-2026")
+    assert bin_of(2021, 5, last=2026) == (2020, "2020-2024")  # earlier bins are whole
+    assert bin_of(2025, 5, last=2025) == (2025, "2025")
+    assert bin_of(2026, 5) == (2025, "2025-2029")  # without the end: the whole bin

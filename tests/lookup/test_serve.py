@@ -45,9 +45,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Served:
 
 
 @pytest.fixture(scope="module")
-def server(data: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("serve_log") / "server.log"
-    with running_server(data, "--sql-timeout", str(SQL_TIMEOUT_S), log=log) as url:
+def server_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("serve_log") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def server(data: Served, server_log: Path) -> Iterator[str]:
+    with running_server(data, "--sql-timeout", str(SQL_TIMEOUT_S), log=server_log) as url:
         yield url
 
 
@@ -264,6 +268,15 @@ def test_sql_reads_and_refuses_everything_else(client: httpx.Client, tmp_path: P
     assert slow.status_code == 400 and "longer than" in slow.json()["error"]
     many = sql(client, "SELECT * FROM range(50000)").json()
     assert many["truncated"] and len(many["rows"]) == 10_000
+
+
+def test_sql_calls_print_no_warning(client: httpx.Client, server_log: Path) -> None:
+    # DuckDB warned on every call that Arrow output from a DB-API result copies the rows.
+    for _ in range(3):
+        assert sql(client, "SELECT token FROM tokens LIMIT 5").status_code == 200
+    assert sql(client, "EXPLAIN SELECT count(*) FROM tokens").status_code == 200
+    text = server_log.read_text()
+    assert "extra copy" not in text and "sql_guard" not in text, text[-2000:]
 
 
 @pytest.mark.slow

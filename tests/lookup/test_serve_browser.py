@@ -122,6 +122,18 @@ def test_explorer_page_searches_maps_and_shows_context(server: str, browser: obj
         "return t.data.map((trace) => [trace.type, trace.x.length])")
     assert len(bars) >= 2 and all(kind == "bar" and n == 2 for kind, n in bars)
     assert "share of the word" in driver.find_element(By.ID, "sense-time").text
+    # Nothing drawn over anything: the legend clear of the x-axis title, and the map's
+    # title (the page's, above the plot) clear of plotly's toolbar.
+    overlap = """const box = (s) => { const e = document.querySelector(s);
+        return e && e.getBoundingClientRect(); };
+      const a = box(arguments[0]), b = box(arguments[1]);
+      if (!a || !b) return null;
+      return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;"""
+    assert driver.execute_script(overlap, "#sense-time .legend", "#sense-time .g-xtitle") \
+        is False
+    assert driver.find_element(By.ID, "sense-map-title").text.startswith("“play”")
+    assert driver.execute_script(overlap, "#sense-map-title", "#sense-map .modebar") \
+        is not True
     group = driver.find_elements(By.CSS_SELECTOR, "#groups .group")[0]
     assert group.text.endswith(")") and "moby_dick_play.txt (" in group.text
     group.click()
@@ -137,5 +149,10 @@ def test_explorer_page_searches_maps_and_shows_context(server: str, browser: obj
     artifacts = REPO / "runs" / "test-artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     shutil.copy(shot, artifacts / shot.name)
+    driver.execute_script("document.getElementById('context').hidden = true")
+    for part in ("sense-map-title", "over-time-title"):  # each plot whole, with its title
+        section = driver.find_element(By.ID, part).find_element(By.XPATH, "..")
+        driver.execute_script("arguments[0].scrollIntoView()", section)
+        section.screenshot(str(artifacts / f"{part.removesuffix('-title')}.png"))
     logs = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not logs, logs

@@ -21,8 +21,8 @@ from pipeline.write.embed import TokenProgress, embed_corpus
 class KeptProgress(TokenProgress):
     made: ClassVar[list[KeptProgress]] = []
 
-    def __init__(self, bar: object) -> None:
-        super().__init__(bar)
+    def __init__(self, bar: object, item_bytes: dict[int, int] | None = None) -> None:
+        super().__init__(bar, item_bytes)
         self.most_running = 0
         self.made.append(self)
 

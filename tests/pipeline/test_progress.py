@@ -3,6 +3,8 @@ before the first item commits: one big item, read through the driver's progress 
 
 from __future__ import annotations
 
+import io
+from itertools import pairwise
 from pathlib import Path
 from typing import ClassVar
 
@@ -18,8 +20,8 @@ class RecordedProgress(TokenProgress):
 
     made: ClassVar[list[RecordedProgress]] = []
 
-    def __init__(self, bar: object) -> None:
-        super().__init__(bar)
+    def __init__(self, bar: object, item_bytes: dict[int, int] | None = None) -> None:
+        super().__init__(bar, item_bytes)
         self.events: list[tuple[str, int]] = []
         self.made.append(self)
 
@@ -82,3 +84,35 @@ def test_stale_reports_after_a_commit_are_ignored() -> None:
         progress.report({3: 45, 4: 7}, committed={3})  # asked before item 3 committed
         assert progress.running == {4: 7}
         assert progress.tokens == 57
+
+
+def test_total_follows_the_corpus_density_and_ends_without_a_jump() -> None:
+    """Ten items of 640 bytes, 100 tokens each (6.4 bytes a token, denser than the
+    5-byte first guess): the total is corrected when the first item commits, and the bar
+    then reaches it step by step, never jumping at the end (the 2.58M total for 2.02M
+    tokens that went from 78% to 100%)."""
+    from tqdm import tqdm
+
+    item_bytes = {i: 640 for i in range(10)}
+    with tqdm(total=sum(item_bytes.values()) // 5, file=io.StringIO()) as raw:
+        progress = TokenProgress(raw, item_bytes)
+        progress.report({0: 60}, committed=set())
+        assert raw.total == 1280  # the first guess, before anything is measured
+        shares = []
+        for i in range(10):
+            progress.report({i: 50}, committed=set(range(i)))
+            shares.append(raw.n / raw.total)
+            progress.commit(i, 100)
+            assert raw.total == 1000  # 100 committed per 640 bytes, the rest alike
+            shares.append(raw.n / raw.total)
+        assert raw.n == raw.total == 1000  # at its total, before finish() is asked
+        assert shares == sorted(shares)
+        # Once measured, every step is the 50 tokens it made: 5%, the last one too.
+        measured = shares[1:]
+        assert max(b - a for a, b in pairwise(measured)) <= 0.05 + 1e-9
+    # An item denser than measured raises the total rather than passing it.
+    with tqdm(total=256, file=io.StringIO()) as raw:
+        progress = TokenProgress(raw, {0: 640, 1: 640})
+        progress.commit(0, 100)
+        progress.report({1: 150}, committed={0})
+        assert raw.total == raw.n == 250

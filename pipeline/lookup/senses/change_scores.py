@@ -6,7 +6,7 @@ over unit (cosine-geometry) vectors of the word's uses.
 - ``apd``: the average cosine distance between two uses from different groups, which for
   unit vectors is exactly ``1 - mean_g . mean_h`` (so it needs sums, not pairs);
 - ``jsd``: the Jensen-Shannon divergence (bits) between the groups' distributions over
-  the word's sense clusters (spherical k-means of a sample of its uses);
+  the word's sense clusters (``elmo senses cluster``'s k-means of a sample of its uses);
 - ``ed``: the energy distance between the groups' uses, ``2 apd - within_g - within_h``
   (within: the average distance between two uses of one group), which for unit vectors is
   ``|mean_g - mean_h|^2``: apd without the part that only says how varied the uses are
@@ -52,8 +52,8 @@ SENSE_SAMPLE_MIN = 16
 def sense_sample(groups: int) -> int:
     """Uses per (word, group) kept to find the word's senses."""
     return max(SENSE_SAMPLE_MIN, min(SENSE_SAMPLE, SENSE_SAMPLE_WORD // max(1, groups)))
-SENSE_KS = (2, 3, 4)  # k-means for jsd picks k among these by silhouette
-KMEANS_STEPS = 25
+MAX_SENSES = 8  # jsd's senses: as many as ``elmo senses cluster --k auto`` tries
+USES_PER_SENSE = 4  # and at most one per this many sampled uses
 INTERVAL = 0.95  # bootstrap interval's coverage
 
 
@@ -176,50 +176,16 @@ def score_word(blocks: Blocks, resamples: int, rng: np.random.Generator) -> Word
 # --------------------------------------------------------------------------- senses
 
 
-def _spherical_kmeans(x: np.ndarray, k: int, rng: np.random.Generator
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """Labels and unit centres of unit vectors ``x`` (k-means++ start, cosine steps)."""
-    centres = [x[rng.integers(len(x))]]
-    for _ in range(1, k):
-        far = np.maximum(1.0 - (x @ np.array(centres).T).max(1), 0.0)
-        weights = far / far.sum() if far.sum() > 0 else None
-        centres.append(x[rng.choice(len(x), p=weights)])
-    c = np.array(centres)
-    labels = np.zeros(len(x), np.int64)
-    for _ in range(KMEANS_STEPS):
-        new = (x @ c.T).argmax(1)
-        if _ > 0 and (new == labels).all():
-            break
-        labels = new
-        for j in range(k):
-            members = x[labels == j]
-            if len(members):
-                total = members.sum(0)
-                c[j] = total / max(np.linalg.norm(total), 1e-12)
-    return labels, c
-
-
-def _silhouette(x: np.ndarray, labels: np.ndarray, centres: np.ndarray) -> float:
-    """The simplified silhouette (distances to centres, not to every point)."""
-    dist = 1.0 - x @ centres.T
-    own = dist[np.arange(len(x)), labels]
-    dist[np.arange(len(x)), labels] = np.inf
-    other = dist.min(1)
-    return float(np.mean((other - own) / np.maximum(np.maximum(own, other), 1e-12)))
-
-
 def sense_labels(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Sense cluster of each sampled unit vector: k in ``SENSE_KS`` by silhouette; all one
-    sense when there are too few uses to split."""
-    best, best_score = np.zeros(len(x), np.int64), -np.inf
-    for k in SENSE_KS:
-        if len(x) < 4 * k:
-            break
-        labels, centres = _spherical_kmeans(x, k, rng)
-        score = _silhouette(x, labels, centres)
-        if score > best_score:
-            best, best_score = labels, score
-    return best
+    """Sense cluster of each sampled unit vector, clustered as ``elmo senses cluster``
+    clusters (``clusters.sense_kmeans``, k by its auto rule) up to the k that leaves
+    ``USES_PER_SENSE`` uses a cluster on average; all one sense when too few to split."""
+    from pipeline.lookup.senses.clusters import sense_kmeans
+
+    max_k = min(MAX_SENSES, len(x) // USES_PER_SENSE)
+    if max_k < 2:
+        return np.zeros(len(x), np.int64)
+    return sense_kmeans(x, "auto", max_k, seed=int(rng.integers(2**31))).labels
 
 
 def sense_counts(x: np.ndarray, block: np.ndarray, n_blocks: int,

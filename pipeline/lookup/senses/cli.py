@@ -59,7 +59,9 @@ examples:
 
 SENSES_CLUSTER_EPILOG = """\
 Clusters the mixed vectors of every distinct context of the word(s) with k-means (cosine
-geometry); --k auto picks k in 2..8 by silhouette. First each written form is centred on
+geometry, centred on the uses' mean); --k auto takes the largest k in 2..8 whose
+silhouette is near the best (measured against gold senses: docs/senses.md).
+First each written form is centred on
 its word (--centre case: Union, UNION and union share one mean, so capitals alone do not
 make a sense; --centre forms: every form, plural too; --centre none: as stored). Each
 sense is named by its most typical neighbour phrases and context words, with the examples
@@ -136,7 +138,7 @@ def register_senses(subparsers: Any, add: Callable[..., Any],
     c = add(sv, "cluster", "group the occurrences of a word into senses, and map them",
              SENSES_CLUSTER_EPILOG)
     c.add_argument("words", nargs="+", metavar="WORD", help="word(s), matched in lowercase")
-    c.add_argument("--k", default="auto", help="number of senses, or auto (silhouette, 2..8)")
+    c.add_argument("--k", default="auto", help="number of senses, or auto (2..8, by silhouette)")
     c.add_argument("--examples", type=int, default=3, help="sentences shown per sense (3)")
     c.add_argument("--plot", metavar="PNG", help="write the sense map as a PNG picture")
     c.add_argument("--html", metavar="HTML", help="write an interactive sense map (hover a "
@@ -230,7 +232,7 @@ def run_senses_search(args: argparse.Namespace) -> int:
 
 def run_senses_cluster(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
-    from pipeline.lookup.senses.clusters import cluster_senses
+    from pipeline.lookup.senses.clusters import AUTO_SILHOUETTE_SHARE, cluster_senses
     from pipeline.lookup.senses.maps import (
         check_writable,
         occurrence_count,
@@ -257,7 +259,8 @@ def run_senses_cluster(args: argparse.Namespace) -> int:
           f"forms centred: {result.centre}")
     if result.auto:
         scores = ", ".join(f"k={kk}: {s:.3f}" for kk, s in result.silhouettes.items())
-        print(f"k = {result.k} by silhouette ({scores})")
+        print(f"k = {result.k}: the largest within {AUTO_SILHOUETTE_SHARE:.0%} of the best "
+              f"silhouette ({scores})")
     for c in result.clusters:
         print(c.name())
         for h in c.examples:

@@ -15,7 +15,7 @@ import numpy as np
 
 from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import value_kind
-from pipeline.lookup.senses.tables import bin_of
+from pipeline.lookup.senses.tables import bin_of, last_number
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -67,11 +67,12 @@ def group_values(ix: SenseIndex, parts: list[str], shards: list[int], doc_ids: l
             f"{name('bin')}"))
     starts: dict[str, Any] = {}
     doc_labels = []
+    last = last_number(present)
     for value in values:
         if value is None:
             doc_labels.append(None)
             continue
-        start, label = bin_of(value if value_kind(value) else str(value), bin)
+        start, label = bin_of(value if value_kind(value) else str(value), bin, last)
         starts.setdefault(label, start)
         doc_labels.append(label)
     labels = sorted(starts, key=lambda label: _order(starts[label]))

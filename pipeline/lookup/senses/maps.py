@@ -50,11 +50,11 @@ def colour(label: int) -> str:
 
 
 def map_title(result: ClusterResult) -> str:
-    """``Senses of "play": mix top, k=3 (best silhouette, 0.121)``."""
+    """``Senses of "play": mix top, k=3 (auto, silhouette 0.121)``."""
     words = " / ".join(f'"{w}"' for w in result.words)
     chosen = f"k={result.k}"
     if result.auto and result.silhouette is not None:
-        chosen += f" (best silhouette, {result.silhouette:.3f})"
+        chosen += f" (auto, silhouette {result.silhouette:.3f})"
     return f"Senses of {words}: mix {result.mix or '?'}, {chosen}"
 
 

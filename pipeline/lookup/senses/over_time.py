@@ -65,10 +65,11 @@ def sense_timeline(index: str | SenseIndex, word: str, by: str, bin: float | Non
                             centre=centre, seed=seed)
     breakdown = breakdown_of(result, by, bin)
     uses: dict[str, list[tuple[int, Hit]]] = {row.value: [] for row in breakdown.rows}
+    row_of_start = {row.start: row.value for row in breakdown.rows}  # the rows' own labels
     hits = result.all_occurrences or result.occurrences
     labels = (result.all_labels if len(result.all_labels) else result.labels).tolist()
     for hit, label in zip(hits, labels, strict=True):
-        group = uses[bin_of(field_value(hit, by), bin)[1]]
+        group = uses[row_of_start[bin_of(field_value(hit, by), bin)[0]]]
         if len(group) < uses_per_group:
             group.append((label, hit))
     return SenseTimeline(word, breakdown, [c.examples for c in result.clusters], uses,

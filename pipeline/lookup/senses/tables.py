@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,9 +63,11 @@ def field_value(hit: Hit, by: str) -> Any:
     return hit.doc_id if by == "doc_id" else hit.fields.get(by)
 
 
-def bin_of(value: Any, width: float | None) -> tuple[Any, str]:
+def bin_of(value: Any, width: float | None, last: Any = None) -> tuple[Any, str]:
     """``(start, label)`` of ``value``'s group: its bin of ``width`` for a number
-    (1903, 10 -> 1900, "1900-1909"), else the value itself."""
+    (1903, 10 -> 1900, "1900-1909"), else the value itself. ``last``: the data's largest
+    value, which ends the label of the bin holding it (2026, 5 -> "2025-2026", not
+    "2025-2029": no data says anything of the years after it)."""
     if value is None:
         return None, NONE_LABEL
     if width is None or value_kind(value) not in ("int", "float"):
@@ -73,8 +75,15 @@ def bin_of(value: Any, width: float | None) -> tuple[Any, str]:
     start = math.floor(value / width) * width
     if float(width).is_integer() and float(start).is_integer():
         start, end = int(start), int(start + width - 1)
+        if last is not None and start <= last < end and float(last).is_integer():
+            end = int(last)
         return start, str(start) if end == start else f"{start}-{end}"
     return start, f"{start:g} to <{start + width:g}"
+
+
+def last_number(values: Iterable[Any]) -> Any:
+    """The largest number among ``values`` (``bin_of``'s ``last``), None without one."""
+    return max((v for v in values if value_kind(v) in ("int", "float")), default=None)
 
 
 def breakdown_of(result: ClusterResult, by: str, bin: float | None = None) -> SenseBreakdown:
@@ -94,8 +103,9 @@ def breakdown_of(result: ClusterResult, by: str, bin: float | None = None) -> Se
         raise SettingError("bin", lambda name: (
             f"{by} holds text, which has no bins; leave out {name('bin')}"))
     groups: dict[str, tuple[Any, Counter[int]]] = {}
+    last = last_number(values)
     for value, label in zip(values, labels.tolist(), strict=True):
-        start, text = bin_of(value, bin)
+        start, text = bin_of(value, bin, last)
         groups.setdefault(text, (start, Counter()))[1][label] += 1
     k = len(result.clusters)
 

@@ -89,8 +89,11 @@ class GuardedSql:
             timer = threading.Timer(self.timeout_s, self.con.interrupt)
             timer.start()
             try:
-                reader = self.con.execute(query, params or None).to_arrow_reader(1024)
-                table = _first_rows(reader, self.max_rows + 1)
+                # A relation streams its own rows to Arrow; a DB-API result
+                # (``execute``) copies them first, and DuckDB warns on every call.
+                relation = self.con.sql(query, params=params or None)
+                table = pa.table({}) if relation is None else _first_rows(
+                    relation.to_arrow_reader(1024), self.max_rows + 1)
             except duckdb.InterruptException:
                 raise ElmoUserError(f"the query ran longer than {self.timeout_s:g} s and was "
                                     "stopped; add a LIMIT or a WHERE") from None

@@ -164,10 +164,10 @@ async function showSenses(word, index) {
         hoverinfo: "text",
       };
     });
+    // The title is the page's, above the plot: inside it, plotly's toolbar covered it.
+    $("sense-map-title").textContent = `“${word}”: ${data.distinct} uses, k=${data.k}`;
     Plotly.newPlot("sense-map", traces, {
       margin: { t: 30, l: 30, r: 10, b: 30 }, legend: { orientation: "h" },
-      title: { text: `“${escapeHtml(word)}”: ${data.distinct} uses, k=${data.k}`,
-               font: { size: 14 } },
     }, { responsive: true, displaylogo: false });
     for (const c of data.clusters) {
       const li = document.createElement("li");
@@ -176,6 +176,7 @@ async function showSenses(word, index) {
     }
   } catch (error) {
     Plotly.purge("sense-map");
+    $("sense-map-title").textContent = "";
     const li = document.createElement("li");
     li.textContent = `no sense map: ${error.message}`;
     names.append(li);
@@ -206,8 +207,12 @@ async function showOverTime(word, index) {
     const binned = data.bin ? ` (bins of ${data.bin})` : "";
     $("over-time-title").textContent = `Senses of “${word}” by ${by}${binned}`;
     Plotly.newPlot("sense-time", traces, {
-      barmode: "stack", margin: { t: 20, l: 50, r: 10, b: 60 }, legend: { orientation: "h" },
-      xaxis: { title: { text: `${escapeHtml(by)}${binned}` }, type: "category" },
+      // The legend below the axis title (plotly's default place is on it), margin grown
+      // to hold it.
+      barmode: "stack", margin: { t: 30, l: 50, r: 10, b: 60 },
+      legend: { orientation: "h", x: 0, xanchor: "left", y: -0.3, yanchor: "top" },
+      xaxis: { title: { text: `${escapeHtml(by)}${binned}` }, type: "category",
+               automargin: true },
       yaxis: { title: { text: "share of the word's uses" }, range: [0, 1] },
     }, { responsive: true, displaylogo: false });
     $("sense-time").on("plotly_click", (event) => listUses(data, event.points[0].x));
