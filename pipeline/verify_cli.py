@@ -66,11 +66,12 @@ def run_verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from schemas.dataset import open_dataset
-    from schemas.verify import expected_files, verify_dataset
+    from schemas.verify import expected_derived_files, expected_files, verify_dataset
 
     options = key_values(args.storage_option, "--storage-option", "anon=true")
     ds = open_dataset(args.dataset, options or None)
-    wanted = expected_files(ds.fs, ds.root)
+    # The derived tables too (senses, pooled vectors): _derived.json lists them.
+    wanted = expected_files(ds.fs, ds.root) + expected_derived_files(ds.fs, ds.root)
     total = sum(e.size or 0 for e in wanted)
     tty = sys.stderr.isatty()
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
