@@ -206,3 +206,23 @@ def test_user_mistakes_are_one_line_errors(dataset: Path, tmp_path: Path,
     lines = [line for line in err.splitlines() if line]
     assert len(lines) == 3 and all(line.startswith("elmo: error: ") for line in lines)
     assert "elmo pool" in lines[2]  # the fix: pool first
+
+
+def test_a_shard_that_leaves_the_live_view_loses_its_rows(dataset: Path, tmp_path: Path,
+                                                         tiny_model_dir: Path) -> None:
+    from pipeline.lookup.sql import run_query
+    from schemas.manifest import publish_live
+
+    out = fresh(dataset, tmp_path)
+    (tmp_path / "new.txt").write_text("Soon to be dropped. Two sentences.\n")
+    embed_corpus(config(tiny_model_dir, [str(tmp_path / "new.txt")], out, part="more"))
+    pool_dataset(str(out), "average", "sentence", "mean")
+    ds = open_dataset(str(out))
+    publish_live(ds.fs, ds.root, ["main"])  # as a job does when it drops a part
+    live = run_query(str(out), "SELECT count(*) n FROM sentences").to_pylist()[0]["n"]
+    assert read_pooled_table(open_dataset(str(out)), "sentence", "average",
+                             "mean").num_rows == live  # our readers skip it at once
+    summary = pool_dataset(str(out), "average", "sentence", "mean")
+    assert (summary.pooled_shards, summary.emptied_shards) == (0, 1)
+    rows = pq.read_table(registry_files(out, "sentence_vectors")).num_rows
+    assert rows == live  # and readers without our code after the next pool
