@@ -89,6 +89,14 @@ def run_verify(args: argparse.Namespace) -> int:
                       f"{len(report.problems)} damaged, in "
                       + "; ".join(f"part {p} items {', '.join(map(str, sorted(i)))}"
                                   for p, i in sorted(bad.items()))
-                      + "; rerun their `elmo embed` with --repair"))
+                      + "; " + _fix(bad)))
         print(summary)
     return 1 if report.problems else 0
+
+
+def _fix(bad: dict) -> str:
+    """What rewrites the damaged files: the embedding run's, or a derived table's writer."""
+    fixes = (["rerun their `elmo embed` with --repair"] if set(bad) - {"derived"} else []) + (
+        ["write derived files again (`elmo pool ... --rebuild`, `elmo senses label`)"]
+        if "derived" in bad else [])
+    return "; ".join(fixes)

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import config, read_table, write_corpus
 
+from elmo_model.errors import ElmoUserError
 from pipeline.lookup.layers.mixes import mix_arrays
 from pipeline.lookup.pooled.pooling import METHODS
 from pipeline.lookup.pooled.store import pool_dataset, read_pooled_table
@@ -169,7 +170,10 @@ def test_verify_finds_a_damaged_pooled_file(dataset: Path, tmp_path: Path,
     damaged.write_bytes(bytes(data))
     capsys.readouterr()
     assert elmo(["dataset", "verify", str(out)]) != 0
-    assert damaged.name in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert damaged.name in said and "elmo pool" in said
+    with pytest.raises(ElmoUserError, match=r"damaged.*--rebuild"):
+        read_pooled_table(open_dataset(str(out)), "sentence", "average", "mean")
 
 
 def test_pooling_again_pools_only_new_documents(dataset: Path, tmp_path: Path,

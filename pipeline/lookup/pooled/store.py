@@ -17,6 +17,7 @@ swapped into the registry (``replace_rows``): a reader sees a shard's old rows o
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -188,17 +189,19 @@ class PooledVectors:
         return len(self.doc_ids)
 
 
-def pooled_files(ds: Dataset, table: str, prefix: str) -> list[tuple[str, str]]:
-    """``(tokens shard key, path)`` of the table's files for one mix and method whose
-    shard is live."""
+def pooled_files(ds: Dataset, table: str, prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(tokens shard key, registry entry)`` of the table's files for one mix and method
+    whose shard is live."""
     live = {f.key for f in ds.shard_files("tokens")}
-    return [(key[len(prefix):], f"{ds.root}/{entry['path']}")
+    return [(key[len(prefix):], entry)
             for key, entry in sorted(derived_entries(ds.fs, ds.root, table).items())
             if key.startswith(prefix) and key[len(prefix):] in live]
 
 
 def read_pooled_table(ds: Dataset, by: str, mix: str, method: str) -> pa.Table:
-    """The live rows of one pooled table for ``mix`` and ``method`` (every column)."""
+    """The live rows of one pooled table for ``mix`` and ``method`` (every column). Each
+    file is checked against the sha256 its registry entry records before it is used (the
+    files are small: a row per sentence), so a damaged file is an error, never wrong hits."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -211,8 +214,16 @@ def read_pooled_table(ds: Dataset, by: str, mix: str, method: str) -> pa.Table:
         raise ElmoUserError(f"{ds.uri} has no {table} for mix {the_mix.name!r} and method "
                             f"{method!r}; run `elmo pool {ds.uri} --mix {the_mix.name} --by "
                             f"{by} --method {method}`")
-    fs = ds.arrow_filesystem()
-    parts = [pq.read_table(path, filesystem=fs) for _, path in files]
+    parts = []
+    for _, entry in files:
+        with ds.fs.open(f"{ds.root}/{entry['path']}", "rb") as handle:
+            data = handle.read()
+        if entry.get("sha256") and hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise ElmoUserError(
+                f"{ds.uri}/{entry['path']} is damaged (its sha256 differs from "
+                f"_derived.json's); run `elmo pool {ds.uri} --mix {the_mix.name} --by {by} "
+                f"--method {method} --rebuild`")
+        parts.append(pq.read_table(pa.BufferReader(data)))
     return pa.concat_tables(parts).cast(DERIVED_SCHEMAS[table]())
 
 
