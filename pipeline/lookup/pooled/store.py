@@ -1,7 +1,7 @@
 """Pooled vectors as derived tables of a dataset: ``elmo pool`` writes them, search and
 the API read them.
 
-    pool_dataset("runs/example", mix="average", by="sentence", method="mean")
+    pool_dataset("runs/example", mix="average", by="sentence", method="unit_mean")
 
 One file per (mix, method, tokens shard) under ``derived/sentence_vectors/`` or
 ``derived/document_vectors/``, listed in ``_derived.json`` (``schemas.derived_tables``)
@@ -27,6 +27,8 @@ import numpy as np
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.layers.mixes import iter_mixed
 from pipeline.lookup.pooled.pooling import (
+    DEFAULT_METHOD,
+    DEFAULT_MIX,
     GroupStats,
     check_by,
     check_method,
@@ -75,8 +77,8 @@ def entry_prefix(mix: Mix, method: str) -> str:
     return f"{mix.name}/{method}/"
 
 
-def pool_dataset(dataset: str | Dataset, mix: str = "average", by: str = "sentence",
-                 method: str = "mean", *, rebuild: bool = False, progress: bool = False,
+def pool_dataset(dataset: str | Dataset, mix: str = DEFAULT_MIX, by: str = "sentence",
+                 method: str = DEFAULT_METHOD, *, rebuild: bool = False, progress: bool = False,
                  say: Callable[[str], None] | None = None,
                  storage_options: dict | None = None) -> PoolSummary:
     """Pool ``dataset``'s token vectors of ``mix`` per ``by`` (sentence or document) with
