@@ -15,6 +15,7 @@ pass (``doc_fields``); every hit carries its text and its document's fields.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 # A document's text in a hit is cut here (a document may be a whole book).
 MAX_DOCUMENT_CHARS = 1_000
 MAX_K = 1_000
+TEXT_SHARDS = 64  # shards whose sentence texts a search keeps
 
 
 @dataclass
@@ -104,12 +106,16 @@ class PassageSearch:
         self.documents = DocumentTable(self.ds)
         self.tables: dict[tuple[str, str, str], PooledVectors] = {}
         self._tokenizer: Any = None
+        self._texts: dict[str, dict[tuple[str, int], str]] = {}
+        self._sentence_files: dict[str, str] | None = None
+        self._lock = threading.Lock()  # a server searches on several threads
 
     def pooled(self, by: str, mix: str, method: str) -> PooledVectors:
         key = (check_by(by), named_mix(self.ds, mix).name, check_method(method))
-        if key not in self.tables:
-            self.tables[key] = load_pooled(self.ds, by, mix, method)
-        return self.tables[key]
+        with self._lock:
+            if key not in self.tables:
+                self.tables[key] = load_pooled(self.ds, by, mix, method)
+            return self.tables[key]
 
     @property
     def tokenizer(self) -> Any:
@@ -179,24 +185,39 @@ class PassageSearch:
                        self._text(shard_key, doc_id, sent_idx), fields)
 
     def _text(self, shard_key: str, doc_id: str, sent_idx: int | None) -> str:
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        path = dict(self.ds.shard_files("sentences")).get(shard_key)
-        if path is None:
-            return ""
-        rows = pq.read_table(path, filesystem=self.ds.arrow_filesystem(),
-                             columns=["doc_id", "sent_idx", "text"],
-                             filters=pc.field("doc_id") == doc_id)
+        texts = self._shard_texts(shard_key)
         if sent_idx is not None:
-            texts = [t for s, t in zip(rows.column("sent_idx").to_pylist(),
-                                       rows.column("text").to_pylist(), strict=True)
-                     if s == sent_idx]
-            return texts[0] if texts else ""
-        order = np.argsort(rows.column("sent_idx").to_numpy(), kind="stable")
-        text = " ".join(rows.column("text").take(order).to_pylist())
+            return texts.get((doc_id, sent_idx), "")
+        # A document's sentences, in order (a shard holds a few thousand at most).
+        text = " ".join(t for (d, _), t in sorted(texts.items()) if d == doc_id)
         return text if len(text) <= MAX_DOCUMENT_CHARS \
             else text[:MAX_DOCUMENT_CHARS].rstrip() + " ..."
+
+    def _shard_texts(self, shard_key: str) -> dict[tuple[str, int], str]:
+        """One shard's sentence texts by key, read once and kept (the last
+        ``TEXT_SHARDS`` shards used): hits cluster in few shards, and a shard file read
+        per hit cost about 10 ms each."""
+        with self._lock:
+            return self._read_shard_texts(shard_key)
+
+    def _read_shard_texts(self, shard_key: str) -> dict[tuple[str, int], str]:
+        import pyarrow.parquet as pq
+
+        if shard_key in self._texts:
+            self._texts[shard_key] = self._texts.pop(shard_key)  # most recently used last
+            return self._texts[shard_key]
+        if self._sentence_files is None:
+            self._sentence_files = dict(self.ds.shard_files("sentences"))
+        path = self._sentence_files.get(shard_key)
+        rows = pq.read_table(path, filesystem=self.ds.arrow_filesystem(),
+                             columns=["doc_id", "sent_idx", "text"]) if path else None
+        texts = {} if rows is None else dict(zip(
+            zip(rows.column("doc_id").to_pylist(), rows.column("sent_idx").to_pylist(),
+                strict=True), rows.column("text").to_pylist(), strict=True))
+        self._texts[shard_key] = texts
+        while len(self._texts) > TEXT_SHARDS:
+            self._texts.pop(next(iter(self._texts)))
+        return texts
 
 
 def check_k(k: int) -> None:
