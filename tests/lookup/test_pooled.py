@@ -92,6 +92,25 @@ def test_pooled_values_equal_a_numpy_reference(dataset: Path, tmp_path: Path,
                                            err_msg=f"{by} {method} {mix} {key}")
 
 
+def test_groups_split_across_batches_pool_as_whole_groups(
+        dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of 3 rows cut most sentences and every document into pieces: their
+    statistics are merged into one row per group."""
+    from pipeline.lookup.pooled import store
+
+    monkeypatch.setattr(store, "BATCH_ROWS", 3)
+    out = fresh(dataset, tmp_path)
+    for by in ("sentence", "document"):
+        for method in METHODS:
+            pool_dataset(str(out), "average", by, method)
+            got = stored_vectors(read_pooled_table(open_dataset(str(out)), by, "average",
+                                                   method), by)
+            want = reference(out, "average", by, method)
+            assert set(got) == set(want)
+            for key, vector in want.items():
+                np.testing.assert_allclose(got[key], vector, rtol=1e-5, atol=1e-6)
+
+
 def registry_files(out: Path, table: str) -> list[Path]:
     """What a reader without our code reads: the files ``_derived.json`` lists."""
     registry = json.loads((out / "_derived.json").read_text())

@@ -104,13 +104,14 @@ class GroupStats:
     def merged(self) -> tuple[list[Hashable], np.ndarray, np.ndarray]:
         """Each distinct key (in order of first appearance), its number of tokens and its
         pooled vector."""
+        if not self.keys:
+            return [], np.zeros(0, np.int64), np.zeros(
+                (0, pooled_width(self.dim, self.method)), np.float32)
         order: dict[Hashable, int] = {}
         slot = np.array([order.setdefault(key, len(order)) for key in self.keys], np.int64)
         groups = len(order)
 
         def combined(parts: list[np.ndarray], ufunc: np.ufunc, start: float) -> np.ndarray:
-            if not parts:
-                return np.zeros((0, self.dim))
             joined = np.concatenate(parts)
             if groups == len(joined):  # no group split across batches: nothing to merge
                 out = np.empty_like(joined)
@@ -121,7 +122,7 @@ class GroupStats:
             return out
 
         counts = combined([c[:, None].astype(np.float64) for c in self.counts], np.add,
-                          0.0)[:, 0] if self.counts else np.zeros(0)
+                          0.0)[:, 0]
         return list(order), counts.astype(np.int64), finish(
             self.method, counts,
             combined(self.sums, np.add, 0.0) if self.sums else None,
