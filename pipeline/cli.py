@@ -19,6 +19,7 @@ REGISTRARS = (
     "pipeline.verify_cli",
     "pipeline.lookup.cli",
     "pipeline.lookup.serve.cli",
+    "pipeline.lookup.pooled.cli",
     "jobs.cli",
     "pipeline.demo",
 )

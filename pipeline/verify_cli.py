@@ -66,11 +66,12 @@ def run_verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from schemas.dataset import open_dataset
-    from schemas.verify import expected_files, verify_dataset
+    from schemas.verify import expected_derived_files, expected_files, verify_dataset
 
     options = key_values(args.storage_option, "--storage-option", "anon=true")
     ds = open_dataset(args.dataset, options or None)
-    wanted = expected_files(ds.fs, ds.root)
+    # The derived tables too (senses, pooled vectors): _derived.json lists them.
+    wanted = expected_files(ds.fs, ds.root) + expected_derived_files(ds.fs, ds.root)
     total = sum(e.size or 0 for e in wanted)
     tty = sys.stderr.isatty()
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
@@ -88,6 +89,14 @@ def run_verify(args: argparse.Namespace) -> int:
                       f"{len(report.problems)} damaged, in "
                       + "; ".join(f"part {p} items {', '.join(map(str, sorted(i)))}"
                                   for p, i in sorted(bad.items()))
-                      + "; rerun their `elmo embed` with --repair"))
+                      + "; " + _fix(bad)))
         print(summary)
     return 1 if report.problems else 0
+
+
+def _fix(bad: dict) -> str:
+    """What rewrites the damaged files: the embedding run's, or a derived table's writer."""
+    fixes = (["rerun their `elmo embed` with --repair"] if set(bad) - {"derived"} else []) + (
+        ["write derived files again (`elmo pool ... --rebuild`, `elmo senses label`)"]
+        if "derived" in bad else [])
+    return "; ".join(fixes)

@@ -1,5 +1,7 @@
 """Derived tables: data computed from a dataset and kept inside it, beside the tables the
-embedding run wrote (today one: ``senses``, each use's sense, ``elmo senses label``).
+embedding run wrote: ``senses``, each use's sense (``elmo senses label``), and
+``sentence_vectors`` / ``document_vectors``, pooled vectors (``elmo pool``; one file per
+mix, method and tokens shard, keyed ``<mix>/<method>/<part>/shard=<k>/<run_id>``).
 
     OUT/_derived.json                                  the registry (one atomic file)
     OUT/derived/senses/<word>-<id>.parquet             one file per labelled word
@@ -55,7 +57,33 @@ def senses_schema() -> pa.Schema:
         ("mix", pa.string())])
 
 
-DERIVED_SCHEMAS = {"senses": senses_schema}
+def sentence_vectors_schema() -> pa.Schema:
+    """One row per pooled sentence (``elmo pool --by sentence``): its key, the mix and
+    pooling method, the model (fingerprint), its token count, the tokens shard it was
+    pooled from (``part/shard=k/run_id``) and the pooled vector (float32, a list: its
+    width is the dataset's, twice that for ``mean_max``)."""
+    import pyarrow as pa
+
+    return pa.schema([
+        ("doc_id", pa.string()), ("sent_idx", pa.int32()), *_pooled_fields(pa)])
+
+
+def document_vectors_schema() -> pa.Schema:
+    """One row per pooled document (``elmo pool --by document``): as
+    ``sentence_vectors_schema`` without ``sent_idx``."""
+    import pyarrow as pa
+
+    return pa.schema([("doc_id", pa.string()), *_pooled_fields(pa)])
+
+
+def _pooled_fields(pa: Any) -> list[tuple[str, Any]]:
+    return [("mix", pa.string()), ("method", pa.string()), ("model", pa.string()),
+            ("n_tokens", pa.int32()), ("tokens_shard", pa.string()),
+            ("vector", pa.list_(pa.float32()))]
+
+
+DERIVED_SCHEMAS = {"senses": senses_schema, "sentence_vectors": sentence_vectors_schema,
+                   "document_vectors": document_vectors_schema}
 
 
 def read_registry(fs: Any, root: str) -> dict[str, Any]:

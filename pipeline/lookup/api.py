@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from pipeline.lookup.index.rows import BuildSummary
     from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.pooled.search import Passage
     from pipeline.lookup.senses.change import ChangeRanking
     from pipeline.lookup.senses.clusters import ClusterResult
     from pipeline.lookup.senses.hits import Hit
@@ -182,6 +183,17 @@ class DatasetReader:
                 else expression & typed.expression()
         return expression
 
+    def pooled(self, by: str = "sentence", mix: str | None = None,
+               method: str | None = None) -> pa.Table:
+        """The pooled vectors ``elmo pool`` stored (one row per sentence or document, a
+        float32 ``vector`` list), live rows of one mix and method (defaults: the pooling
+        defaults, ``pipeline.lookup.pooled.pooling``)."""
+        from pipeline.lookup.pooled.pooling import DEFAULT_METHOD, DEFAULT_MIX
+        from pipeline.lookup.pooled.store import read_pooled_table
+
+        return read_pooled_table(self.stored, by, mix or DEFAULT_MIX,
+                                 method or DEFAULT_METHOD)
+
     def sql(self, query: str, params: Mapping[str, Any] | Sequence[Any] | None = None,
             mixes: Sequence[str] = ()) -> duckdb.DuckDBPyRelation:
         """A DuckDB relation for ``query`` over the dataset's views (``tokens``,
@@ -323,6 +335,22 @@ def _table(table: str) -> str:
     if table not in TABLES:
         raise ElmoUserError(f"no table {table!r}; the tables are {', '.join(TABLES)}")
     return table
+
+
+    def search_passages(self, text: str, k: int = 10, by: str = "sentence",
+                        mix: str | None = None, method: str | None = None,
+                        where: Mapping[str, Any] | None = None) -> list[Passage]:
+        """The ``k`` sentences (or documents) of the index's dataset whose pooled vectors
+        (``elmo pool``) are nearest to ``text``'s, with their text and document fields;
+        ``mix`` and ``method``: the pooled table's (default: the pooling defaults)."""
+        from pipeline.lookup.pooled.pooling import DEFAULT_METHOD, DEFAULT_MIX
+        from pipeline.lookup.pooled.search import PassageSearch
+
+        if getattr(self, "_passages", None) is None:
+            self._passages = PassageSearch(self.index.meta.dataset,
+                                           storage_options=self.index.storage_options)
+        return self._passages.search(text, k=k, by=by, mix=mix or DEFAULT_MIX,
+                                     method=method or DEFAULT_METHOD, filters=where)
 
 
 def _known(columns: Sequence[str], names: Sequence[str], table: str) -> list[str]:

@@ -15,7 +15,8 @@ from pipeline.lookup.senses.cli import register_senses
 
 SQL_EPILOG = """\
 views: tokens (doc_id, sent_idx, tok_idx, token, char_start, char_end, layer_0..layer_L,
-shard), sentences, documents, errors. functions: elmo_mix(layer_0, .., layer_L, 'mix')
+shard), sentences, documents, errors; derived: senses, sentence_vectors and
+document_vectors (`elmo pool`). functions: elmo_mix(layer_0, .., layer_L, 'mix')
 -> FLOAT[dim]; elmo_cosine(a, b); elmo_vector(doc_id, sent_idx, tok_idx, 'mix').
 User values go in as parameters ($name with --param name=value), never pasted into SQL.
 

@@ -8,8 +8,9 @@ Views: ``tokens`` (with ``layer_0..layer_L`` as ``FLOAT[]``: DuckDB widens float
 schema version 3 layer 0 is joined in from the ``types`` files and int8 layers are
 multiplied by their scales),
 ``sentences``, ``documents`` (its metadata fields also as typed columns), ``errors``, each
-with the hive column ``shard``; and ``senses``, the derived table ``elmo senses label``
-writes (``schemas/derived_tables.py``; empty until a word is labelled). Only files of
+with the hive column ``shard``; and the derived tables (``schemas/derived_tables.py``):
+``senses``, which ``elmo senses label`` writes (empty until a word is labelled), and
+``sentence_vectors`` / ``document_vectors``, which ``elmo pool`` writes. Only files of
 committed shards (and listed derived files) are in the views, so a query never sees a
 half-written run.
 
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
 VIEWS = ("tokens", "sentences", "documents", "errors")
 # Derived tables (``derived_tables``): a view each, empty until something is written.
-DERIVED_VIEWS = ("senses",)
+DERIVED_VIEWS = ("senses", "sentence_vectors", "document_vectors")
 
 
 def _list_values(column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray:

@@ -37,7 +37,8 @@ def test_every_verb_is_walked() -> None:
                 "elmo index info", "elmo senses search", "elmo senses cluster",
                 "elmo senses change", "elmo senses label",
                 "elmo mix list", "elmo mix fit", "elmo jobs validate", "elmo jobs run",
-                "elmo jobs schedule", "elmo jobs status", "elmo jobs submit", "elmo demo"}
+                "elmo jobs schedule", "elmo jobs status", "elmo jobs submit", "elmo demo",
+                "elmo pool", "elmo search passages"}
     assert expected <= set(PARSERS)
 
 

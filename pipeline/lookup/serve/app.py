@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.doc_fields import as_filters, parse_where
+from pipeline.lookup.pooled.routes import add_passage_routes
 from pipeline.lookup.senses.clusters import cluster_senses
 from pipeline.lookup.senses.hits import Hit
 from pipeline.lookup.senses.search import locate_word
@@ -113,6 +114,7 @@ def create_app(store: ServedStore, token: str | None = None) -> FastAPI:
     _add_page_routes(app, store, batcher)
     _add_sense_routes(app, store, batcher)
     _add_data_routes(app, store)
+    add_passage_routes(app, store, batcher)
     app.add_middleware(GuardMiddleware, token=token, max_body=MAX_BODY_BYTES,
                        batcher=batcher)
     return app
