@@ -31,3 +31,6 @@ SQL_TIMEOUT_S = 10.0  # a query running longer is interrupted
 SQL_MAX_ROWS = 10_000  # rows returned; the answer says when more were cut
 SQL_MAX_RESULT_BYTES = 32 * 1024 * 1024  # Arrow bytes of those rows; more is refused
 MAX_SQL_CHARS = 20_000
+# DuckDB's memory for /sql (its default is 80% of the machine's): a query needing more
+# stops with one line, and nothing spills to disk.
+SQL_MEMORY_LIMIT = "512MB"
