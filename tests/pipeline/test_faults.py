@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import REPO
+from helpers import REPO, flip_keeping_mtime, layer_page_offset
 
 from elmo_model.errors import ElmoUserError
 from pipeline.write.embed import EmbedConfig, ModelSpec, embed_corpus
@@ -151,29 +151,6 @@ def test_a_writer_killed_holding_the_registry_lock_does_not_block_the_next(
 # --------------------------------------------------------------------------- rot
 
 
-def _flip_keeping_mtime(path: Path, offset: int) -> None:
-    """One byte changed in place, the modification time put back (what rot looks like
-    to a check keyed by mtime)."""
-    stat = path.stat()
-    with open(path, "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)
-        handle.seek(offset)
-        handle.write(bytes([byte[0] ^ 0x10]))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert path.stat().st_mtime_ns == stat.st_mtime_ns
-
-
-def _layer_page_offset(path: Path, column: str) -> int:
-    """An offset inside the data of ``column``'s first page (past its page header)."""
-    meta = pq.read_metadata(path)
-    group = meta.row_group(0)
-    chunk = next(group.column(i) for i in range(group.num_columns)
-                 if group.column(i).path_in_schema.startswith(column))
-    start = chunk.dictionary_page_offset or chunk.data_page_offset
-    return start + chunk.total_compressed_size // 2
-
-
 def test_a_byte_flipped_after_a_first_check_is_caught(built: tuple[Path, str],
                                                       tmp_path: Path) -> None:
     import pipeline
@@ -188,7 +165,7 @@ def test_a_byte_flipped_after_a_first_check_is_caught(built: tuple[Path, str],
     assert json.loads(first.stdout) == api[0]
     fs_root = pipeline.open_dataset(str(ds)).stored
     target = Path(list_files(fs_root.fs, fs_root.root, "tokens")[0].path)
-    _flip_keeping_mtime(target, _layer_page_offset(target, "layer_2"))
+    flip_keeping_mtime(target, layer_page_offset(target, "layer_2"))
 
     again = _elmo("sql", str(ds), query, "--format", "json")
     assert again.returncode == 2 and again.stdout == ""

@@ -16,6 +16,7 @@ MAX_WORD_CHARS = 100
 # Sentences whose layers are kept: the embedder is stateless, so a sentence asked again
 # (the explorer page asks for its words, then searches each clicked word) needs no model run.
 LAYER_CACHE_SENTENCES = 1_024
+LAYER_CACHE_BYTES = 64 * 1024 * 1024  # and at most this much of them (long sentences)
 # A word whose candidate rows hold at most this many floats (32k rows of 256-d) is searched
 # exactly in this process, over its rows kept in memory: one matrix-vector product. Its cost
 # grows with the rows and meets a prefiltered vector-index search's at about three times

@@ -58,6 +58,11 @@ TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest", "duckdb_colum
                              "duckdb_keywords"})
 # Functions that read the server's settings, variables or environment.
 REFUSED_FUNCTIONS = frozenset({"current_setting", "getenv", "getvariable"})
+# Functions whose result grows with a number argument: DuckDB builds a vector of 2,048
+# rows of it outside its memory limit, so a large constant there is refused.
+SIZED_FUNCTIONS = frozenset({"repeat", "lpad", "rpad", "list_resize", "array_resize",
+                             "range", "generate_series", "bar", "printf", "format"})
+MAX_SIZE_ARGUMENT = 1_000_000
 # Catalog views named like these show settings, databases, files or view definitions.
 REFUSED_TABLE_PREFIXES = ("duckdb_", "pragma_", "pg_settings")
 
@@ -125,8 +130,13 @@ class GuardedSql:
                                                [query]).fetchall()[0][0])
         except Exception:  # not parsable alone: the query itself will say
             return
-        for kind, name in _calls(tree):
+        for kind, name, arguments in _calls(tree):
             name = name.lower()
+            if kind == "function" and name in SIZED_FUNCTIONS and \
+                    max(_numbers(arguments), default=0) > MAX_SIZE_ARGUMENT:
+                raise ElmoUserError(f"{name}() with a size over {MAX_SIZE_ARGUMENT:,} is not "
+                                    "served here: the result would not fit the server's "
+                                    "limits")
             if kind == "table function" and name not in TABLE_FUNCTIONS:
                 raise ElmoUserError(f"the table function {name}() is not served here; query "
                                     "the dataset's views (tokens, sentences, documents, "
@@ -223,26 +233,45 @@ def _server_paths(con: Any, ds: Dataset) -> list[tuple[str, str]]:
         found += re.findall(r"/[^\s'\",\]\[]+", str(value or ""))
     for path in found:
         path = os.path.abspath(path).rstrip("/")
-        if len(path) > 1:  # "/" itself is in every path
+        if len(path) > 1 and os.path.exists(path):  # "/" is in every path; "/UTC" is none
             paths.setdefault(path, "<server>")
     return sorted(paths.items(), key=lambda item: -len(item[0]))
 
 
-def _calls(node: Any) -> Iterator[tuple[str, str]]:
-    """``(kind, name)`` of every function, table function and table a serialized query
-    (``json_serialize_sql``) names."""
+def _calls(node: Any) -> Iterator[tuple[str, str, Any]]:
+    """``(kind, name, arguments)`` of every function, table function and table a
+    serialized query (``json_serialize_sql``) names."""
     if isinstance(node, dict):
-        if node.get("type") == "TABLE_FUNCTION":
-            yield "table function", str(node.get("function", {}).get("function_name", ""))
-        elif node.get("class") == "FUNCTION":
-            yield "function", str(node.get("function_name", ""))
+        if node.get("type") == "TABLE_FUNCTION":  # it streams rows: no size to check
+            function = node.get("function", {})
+            yield "table function", str(function.get("function_name", "")), []
+            yield from _calls(function.get("arguments", []))
+            for key, value in node.items():
+                if key != "function":
+                    yield from _calls(value)
+            return
+        if node.get("class") == "FUNCTION":
+            yield "function", str(node.get("function_name", "")), node.get("arguments", [])
         elif node.get("type") == "BASE_TABLE":
-            yield "table", str(node.get("table_name", ""))
+            yield "table", str(node.get("table_name", "")), []
         for value in node.values():
             yield from _calls(value)
     elif isinstance(node, list):
         for value in node:
             yield from _calls(value)
+
+
+def _numbers(arguments: Any) -> Iterator[float]:
+    """The numeric constants among a call's own arguments."""
+    for argument in arguments if isinstance(arguments, list) else []:
+        expression = argument.get("expression", argument) if isinstance(argument, dict) \
+            else {}
+        literal = expression.get("literal") if expression.get("class") == "CONSTANT" else None
+        if isinstance(literal, dict):
+            try:
+                yield abs(float(literal.get("text", "")))
+            except ValueError:
+                continue
 
 
 def _first_rows(reader: Any, limit: int) -> pa.Table:
