@@ -178,14 +178,14 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
         empty = TABLE_SCHEMAS[view].empty_table()
         empty = empty.append_column(PARTITION_COLUMN, pa.array([], pa.int64()))
         con.from_arrow(empty).create_view(view, replace=True)
-    _derived_views(con, ds, damaged or {})
+    derived_views(con, ds, damaged or {})
     layers = [f"layer_{k}" for k in range(ds.descriptor.n_output_layers)]
     if layers and all(c in columns.get("tokens", []) for c in layers):
         _register_functions(con, ds)
     return con
 
 
-def _derived_views(con: duckdb.DuckDBPyConnection, ds: Dataset,
+def derived_views(con: duckdb.DuckDBPyConnection, ds: Dataset,
                    damaged: Mapping[str, str]) -> None:
     """A view per derived table over the files its registry lists (an empty one when
     none): ``senses`` joins ``tokens`` and ``documents`` on ``doc_id, sent_idx, tok_idx``.

@@ -42,7 +42,7 @@ from pipeline.lookup.serve.limits import (
     SQL_MEMORY_LIMIT,
     SQL_TIMEOUT_S,
 )
-from pipeline.lookup.sql import _derived_views, _one_line, connect
+from pipeline.lookup.sql import _one_line, connect, derived_views
 from schemas.derived_tables import read_registry
 from schemas.user_cache import cache_dir
 from schemas.verify import VerifiedFiles, require_intact
@@ -163,7 +163,7 @@ class GuardedSql:
                 damaged.setdefault(problem.table, problem.line())
         state = self._derived_state(damaged)
         if state != self.derived_state:
-            _derived_views(self.con, self.ds, damaged)
+            derived_views(self.con, self.ds, damaged)
             self.derived_state = state
 
     def run(self, query: str, params: dict[str, Any] | None = None) -> SqlResult:
