@@ -126,15 +126,19 @@ DISK_FULL_ERRNOS = (28, 122, 27)
 DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
 
 
-def disk_full(error: BaseException) -> bool:
-    """Whether ``error`` (or what caused it: Ray and pyarrow wrap it) says the store is full."""
+def disk_full(error: BaseException) -> str | None:
+    """What says the store is full in ``error`` or what caused it (Ray and pyarrow wrap
+    it), as a reason for people; None when nothing does."""
     seen: BaseException | None = error
     while seen is not None:
-        if getattr(seen, "errno", None) in DISK_FULL_ERRNOS or \
-                any(text in str(seen) for text in DISK_FULL_TEXTS):
-            return True
+        code = getattr(seen, "errno", None)
+        if code in DISK_FULL_ERRNOS:
+            return DISK_FULL_TEXTS[DISK_FULL_ERRNOS.index(code)].lower()
+        for text in DISK_FULL_TEXTS:
+            if text in str(seen):
+                return text.lower()
         seen = seen.__cause__ or seen.__context__
-    return False
+    return None
 
 
 def stored_items(out: str, part: str) -> int | None:
@@ -154,13 +158,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = pipeline.embed(args.sources, args.out, **settings_from_args(args))
     except Exception as error:
-        if not disk_full(error):
+        reason = disk_full(error)
+        if reason is None:
             raise
         stored = stored_items(args.out, args.part)
         done = "" if stored is None else f"{stored} work item(s) of part {args.part} stored; "
-        print(f"elmo: error: {args.out}: the disk is full ({DISK_FULL_TEXTS[0].lower()} "
-              f"while writing): {done}nothing is half written. Free space and rerun the same "
-              "command to finish the rest", file=sys.stderr)
+        print(f"elmo: error: {args.out}: the disk is full ({reason}): {done}nothing is half "
+              "written. Free space and rerun the same command to finish the rest",
+              file=sys.stderr)
         return 1
     for line in summary.lines():
         print(line, file=sys.stderr)
