@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pyarrow.parquet as pq
@@ -139,3 +140,38 @@ def test_the_layer_cache_is_bounded_in_bytes() -> None:
         assert layers[0].nbytes == one
         assert cache.bytes <= 3 * one and len(cache.kept) <= 3
     assert cache.bytes == sum(a.nbytes for a in cache.kept.values())
+
+
+def _server_rss_mb(url: str) -> float:
+    """Resident memory of the ``elmo serve`` process listening at ``url``."""
+    port = url.rsplit(":", 1)[1]
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and b"--port" in argv and argv[argv.index(b"--port") + 1] == \
+                port.encode():
+            status = (proc / "status").read_text()
+            return int(status.split("VmRSS:")[1].split()[0]) / 1024
+    raise AssertionError(f"no server process on port {port}")
+
+
+@pytest.mark.slow
+def test_embed_answers_are_bounded_and_the_server_stays_small(server: str) -> None:
+    """64 sentences of 660 tokens made a 452 MB /embed answer and +480 MB of server memory
+    per request; now a request holds at most MAX_EMBED_TOKENS tokens."""
+    from pipeline.lookup.serve.limits import MAX_EMBED_TOKENS, MAX_SENTENCE_CHARS
+
+    long = ("to be or not " * 200)[:MAX_SENTENCE_CHARS]
+    with httpx.Client(base_url=server, timeout=300) as client:
+        client.post("/embed", json={"sentences": ["warm up ."]})
+        before = _server_rss_mb(server)
+        for _ in range(3):
+            refused = client.post("/embed", json={"sentences": [long] * 64})
+            assert refused.status_code == 400
+            assert f"at most {MAX_EMBED_TOKENS:,}" in refused.json()["error"]
+        fits = client.post("/embed", json={"sentences": [long] * 4})
+        assert fits.status_code == 200 and len(fits.json()["sentences"]) == 4
+        assert len(fits.content) < 64 << 20
+        assert _server_rss_mb(server) - before < 300

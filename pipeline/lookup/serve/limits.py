@@ -5,6 +5,10 @@ from __future__ import annotations
 MAX_BODY_BYTES = 256 * 1024  # a request body; larger ones get 413 before they are read
 MAX_SENTENCES = 64  # per /embed request
 MAX_SENTENCE_CHARS = 2_000  # per sentence (embed and search)
+# Tokens per /embed request: its answer holds a vector per token as JSON (about 11 kB a
+# token at 512 values), so 64 sentences of 660 tokens made a 452 MB answer; this bounds
+# one answer at about 45 MB (512-d) and still takes any one sentence whole.
+MAX_EMBED_TOKENS = 4_096
 MAX_K = 200  # neighbours per sense search
 MAX_OCCURRENCE = 100  # which occurrence of the word in the query sentence
 MAX_CLUSTERS = 8  # k of /senses/{word}; "auto" tries 2..this
