@@ -95,6 +95,7 @@ def test_concurrent_label_runs_lose_no_update(built: tuple[Path, str], tmp_path:
     assert count.returncode == 0 and json.loads(count.stdout) == {"n": 36}, count.stderr
 
 
+@pytest.mark.slow
 def test_a_lost_derived_file_is_named_with_its_fix_and_other_tables_still_answer(
         built: tuple[Path, str], tmp_path: Path) -> None:
     from pipeline.lookup.senses.labels import label_words
@@ -133,6 +134,7 @@ def test_a_lost_derived_file_is_named_with_its_fix_and_other_tables_still_answer
         == [{"n": 2}]
 
 
+@pytest.mark.slow
 def test_a_writer_killed_holding_the_registry_lock_does_not_block_the_next(
         built: tuple[Path, str], tmp_path: Path) -> None:
     """A dead owner's ``_derived.lock`` is taken over (its process is gone)."""
@@ -151,6 +153,7 @@ def test_a_writer_killed_holding_the_registry_lock_does_not_block_the_next(
 # --------------------------------------------------------------------------- rot
 
 
+@pytest.mark.slow
 def test_a_byte_flipped_after_a_first_check_is_caught(built: tuple[Path, str],
                                                       tmp_path: Path) -> None:
     import pipeline
@@ -190,6 +193,7 @@ def test_a_checked_version_is_read_again_after_its_age(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- inputs
 
 
+@pytest.mark.slow
 def test_a_missing_input_beside_good_ones_is_named(tmp_path: Path) -> None:
     good = tmp_path / "good.txt"
     good.write_text("The cat sat on the mat .\n")
