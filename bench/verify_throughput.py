@@ -6,7 +6,14 @@ from copies of austen.txt, then times ``verify_dataset`` over it with 1 and 4 th
 ``--repeats`` times each (the files are in the page cache after the first pass: this
 measures hashing and parsing, not the disk), next to plain sha256 of the same bytes.
 
+``--rot`` then measures, per GB of committed files, what each way of catching a byte that
+changed after a first check costs a query (docs/dataset_format.md, "Integrity"): reading
+every file again (sha256), reading every page with pyarrow's page CRCs checked, and the
+version key ``require_intact`` compares (one listing per table folder: size, times,
+inode), beside a DuckDB full scan of one layer (what a query itself costs).
+
     .venv/bin/python bench/verify_throughput.py --copies 3
+    .venv/bin/python bench/verify_throughput.py --copies 1 --rot
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from pipeline_throughput import CORPORA, near_free_model
 from pipeline.write.config import EmbedConfig, ModelSpec
 from pipeline.write.embed import embed_corpus
 from schemas.dataset import open_dataset
-from schemas.verify import expected_files, verify_dataset
+from schemas.verify import VerifiedFiles, expected_files, verify_dataset, version_keys
 
 
 def build(work: Path, book: Path, copies: int) -> str:
@@ -50,6 +57,8 @@ def main() -> None:
                         help="text to copy (default: the shared corpora's austen.txt)")
     parser.add_argument("--copies", type=int, default=3, help="copies of --book")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rot", action="store_true",
+                        help="also the per-query cost of each way to catch rot (s/GB)")
     args = parser.parse_args()
     ds = open_dataset(build(Path(args.work), args.book, args.copies))
     files = expected_files(ds.fs, ds.root)
@@ -74,6 +83,56 @@ def main() -> None:
         best, worst = min(times), max(times)
         print(f"verify, {threads} thread(s): best {total / 1e6 / best:.0f} MB/s "
               f"({best:.2f} s), worst {total / 1e6 / worst:.0f} MB/s")
+    if args.rot:
+        rot_costs(ds, files, total, args.repeats)
+
+
+def rot_costs(ds: object, files: list, total: int, repeats: int) -> None:
+    """Seconds per GB of committed files that each check adds to one query, best and
+    worst of ``repeats`` (page cache warm: the CPU cost, not the disk's)."""
+    import duckdb
+    import pyarrow.parquet as pq
+
+    from pipeline.lookup.sql import connect
+
+    def timed(run: object) -> tuple[float, float]:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run()  # type: ignore[operator]
+            times.append(time.perf_counter() - t0)
+        return min(times) / (total / 1e9), max(times) / (total / 1e9)
+
+    def page_crcs() -> None:
+        for f in files:
+            pq.read_table(Path(ds.root, f.path), page_checksum_verification=True)
+
+    cache = Path(ds.root + "-rot-cache.json")  # not the user's cache
+    known = VerifiedFiles(cache)
+    keys = version_keys(ds.fs, ds.root, files)
+    known.remember(keys.values())
+
+    def version_key() -> None:
+        fresh = version_keys(ds.fs, ds.root, files)
+        assert all(fresh[f.path] in known for f in files)
+
+    con = connect(ds, con=duckdb.connect(), threads=1)
+    last = f"layer_{ds.descriptor.n_output_layers - 1}"
+
+    def duckdb_scan() -> None:
+        con.sql(f"SELECT sum(list_sum({last})) FROM tokens").fetchall()
+
+    rows = [("re-read every file (sha256, verify_dataset, 4 threads)",
+             lambda: verify_dataset(ds.fs, ds.root, ds.descriptor)),
+            ("re-read every page with its CRC (pyarrow)", page_crcs),
+            (f"version key: listing + size, mtime, ctime, inode ({len(files)} files)",
+             version_key),
+            (f"for scale: DuckDB scan of {last} (sum), 1 thread", duckdb_scan)]
+    print(f"per-query cost, s per GB of committed files ({total / 1e9:.3f} GB):")
+    for name, run in rows:
+        best, worst = timed(run)
+        print(f"  {name}: best {best:.4f} s/GB, worst {worst:.4f} s/GB")
+    cache.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

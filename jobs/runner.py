@@ -206,7 +206,8 @@ def _run_locked(spec: JobSpec, fs: Any, root: str, record: RunRecord, lines: lis
     live = read_live(fs, root)
     if live is None or set(live.get("parts", [])) != state.live_parts:
         publish_live(fs, root, state.live_parts)
-    sources = list_sources(list(spec.sources), spec.storage_options or None)
+    sources = list_sources(list(spec.sources), spec.storage_options or None,
+                           bool(spec.embed.get("allow_missing", False)))
     source_fs: dict[str, Any] = {}
 
     def fs_for(uri: str) -> Any:

@@ -45,8 +45,12 @@ Output: hive-partitioned Parquet under --out (tokens/, sentences/, documents/, e
 shard=K/ where K is the work item), layers stored as {dtype} by default (--dtype; zstd,
 snappy for layers 1..L; see docs/dataset_format.md). Re-running the same command after
 a crash or kill finishes only the items that were not committed, and the dataset equals
-an uninterrupted run's.
-Exit status: 0 when anything was stored, 1 when nothing could be processed, 2 on misuse.
+an uninterrupted run's. A full disk stops the run with one line saying how many work
+items were stored; nothing is half written, and the same command finishes the rest once
+there is space.
+Exit status: 0 when the run finished and stored anything; 1 when nothing could be
+processed, or the run stopped early (the disk filled up: what was committed stays, rerun
+to finish); 2 on misuse (a bad flag, an input that does not exist, --out in use).
 """
 
 
@@ -117,10 +121,52 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
             **flagged, **read}
 
 
+# errno values of a store that is out of room: no space, over quota, file too large.
+DISK_FULL_ERRNOS = (28, 122, 27)
+DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
+
+
+def disk_full(error: BaseException) -> str | None:
+    """What says the store is full in ``error`` or what caused it (Ray and pyarrow wrap
+    it), as a reason for people; None when nothing does."""
+    seen: BaseException | None = error
+    while seen is not None:
+        code = getattr(seen, "errno", None)
+        if code in DISK_FULL_ERRNOS:
+            return DISK_FULL_TEXTS[DISK_FULL_ERRNOS.index(code)].lower()
+        for text in DISK_FULL_TEXTS:
+            if text in str(seen):
+                return text.lower()
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def stored_items(out: str, part: str) -> int | None:
+    """Work items committed in ``out``'s ``part`` (None when it cannot be read)."""
+    try:
+        from schemas.files import open_fs
+        from schemas.manifest import committed_items
+
+        return len(committed_items(*open_fs(out), part))
+    except Exception:
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     import pipeline  # each entry imports the pipeline (pyarrow, fsspec, ...) when called
 
-    summary = pipeline.embed(args.sources, args.out, **settings_from_args(args))
+    try:
+        summary = pipeline.embed(args.sources, args.out, **settings_from_args(args))
+    except Exception as error:
+        reason = disk_full(error)
+        if reason is None:
+            raise
+        stored = stored_items(args.out, args.part)
+        done = "" if stored is None else f"{stored} work item(s) of part {args.part} stored; "
+        print(f"elmo: error: {args.out}: the disk is full ({reason}): {done}nothing is half "
+              "written. Free space and rerun the same command to finish the rest",
+              file=sys.stderr)
+        return 1
     for line in summary.lines():
         print(line, file=sys.stderr)
     return 0 if summary.totals.get("documents", 0) > 0 else 1

@@ -30,6 +30,10 @@ corrupt), then the recorded row count and the schema the descriptor implies. Eac
 problem is one line naming the file and the part and work item (input file and byte
 range) that produced it; rerunning that part's `elmo embed` with --repair re-embeds
 exactly those items. Records without a hash (older datasets) are checked without one.
+The derived tables' files (_derived.json: senses) are checked the same way; a damaged or
+missing one names the command that writes it again (`elmo senses label WORD`). Files in
+derived/ that _derived.json does not list (left by a killed writer) are reported; the
+next write of their table deletes them.
 Exit status: 0 when every file checks out, 1 when any is damaged, 2 on misuse.
 """
 
@@ -66,12 +70,13 @@ def run_verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from schemas.dataset import open_dataset
+    from schemas.derived_tables import unlisted_files
     from schemas.verify import expected_derived_files, expected_files, verify_dataset
 
     options = key_values(args.storage_option, "--storage-option", "anon=true")
     ds = open_dataset(args.dataset, options or None)
-    # The derived tables too (senses, pooled vectors): _derived.json lists them.
     wanted = expected_files(ds.fs, ds.root) + expected_derived_files(ds.fs, ds.root)
+    unlisted = unlisted_files(ds.fs, ds.root)
     total = sum(e.size or 0 for e in wanted)
     tty = sys.stderr.isatty()
     with tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr,
@@ -79,24 +84,32 @@ def run_verify(args: argparse.Namespace) -> int:
         report = verify_dataset(ds.fs, ds.root, ds.descriptor, on_bytes=bar.update,
                                 wanted=wanted)
     if args.json:
-        print(json.dumps({"dataset": args.dataset, **report.to_json()}, indent=1))
+        print(json.dumps({"dataset": args.dataset, **report.to_json(),
+                          "unlisted_derived": unlisted}, indent=1))
     else:
         for check in report.problems:
             print(check.line())
-        bad = report.bad_items()
-        summary = (f"{len(report.files)} files, {report.bytes_checked:,} bytes checked: "
-                   + ("all match the manifest" if not bad else
-                      f"{len(report.problems)} damaged, in "
-                      + "; ".join(f"part {p} items {', '.join(map(str, sorted(i)))}"
-                                  for p, i in sorted(bad.items()))
-                      + "; " + _fix(bad)))
-        print(summary)
+        print(_summary(report))
+        if unlisted:
+            print(f"note: {len(unlisted)} file(s) under derived/ that _derived.json does not "
+                  f"list, left by an interrupted write (first {unlisted[0]}); the next write "
+                  "of their table deletes them")
     return 1 if report.problems else 0
 
 
-def _fix(bad: dict) -> str:
-    """What rewrites the damaged files: the embedding run's, or a derived table's writer."""
-    fixes = (["rerun their `elmo embed` with --repair"] if set(bad) - {"derived"} else []) + (
-        ["write derived files again (`elmo pool ... --rebuild`, `elmo senses label`)"]
-        if "derived" in bad else [])
-    return "; ".join(fixes)
+def _summary(report: Any) -> str:
+    """The last line: what was checked, and what mends what is damaged."""
+    head = f"{len(report.files)} files, {report.bytes_checked:,} bytes checked: "
+    if not report.problems:
+        return head + "all match the manifest"
+    fixes = []
+    bad = {part: items for part, items in report.bad_items().items()
+           if any(c.part == part for c in report.core_problems)}
+    if bad:
+        fixes.append("in " + "; ".join(f"part {p} items {', '.join(map(str, sorted(i)))}"
+                                       for p, i in sorted(bad.items()))
+                     + ": rerun their `elmo embed` with --repair")
+    if report.derived_problems:
+        fixes.append(f"{len(report.derived_problems)} in derived tables: write each again "
+                     "with the command its line names")
+    return head + f"{len(report.problems)} damaged, " + "; ".join(fixes)

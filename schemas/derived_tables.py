@@ -17,8 +17,14 @@ A reader reads the registry once and reads exactly the files it lists (the live 
 derived tables: ``Dataset.paths("senses")``, the DuckDB views, ``elmo dataset verify``).
 Replacing a word's rows writes the new file under a new name first, then swaps the
 registry (temp name and move: readers see the old rows or the new, never both or part),
-then deletes the old file. One writer at a time: a second labelling run started while
-another rewrites the registry can lose the other's entry (rerun it).
+then deletes the old file.
+
+Any number of writers at once (``elmo senses label`` runs, any code calling
+``replace_rows``): each update holds the registry's lock ``_derived.lock`` (a
+``DatasetLock``: taken over when its owner died) from writing its file to deleting the
+old one, so updates are serialized and none is lost. A file in a table's folder that the
+registry does not list was left by a writer killed mid-update: the next update of that
+table deletes it (``elmo dataset verify`` reports it meanwhile).
 """
 
 from __future__ import annotations
@@ -42,6 +48,17 @@ DERIVED_FILE = "_derived.json"
 DERIVED_DIR = "derived"
 DERIVED_FORMAT = "elmo-store/derived"
 DERIVED_VERSION = 1
+DERIVED_LOCK = "_derived.lock"
+# How long an update waits for the others' (each holds the lock for a file write).
+DERIVED_LOCK_WAIT_S = 300.0
+# The command that writes a derived table's rows for one key again (what mends a damaged
+# or missing file); {key} is the key, {part0}, {part1}: its first '/'-separated parts (a
+# pooled table's key is ``<mix>/<method>/...``). A table not named here: "rewrite it".
+DERIVED_FIXES = {
+    "senses": "elmo senses label {key} --index INDEX",
+    "sentence_vectors": "elmo pool DATASET --by sentence --mix {part0} --method {part1} --rebuild",
+    "document_vectors": "elmo pool DATASET --by document --mix {part0} --method {part1} --rebuild",
+}
 
 
 def senses_schema() -> pa.Schema:
@@ -114,10 +131,12 @@ def derived_paths(fs: Any, root: str, table: str) -> list[tuple[str, str]]:
 
 def replace_rows(fs: Any, root: str, table: str, key: str, rows: pa.Table) -> dict[str, Any]:
     """Make ``rows`` the table's rows for ``key`` (all of them, replacing any before):
-    new file, registry swapped, old file deleted. Returns the new entry."""
+    new file, registry swapped, old file deleted, all under the registry's lock (safe
+    with any number of writers at once). Returns the new entry."""
     import pyarrow.parquet as pq
 
     from schemas.files import write_bytes_atomic
+    from schemas.lock import DatasetLock
 
     if table not in DERIVED_SCHEMAS:
         raise ValueError(f"no derived table {table!r}")
@@ -127,19 +146,54 @@ def replace_rows(fs: Any, root: str, table: str, key: str, rows: pa.Table) -> di
     data = buffer.getvalue()
     slug = quote(key, safe="")[:80]
     rel = posixpath.join(DERIVED_DIR, table, f"{slug}-{uuid.uuid4().hex[:12]}.parquet")
-    write_bytes_atomic(fs, f"{root}/{rel}", data)
     entry = {"path": rel, "rows": rows.num_rows, "bytes": len(data),
              "sha256": hashlib.sha256(data).hexdigest(), "written_at": time.time()}
-    registry = read_registry(fs, root)
-    old = registry.setdefault("tables", {}).setdefault(table, {}).get(key)
-    registry["tables"][table][key] = entry
-    registry["generation"] = int(registry.get("generation", 0)) + 1
-    write_bytes_atomic(fs, f"{root}/{DERIVED_FILE}",
-                       (json.dumps(registry, indent=1, sort_keys=True) + "\n").encode())
-    if old and old.get("path") != rel:
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm(f"{root}/{old['path']}")
+    with DatasetLock(fs, root, name=DERIVED_LOCK, wait_s=DERIVED_LOCK_WAIT_S):
+        # The file is written under the lock too: every file in the table's folder that
+        # the registry does not list is then a dead writer's, never one about to be listed.
+        write_bytes_atomic(fs, f"{root}/{rel}", data)
+        registry = read_registry(fs, root)
+        old = registry.setdefault("tables", {}).setdefault(table, {}).get(key)
+        registry["tables"][table][key] = entry
+        registry["generation"] = int(registry.get("generation", 0)) + 1
+        write_bytes_atomic(fs, f"{root}/{DERIVED_FILE}",
+                           (json.dumps(registry, indent=1, sort_keys=True) + "\n").encode())
+        if old and old.get("path") != rel:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(f"{root}/{old['path']}")
+        for path in unlisted_files(fs, root, registry, [table]):
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(f"{root}/{path}")
     return entry
+
+
+def unlisted_files(fs: Any, root: str, registry: dict[str, Any] | None = None,
+                   tables: list[str] | None = None) -> list[str]:
+    """Files (paths under root) in the derived tables' folders that the registry does not
+    list: left by a writer killed between writing its file and listing it."""
+    registry = registry if registry is not None else read_registry(fs, root)
+    out = []
+    for table in tables if tables is not None else sorted(DERIVED_SCHEMAS):
+        listed = {e["path"] for e in registry.get("tables", {}).get(table, {}).values()}
+        try:
+            found = fs.find(f"{root}/{DERIVED_DIR}/{table}")
+        except (FileNotFoundError, OSError):
+            continue
+        prefix = fs._strip_protocol(root).rstrip("/") + "/"
+        for name in sorted(found):
+            rel = fs._strip_protocol(name)[len(prefix):]
+            if rel not in listed:
+                out.append(rel)
+    return out
+
+
+def derived_fix(table: str, key: str) -> str:
+    """The command that writes ``key``'s rows of ``table`` again."""
+    command = DERIVED_FIXES.get(table)
+    if command is None:
+        return f"rewrite {table} of {key!r}"
+    parts = [*key.split("/"), "", ""]
+    return f"`{command.format(key=key, part0=parts[0], part1=parts[1])}`"
 
 
 def expected_derived(fs: Any, root: str) -> list[tuple[str, str, dict[str, Any]]]:

@@ -1,7 +1,9 @@
 """One writer per dataset: the ``_lock`` file (docs/dataset_format.md, "Writers").
 
 Both writers of a dataset, ``elmo embed`` and the jobs runner, hold it while they change
-the manifest; readers never take it.
+the manifest; readers never take it. The derived tables' registry has its own lock file
+(``_derived.lock``, schemas/derived_tables.py), held for the moments a registry update
+takes: its writers wait their turn (``wait_s``) instead of failing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from schemas.files import is_local, read_json, write_bytes_atomic
 LOCK_FILE = "_lock"
 DEFAULT_STALE_AFTER_S = 15 * 60.0
 HEARTBEAT_EVERY_S = 30.0
+WAIT_POLL_S = 0.05  # how often a waiting writer looks again
 
 
 def _pid_alive(pid: int) -> bool:
@@ -45,9 +48,13 @@ class DatasetLock:
     A live owner's heartbeat is refreshed by a background thread.
     """
 
-    def __init__(self, fs: Any, root: str, stale_after_s: float = DEFAULT_STALE_AFTER_S) -> None:
+    def __init__(self, fs: Any, root: str, stale_after_s: float = DEFAULT_STALE_AFTER_S,
+                 name: str = LOCK_FILE, wait_s: float = 0.0) -> None:
+        """``name``: the lock file under ``root``; ``wait_s``: how long ``acquire`` waits
+        for a live owner to let go (0: fail at once, as two runs into one ``--out`` do)."""
         self.fs, self.root, self.stale_after_s = fs, root, stale_after_s
-        self.path = f"{root}/{LOCK_FILE}"
+        self.wait_s = wait_s
+        self.path = f"{root}/{name}"
         self.token = uuid.uuid4().hex
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -89,7 +96,9 @@ class DatasetLock:
         return None
 
     def acquire(self) -> None:
-        for _ in range(3):
+        deadline = time.monotonic() + self.wait_s
+        takeovers = 0
+        while takeovers < 3:
             if self._create_exclusive():
                 self._thread = threading.Thread(target=self._beat, daemon=True)
                 self._thread.start()
@@ -98,11 +107,15 @@ class DatasetLock:
             if owner is None:
                 continue  # released between our two looks: try again
             reason = self._stale_reason(owner)
+            if reason is None and time.monotonic() < deadline:
+                time.sleep(WAIT_POLL_S)
+                continue
             if reason is None:
                 raise ElmoUserError(
                     f"{self.root} is being written by another run (pid {owner.get('pid')} on "
                     f"{owner.get('host')}); wait for it, or delete {self.path} if it is dead"
                 )
+            takeovers += 1
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(self.path)
         raise ElmoUserError(f"could not take the lock {self.path}; try again")

@@ -19,7 +19,11 @@ from schemas.files import write_whole
 
 CACHE_ENV = "ELMO_STORE_CACHE"  # the per-user cache folder (default ~/.cache/elmo-store)
 # What a listing says of when a file last changed: local and most stores, S3, GCS/Azure.
-VERSION_FIELDS = ("mtime", "LastModified", "ETag", "updated", "last_modified", "etag")
+# Locally also ``created`` (fsspec's name for st_ctime, the inode's change time: any write
+# or utime sets it to now, and no call sets it back) and the inode: a byte rewritten in
+# place with the modification time put back is a new version.
+VERSION_FIELDS = ("mtime", "created", "ino", "LastModified", "ETag", "updated",
+                  "last_modified", "etag")
 
 
 def cache_dir() -> Path:

@@ -10,12 +10,20 @@ and the work item that produced it, which is what ``elmo embed --repair`` re-emb
 Records written before hashes were recorded have no ``sha256``: their files are checked
 for size, rows and schema only, and their checks say so.
 
-Readers that cannot check Parquet page checksums themselves (DuckDB, behind `elmo sql` and
-`elmo serve`) call ``require_intact`` first. It remembers each file version it found
-intact (path, recorded hash, size and the store's modification time or ETag) in a
-per-user cache, so a file is read once per version, not once per query; a rewritten or
-damaged-and-rewritten file is a new version and is read again. `elmo dataset verify`
-always reads everything.
+Readers that cannot check Parquet page checksums themselves (DuckDB, behind `elmo sql`,
+``open_dataset().sql()`` and `elmo serve`'s /sql) call ``require_intact`` first. It
+remembers each file version it found intact (path, recorded hash, size, and what the
+store's listing says of the version: locally the modification time, the inode's change
+time and the inode; on object stores the ETag or time) in a per-user cache, so a file is
+read once per version, not once per query; a file changed by any write, even one that puts
+its modification time back, is a new version and is read again. A version is trusted for
+``RECHECK_AFTER_S`` at most, then read again: that bounds how long a change no write made
+(rot of the medium itself) can go unseen. docs/dataset_format.md, "Integrity", has the
+costs measured. `elmo dataset verify` always reads everything.
+
+Derived tables (``_derived.json``) are checked as the committed files are, but a damaged
+or missing one stops only the queries of its own table (``VerifyReport.derived_problems``),
+and its line names the command that writes it again (relabel), not ``--repair``.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -32,7 +41,7 @@ from typing import Any
 from elmo_model.errors import ElmoUserError
 from schemas import TABLE_SCHEMAS, DatasetDescriptor
 from schemas.dataset import open_dataset
-from schemas.derived_tables import DERIVED_SCHEMAS, expected_derived
+from schemas.derived_tables import DERIVED_SCHEMAS, derived_fix, expected_derived
 from schemas.files import protocols
 from schemas.manifest import committed_items, iter_parts, shard_from_entry
 from schemas.user_cache import cache_dir, listed_version, load_json, save_json
@@ -51,6 +60,8 @@ FOOTER_TAIL = 1 << 20  # bytes kept from the end of each file to parse the foote
 VERIFY_THREADS = 4  # hashing releases the GIL; object stores gain from requests in flight
 VERIFIED_FILE = "verified-files.json"
 VERIFIED_MAX = 500_000  # file versions remembered (64 hex characters each); oldest go first
+RECHECK_AFTER_S = 24 * 3600.0  # a version found intact is read again after this long
+DERIVED_PART = "derived"  # the part name derived files' checks carry
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,8 @@ class FileCheck:
     def line(self) -> str:
         """One line for people: what is wrong, where, and which work item made it."""
         where = self.source.get("source")
+        if self.part == DERIVED_PART:  # no embed made it: name the command that rewrites it
+            return f"{self.status}: {self.path}: {self.detail} [{where}: {self.source['fix']}]"
         made_by = f"part {self.part} item {self.item}" + (
             f" ({where} bytes {self.source.get('start')}-{self.source.get('end')})"
             if where else "")
@@ -86,6 +99,16 @@ class VerifyReport:
     @property
     def problems(self) -> list[FileCheck]:
         return [f for f in self.files if not f.ok]
+
+    @property
+    def core_problems(self) -> list[FileCheck]:
+        """Problems in files an embed committed (``elmo embed --repair`` mends them)."""
+        return [f for f in self.problems if f.part != DERIVED_PART]
+
+    @property
+    def derived_problems(self) -> list[FileCheck]:
+        """Problems in derived tables' files (their writer's command mends them)."""
+        return [f for f in self.problems if f.part == DERIVED_PART]
 
     @property
     def bytes_checked(self) -> int:
@@ -136,9 +159,9 @@ def expected_files(fs: Any, root: str, parts: Iterable[str] | None = None) -> li
 def expected_derived_files(fs: Any, root: str) -> list[ExpectedFile]:
     """Every derived table's file (``_derived.json``), as ``expected_files`` gives the
     committed ones: part ``derived``, the key (a labelled word) as its source."""
-    return [ExpectedFile("derived", 0, table, entry["path"], entry.get("bytes"),
+    return [ExpectedFile(DERIVED_PART, 0, table, entry["path"], entry.get("bytes"),
                          entry.get("sha256"), entry.get("rows"),
-                         {"source": f"{table} of {key!r}"})
+                         {"source": f"{table} of {key!r}", "fix": derived_fix(table, key)})
             for table, key, entry in expected_derived(fs, root)]
 
 
@@ -253,27 +276,33 @@ def _schema_problem(found: Any, expected: Any) -> str | None:
 
 
 class VerifiedFiles:
-    """File versions found intact before (keys from ``version_keys``), kept in a JSON list
-    in ``cache_dir()``. A cache that cannot be read starts empty; one that cannot be
-    written is not kept (the checks themselves are unaffected)."""
+    """File versions found intact before (keys from ``version_keys``) and when, kept as a
+    JSON object in ``cache_dir()``. A version checked longer than ``recheck_after_s`` ago
+    counts as unknown (read again). A cache that cannot be read starts empty; one that
+    cannot be written is not kept (the checks themselves are unaffected)."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None,
+                 recheck_after_s: float = RECHECK_AFTER_S) -> None:
         self.path = path or cache_dir() / VERIFIED_FILE
-        keys = load_json(self.path)
-        keys = keys if isinstance(keys, list) else []
-        self.keys: dict[str, None] = dict.fromkeys(k for k in keys if isinstance(k, str))
+        self.recheck_after_s = recheck_after_s
+        stored = load_json(self.path)
+        stored = stored if isinstance(stored, dict) else {}  # a list: an older cache
+        self.keys: dict[str, float] = {k: float(t) for k, t in stored.items()
+                                       if isinstance(k, str) and isinstance(t, int | float)}
 
     def __contains__(self, key: str | None) -> bool:
-        return key is not None and key in self.keys
+        return key is not None and key in self.keys and \
+            time.time() - self.keys[key] < self.recheck_after_s
 
     def remember(self, keys: Iterable[str]) -> None:
         keys = list(keys)
         if not keys:
             return
+        now = time.time()
         for key in keys:
             self.keys.pop(key, None)
-            self.keys[key] = None  # newest last, so the oldest are dropped first
-        save_json(self.path, list(self.keys)[-VERIFIED_MAX:])
+            self.keys[key] = now  # newest last, so the oldest are dropped first
+        save_json(self.path, dict(list(self.keys.items())[-VERIFIED_MAX:]))
 
 
 def version_keys(fs: Any, root: str, wanted: list[ExpectedFile]) -> dict[str, str]:
@@ -299,22 +328,25 @@ def version_keys(fs: Any, root: str, wanted: list[ExpectedFile]) -> dict[str, st
 
 
 def require_intact(uri: str, storage_options: dict | None = None, *,
-                   remember: bool = True) -> VerifyReport:
+                   remember: bool = True, known: VerifiedFiles | None = None) -> VerifyReport:
     """Verify a dataset for readers that cannot check page CRCs themselves (DuckDB); raise
-    an ``ElmoUserError`` naming the first damaged file and the fix. ``remember``: skip the
-    file versions found intact before, and remember the ones found intact now (see the
-    module's docstring); False reads every file. The report lists the files read."""
+    an ``ElmoUserError`` naming the first damaged committed file and the fix. ``remember``:
+    skip the file versions found intact before, and remember the ones found intact now
+    (see the module's docstring); False reads every file. The report lists the files
+    read; damaged derived files are in its ``derived_problems`` (not raised: a query of
+    another table is unaffected, and ``sql.connect`` makes their view say what is wrong).
+    ``known``: the cache to use (a server keeps one open rather than read it per query)."""
     ds = open_dataset(uri, storage_options)
     wanted = expected_files(ds.fs, ds.root) + expected_derived_files(ds.fs, ds.root)
     if remember:
-        known = VerifiedFiles()
+        known = known if known is not None else VerifiedFiles()
         keys = version_keys(ds.fs, ds.root, wanted)
         wanted = [w for w in wanted if keys.get(w.path) not in known]
     report = verify_dataset(ds.fs, ds.root, ds.descriptor, wanted=wanted)
     if remember:
         known.remember(keys[c.path] for c in report.files if c.ok and c.path in keys)
-    if report.problems:
+    if report.core_problems:
         raise ElmoUserError(
-            f"{uri}: {len(report.problems)} damaged file(s), first {report.problems[0].line()}; "
-            "rerun its `elmo embed` with --repair")
+            f"{uri}: {len(report.core_problems)} damaged file(s), first "
+            f"{report.core_problems[0].line()}; rerun its `elmo embed` with --repair")
     return report

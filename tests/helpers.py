@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,3 +208,26 @@ def local_ray_cluster(factory: pytest.TempPathFactory, head_cpus: int = 1,
             yield made.address
         finally:
             made.shutdown()
+
+
+def flip_keeping_mtime(path: Path, offset: int) -> None:
+    """One byte changed in place, the modification time put back (what rot looks like
+    to a check keyed by mtime)."""
+    stat = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0x10]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_mtime_ns == stat.st_mtime_ns
+
+
+def layer_page_offset(path: Path, column: str) -> int:
+    """An offset inside the data of ``column``'s first page (past its page header)."""
+    meta = pq.read_metadata(path)
+    group = meta.row_group(0)
+    chunk = next(group.column(i) for i in range(group.num_columns)
+                 if group.column(i).path_in_schema.startswith(column))
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    return start + chunk.total_compressed_size // 2

@@ -15,8 +15,7 @@ from pipeline.lookup.senses.cli import register_senses
 
 SQL_EPILOG = """\
 views: tokens (doc_id, sent_idx, tok_idx, token, char_start, char_end, layer_0..layer_L,
-shard), sentences, documents, errors; derived: senses, sentence_vectors and
-document_vectors (`elmo pool`). functions: elmo_mix(layer_0, .., layer_L, 'mix')
+shard), sentences, documents, errors. functions: elmo_mix(layer_0, .., layer_L, 'mix')
 -> FLOAT[dim]; elmo_cosine(a, b); elmo_vector(doc_id, sent_idx, tok_idx, 'mix').
 User values go in as parameters ($name with --param name=value), never pasted into SQL.
 
@@ -37,8 +36,10 @@ examples:
 repeated comparisons then run in milliseconds instead of decoding the layer lists.
 DuckDB does not check Parquet page checksums, so elmo sql first checks the dataset's
 files against its manifest (size, sha256, rows, schema): each file version once, then
-remembered in ~/.cache/elmo-store ($ELMO_STORE_CACHE); --verify reads them all again,
---no-verify skips the check. A damaged file stops the query with the item to --repair.
+remembered in ~/.cache/elmo-store ($ELMO_STORE_CACHE) for 24 hours; a file written since
+(even with its modification time put back) is read again. --verify reads them all again,
+--no-verify skips the check. A damaged file stops the query with the item to --repair; a
+damaged or missing file of a derived table (senses) stops only queries of that table.
 """
 
 INDEX_EPILOG = """\
@@ -137,8 +138,8 @@ def register(subparsers: Any) -> None:
     check.add_argument("--verify", action="store_true",
                        help="read every file against the manifest first, even versions "
                             "found intact before (by default each file version is checked "
-                            "once, then remembered: DuckDB does not check Parquet page "
-                            "checksums itself)")
+                            "once, then trusted for 24 hours: DuckDB does not check Parquet "
+                            "page checksums itself)")
     check.add_argument("--no-verify", action="store_true",
                        help="trust the files: skip the check against the manifest")
     p.set_defaults(handler=run_sql)
@@ -261,13 +262,9 @@ def run_sql(args: argparse.Namespace) -> int:
 
     if args.format == "parquet" and not args.out:
         raise ElmoUserError("--format parquet needs --out FILE")
-    if not args.no_verify:
-        from schemas.verify import require_intact
-
-        require_intact(args.dataset, remember=not args.verify)
-    # The whole result at once, so errors DuckDB raises while running the query (not only
-    # while binding it, as ``DatasetReader.sql`` does) become one line too.
-    table = run_query(args.dataset, args.query, _params(args.param), mixes=args.mix)
+    check = "none" if args.no_verify else "all" if args.verify else "changed"
+    table = run_query(args.dataset, args.query, _params(args.param), mixes=args.mix,
+                      check=check)
     if args.format == "parquet":
         import pyarrow.parquet as pq
 

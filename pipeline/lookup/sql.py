@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -140,9 +140,12 @@ def _register_functions(con: duckdb.DuckDBPyConnection, ds: Dataset) -> None:
 
 def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None,
             storage_options: dict | None = None, threads: int | None = None,
-            documents: DocumentTable | None = None) -> duckdb.DuckDBPyConnection:
+            documents: DocumentTable | None = None,
+            damaged: Mapping[str, str] | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with the dataset's views and the ``elmo_*`` functions;
-    ``documents``: the dataset's documents already read (a server shares them)."""
+    ``documents``: the dataset's documents already read (a server shares them);
+    ``damaged``: derived view -> what is wrong with its files (``require_intact``'s
+    ``derived_problems``): such a view fails with that line when a query reads it."""
     import duckdb
     import pyarrow as pa
 
@@ -176,25 +179,53 @@ def connect(dataset: str | Dataset, con: duckdb.DuckDBPyConnection | None = None
         empty = TABLE_SCHEMAS[view].empty_table()
         empty = empty.append_column(PARTITION_COLUMN, pa.array([], pa.int64()))
         con.from_arrow(empty).create_view(view, replace=True)
-    _derived_views(con, ds)
+    derived_views(con, ds, damaged or {})
     layers = [f"layer_{k}" for k in range(ds.descriptor.n_output_layers)]
     if layers and all(c in columns.get("tokens", []) for c in layers):
         _register_functions(con, ds)
     return con
 
 
-def _derived_views(con: duckdb.DuckDBPyConnection, ds: Dataset) -> None:
+def derived_views(con: duckdb.DuckDBPyConnection, ds: Dataset,
+                   damaged: Mapping[str, str]) -> None:
     """A view per derived table over the files its registry lists (an empty one when
-    none): ``senses`` joins ``tokens`` and ``documents`` on ``doc_id, sent_idx, tok_idx``."""
-    from schemas.derived_tables import DERIVED_SCHEMAS
+    none): ``senses`` joins ``tokens`` and ``documents`` on ``doc_id, sent_idx, tok_idx``.
+    A view whose files are damaged (``damaged``) or missing fails with one line naming
+    the fix when a query reads it; the other views are unaffected."""
+    from schemas.derived_tables import DERIVED_SCHEMAS, derived_entries, derived_fix
 
     for view in DERIVED_VIEWS:
+        problem = damaged.get(view)
+        if problem is None:
+            missing = [(key, entry["path"]) for key, entry
+                       in sorted(derived_entries(ds.fs, ds.root, view).items())
+                       if not ds.fs.exists(f"{ds.root}/{entry['path']}")]
+            if missing:
+                key, path = missing[0]
+                problem = (f"{len(missing)} file(s) of {view} missing, first {path} ({view} "
+                           f"of {key!r}): write it again with {derived_fix(view, key)}")
+        empty = con.from_arrow(DERIVED_SCHEMAS[view]().empty_table())
+        if problem is not None:
+            con.execute(_failing_view(view, empty, f"{ds.uri}: {problem}"))
+            continue
         paths = ds.paths(view)
         if not ds.is_local:
             paths = [ds.uri_of(path) for path in paths]
-        relation = con.read_parquet(paths) if paths \
-            else con.from_arrow(DERIVED_SCHEMAS[view]().empty_table())
+        relation = con.read_parquet(paths) if paths else empty
         relation.create_view(view, replace=True)
+
+
+def _failing_view(view: str, columns: Any, message: str) -> str:
+    """SQL of a view with ``columns``' names and types that fails with ``message`` when a
+    query reads it: every column and the row's filter call ``error()``, so no plan (a
+    count, a filter, a join) can answer from it without raising; ``error()`` runs on
+    scan, not when the view is made."""
+    # Worded as our errors raised inside DuckDB are, so that ``_one_line`` unwraps it.
+    fail = "error('ElmoUserError: " + message.replace("'", "''") + "')"
+    select = ", ".join(f'CAST({fail} AS {kind}) AS "{name}"'
+                       for name, kind in zip(columns.columns, columns.types, strict=True))
+    return (f'CREATE OR REPLACE VIEW "{view}" AS SELECT {select} FROM (SELECT 1) '
+            f"WHERE {fail} IS NULL")
 
 
 SQL_TYPES = {"int": "BIGINT", "float": "DOUBLE", "string": "VARCHAR"}
@@ -289,15 +320,27 @@ def materialize_mix(con: duckdb.DuckDBPyConnection, dataset: str | Dataset, mix:
 
 
 def run_query(dataset: str, query: str, params: dict[str, Any] | None = None,
-              mixes: Sequence[str] = ()) -> pa.Table:
+              mixes: Sequence[str] = (), check: str = "changed") -> pa.Table:
     """One query's result as an Arrow table (malformed SQL -> ``ElmoUserError``).
 
     Each of ``mixes`` is first precomputed into table ``mix_<name>`` (``materialize_mix``),
-    so that the query can compare vectors with DuckDB's ``array_*`` functions."""
+    so that the query can compare vectors with DuckDB's ``array_*`` functions. DuckDB
+    does not check Parquet page checksums, so the files are checked first (``check``):
+    ``changed`` reads the file versions not found intact lately (``require_intact``),
+    ``all`` reads every file, ``none`` nothing (``elmo sql --no-verify``)."""
     import duckdb
 
+    from schemas.verify import require_intact
+
+    if check not in ("changed", "all", "none"):
+        raise ValueError(f"check must be changed, all or none, not {check!r}")
+    damaged: dict[str, str] = {}
+    if check != "none":
+        report = require_intact(dataset, remember=check == "changed")
+        for problem in report.derived_problems:
+            damaged.setdefault(problem.table, problem.line())
     try:
-        con = connect(dataset)
+        con = connect(dataset, damaged=damaged)
     except duckdb.Error as error:  # e.g. unreadable Parquet behind a view
         raise connection_error(dataset, error) from None
     try:

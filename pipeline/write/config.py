@@ -103,6 +103,10 @@ class EmbedConfig:
     model: ModelSpec = field(metadata=exposed(
         custom=True, flag="--model", job_key="model",
         help="directory with options.json + weights"))
+    allow_missing: bool = field(default=False, metadata=exposed(
+        flag="--allow-missing", job_key="allow_missing",
+        help="embed the inputs that exist when some SOURCE_GLOB matches no file (by "
+             "default that is an error naming it)"))
     min_items: int = field(default=DEFAULT_MIN_ITEMS, metadata=exposed(
         flag="--shards", job_key="shards", minimum=1,
         help="at least this many work items (default %(default)s), so small corpora spread "
@@ -246,11 +250,12 @@ class EmbedConfig:
     def select_sources(self) -> list[SourceFile]:
         """The files this run embeds, each with its path relative to its glob's prefix."""
         if self.source_files is None:
-            return list_sources(self.sources, self.storage_options)
+            return list_sources(self.sources, self.storage_options, self.allow_missing)
         given = [s for s in self.source_files if isinstance(s, SourceFile)]
         wanted = [s for s in self.source_files if not isinstance(s, SourceFile)]
         if wanted:
-            listed = {s.uri: s for s in list_sources(self.sources, self.storage_options)}
+            listed = {s.uri: s for s in list_sources(self.sources, self.storage_options,
+                                                     self.allow_missing)}
             by_path = {s.path: s for s in listed.values()}
             missing = [u for u in wanted if u not in listed and u not in by_path]
             if missing:

@@ -98,9 +98,14 @@ def _fixed_prefix(pattern: str) -> str:
     return posixpath.dirname(pattern[:cut])
 
 
-def list_sources(globs: list[str], storage_options: dict | None = None) -> list[SourceFile]:
-    """Expand globs (any fsspec URI) into a sorted, de-duplicated list of files."""
+def list_sources(globs: list[str], storage_options: dict | None = None,
+                 allow_missing: bool = False) -> list[SourceFile]:
+    """Expand globs (any fsspec URI) into a sorted, de-duplicated list of files. A path
+    that does not exist or a glob that matches no file is an ``ElmoUserError`` naming it
+    (a typo beside good inputs would otherwise shrink the corpus unseen), unless
+    ``allow_missing``; no file at all is one either way."""
     found: dict[str, SourceFile] = {}
+    unmatched = []
     for pattern in globs:
         fs, path = open_fs(pattern, storage_options)
         if any(ch in path for ch in "*?["):
@@ -114,6 +119,8 @@ def list_sources(globs: list[str], storage_options: dict | None = None) -> list[
             prefix = posixpath.dirname(path)
         else:
             matches = {}
+        if not any(info.get("type") != "directory" for info in matches.values()):
+            unmatched.append(pattern)
         for match_path, info in sorted(matches.items()):
             if info.get("type") == "directory":
                 continue
@@ -125,6 +132,10 @@ def list_sources(globs: list[str], storage_options: dict | None = None) -> list[
                                              version))
     if not found:
         raise ElmoUserError(f"no input files match {' '.join(globs)!s}; check the path or glob")
+    if unmatched and not allow_missing:
+        raise ElmoUserError(f"no input files match {', '.join(unmatched)} (the other inputs "
+                            "do); check the path or glob, or pass --allow-missing to embed "
+                            "the rest")
     return sorted(found.values(), key=lambda s: s.uri)
 
 

@@ -264,8 +264,12 @@ def test_sql_reads_and_refuses_everything_else(client: httpx.Client, tmp_path: P
         assert "\n" not in message and "Traceback" not in message
     assert not target.exists()
     assert sql(client, "SELECT count(*) FROM tokens").status_code == 200  # views intact
-    slow = sql(client, "SELECT count(*) FROM range(1000000000) a, range(1000000000) b")
+    slow = sql(client, "SELECT count(*) FROM range(1000000000) a, range(10) b "
+                       "WHERE a.range + b.range < 0")
     assert slow.status_code == 400 and "longer than" in slow.json()["error"]
+    # A cross product that would hold a billion rows meets the memory limit first.
+    big = sql(client, "SELECT count(*) FROM range(1000000000) a, range(1000000000) b")
+    assert big.status_code == 400 and "needs more than the" in big.json()["error"]
     many = sql(client, "SELECT * FROM range(50000)").json()
     assert many["truncated"] and len(many["rows"]) == 10_000
 

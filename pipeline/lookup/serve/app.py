@@ -37,6 +37,7 @@ from pipeline.lookup.serve.limits import (
     MAX_BODY_BYTES,
     MAX_CLUSTERS,
     MAX_CONTEXT,
+    MAX_EMBED_TOKENS,
     MAX_FILTERS,
     MAX_K,
     MAX_OCCURRENCE,
@@ -177,6 +178,9 @@ def _add_sense_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> Non
         if body.mix is not None:
             store.ds.mix(body.mix)  # an unknown mix is refused before the model runs
         tokens = [store.tokens(s) for s in body.sentences]
+        if sum(map(len, tokens)) > MAX_EMBED_TOKENS:
+            raise ElmoUserError(f"{sum(map(len, tokens)):,} tokens in one request; at most "
+                                f"{MAX_EMBED_TOKENS:,} per /embed: send fewer sentences at once")
         layers = await batcher.embed(tokens)
         vectors = store.mixed(layers, body.mix)
         return JSONResponse({"mix": body.mix, "sentences": [

@@ -32,7 +32,12 @@ from pipeline.lookup.index.sense_index import SenseIndex
 from pipeline.lookup.senses.hits import Hit, distinct_contexts, hits_from_table
 from pipeline.lookup.senses.search import FETCH_FACTOR, MAX_FETCH, QueryToken, query_vector
 from pipeline.lookup.serve.exact import ExactSearch
-from pipeline.lookup.serve.limits import BATCH_WINDOW_S, LAYER_CACHE_SENTENCES, MAX_BATCH
+from pipeline.lookup.serve.limits import (
+    BATCH_WINDOW_S,
+    LAYER_CACHE_BYTES,
+    LAYER_CACHE_SENTENCES,
+    MAX_BATCH,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -183,11 +188,15 @@ class Batcher:
 
 class LayerCache:
     """Layers of recently embedded sentences (the embedder is stateless: a sentence's
-    layers do not depend on what else was in its batch). Used by the worker thread only."""
+    layers do not depend on what else was in its batch). Used by the worker thread only.
+    Bounded by sentences and by bytes: long distinct sentences (a hostile client's) would
+    otherwise keep megabytes each."""
 
-    def __init__(self, embedder: Any, size: int = LAYER_CACHE_SENTENCES) -> None:
-        self.embedder, self.size = embedder, size
+    def __init__(self, embedder: Any, size: int = LAYER_CACHE_SENTENCES,
+                 max_bytes: int = LAYER_CACHE_BYTES) -> None:
+        self.embedder, self.size, self.max_bytes = embedder, size, max_bytes
         self.kept: OrderedDict[tuple[str, ...], np.ndarray] = OrderedDict()
+        self.bytes = 0  # of the arrays kept
 
     def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
         keys = [tuple(s) for s in sentences]
@@ -196,12 +205,13 @@ class LayerCache:
             for key, layers in zip(missing, self.embedder.embed([list(k) for k in missing]),
                                    strict=True):
                 self.kept[key] = layers
+                self.bytes += layers.nbytes
         out = []
         for key in keys:
             self.kept.move_to_end(key)
             out.append(self.kept[key])
-        while len(self.kept) > self.size:
-            self.kept.popitem(last=False)
+        while self.kept and (len(self.kept) > self.size or self.bytes > self.max_bytes):
+            self.bytes -= self.kept.popitem(last=False)[1].nbytes
         return out
 
 

@@ -79,9 +79,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--sql-timeout", type=float, default=SQL_TIMEOUT_S, metavar="SECONDS",
                    help=f"stop a /sql query after this long (default {SQL_TIMEOUT_S:g})")
     p.add_argument("--no-verify", action="store_true",
-                   help="skip checking the dataset's files against its manifest at start "
-                        "(by default each file version is read once, then remembered, as "
-                        "`elmo sql` does: /sql runs on DuckDB, which skips page checksums)")
+                   help="skip checking the dataset's files against its manifest (by "
+                        "default at start and before each /sql query, as `elmo sql` does: "
+                        "each file version is read once, a changed one again; /sql runs "
+                        "on DuckDB, which skips page checksums)")
     p.set_defaults(handler=run_serve, setting_flag=serve_flag)
 
 
@@ -115,7 +116,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from pipeline.lookup.serve.app import create_app
     from pipeline.lookup.serve.resources import ServedStore
 
-    store = ServedStore.open(args.dataset, args.index, args.model, args.sql_timeout)
+    store = ServedStore.open(args.dataset, args.index, args.model, args.sql_timeout,
+                             check_files=not args.no_verify)
     app = create_app(store, args.token)
     where = f"[{args.host}]" if ":" in args.host else args.host
     print(f"serving {args.dataset} ({len(store.indexes)} index(es)) at "

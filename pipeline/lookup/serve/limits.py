@@ -5,6 +5,10 @@ from __future__ import annotations
 MAX_BODY_BYTES = 256 * 1024  # a request body; larger ones get 413 before they are read
 MAX_SENTENCES = 64  # per /embed request
 MAX_SENTENCE_CHARS = 2_000  # per sentence (embed and search)
+# Tokens per /embed request: its answer holds a vector per token as JSON (about 11 kB a
+# token at 512 values), so 64 sentences of 660 tokens made a 452 MB answer; this bounds
+# one answer at about 45 MB (512-d) and still takes any one sentence whole.
+MAX_EMBED_TOKENS = 4_096
 MAX_K = 200  # neighbours per sense search
 MAX_OCCURRENCE = 100  # which occurrence of the word in the query sentence
 MAX_CLUSTERS = 8  # k of /senses/{word}; "auto" tries 2..this
@@ -16,6 +20,7 @@ MAX_WORD_CHARS = 100
 # Sentences whose layers are kept: the embedder is stateless, so a sentence asked again
 # (the explorer page asks for its words, then searches each clicked word) needs no model run.
 LAYER_CACHE_SENTENCES = 1_024
+LAYER_CACHE_BYTES = 64 * 1024 * 1024  # and at most this much of them (long sentences)
 # A word whose candidate rows hold at most this many floats (32k rows of 256-d) is searched
 # exactly in this process, over its rows kept in memory: one matrix-vector product. Its cost
 # grows with the rows and meets a prefiltered vector-index search's at about three times
@@ -31,3 +36,6 @@ SQL_TIMEOUT_S = 10.0  # a query running longer is interrupted
 SQL_MAX_ROWS = 10_000  # rows returned; the answer says when more were cut
 SQL_MAX_RESULT_BYTES = 32 * 1024 * 1024  # Arrow bytes of those rows; more is refused
 MAX_SQL_CHARS = 20_000
+# DuckDB's memory for /sql (its default is 80% of the machine's): a query needing more
+# stops with one line, and nothing spills to disk.
+SQL_MEMORY_LIMIT = "512MB"

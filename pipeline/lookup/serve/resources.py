@@ -48,10 +48,12 @@ class ServedStore:
     @classmethod
     def open(cls, dataset: str, index_specs: list[str], model_dir: str | None = None,
              sql_timeout_s: float = SQL_TIMEOUT_S,
-             searchers: dict[str, Any] | None = None) -> ServedStore:
+             searchers: dict[str, Any] | None = None,
+             check_files: bool = True) -> ServedStore:
         """``searchers``: index name -> the Ray actors that hold that index's shards
         (``ivf_ray.start_searchers``, ``elmo serve --shard-actors``): its searches go
-        to them, and this process opens none of its shards."""
+        to them, and this process opens none of its shards. ``check_files``: /sql checks
+        the dataset's files before each query (``GuardedSql``)."""
         import elmo_model
 
         ds = open_dataset(dataset)
@@ -76,7 +78,8 @@ class ServedStore:
         # The documents are read once: for the SQL view's typed fields and for results.
         documents = DocumentTable(ds)
         store = cls(dataset, ds, dataset_tokenizer(ds.descriptor), embedder, indexes,
-                    GuardedSql(ds, sql_timeout_s, documents=documents),
+                    GuardedSql(ds, sql_timeout_s, documents=documents,
+                               check_files=check_files),
                     model_options=str(options))
         store.documents = dict(documents.rows())  # doc_id -> source, line, metadata
         return store
