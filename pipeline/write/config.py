@@ -290,6 +290,7 @@ class EmbedSettings(TypedDict, total=False):
     window_overlap: int
     part: str
     repair: bool
+    allow_missing: bool
     progress: bool
     unit_tokens: int | None
     storage_options: dict | None
