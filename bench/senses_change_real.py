@@ -3,7 +3,8 @@
 in docs/source/whatsnew/, quoted in ``KNOWN_CHANGES``) names the renames, new subsystems
 and services that changed what some words mean in its commit messages.
 
-    .venv/bin/python bench/senses_change_real.py prepare --mirror /work/.mirror/ipython+ipython/repo --work W
+    M=/work/.mirror/ipython+ipython/repo   # `fetch github:ipython/ipython`
+    .venv/bin/python bench/senses_change_real.py prepare --mirror $M --work W
     nice .venv/bin/python bench/senses_change_real.py embed --work W    # elmo embed, default model
     .venv/bin/python bench/senses_change_real.py index --work W
     .venv/bin/python bench/senses_change_real.py measure --work W      # the table
@@ -13,7 +14,8 @@ was first run (git history shows it): nothing in it was chosen from a ranking.
 
 Corpus: one document per commit reachable from any ref of the mirror (``git log --all``),
 its subject and body (``git-svn-id`` lines dropped: repository metadata, not language),
-with fields ``year`` and ``date`` (author date). Ranked with ``--by year --bin 5``.
+with fields ``year`` and ``date`` (author date), all commits but 40% of the busiest years
+(2010-2014). Ranked with ``--by year --bin 5``.
 
 Reported per method and score: the share of the top 25 that are real changes (judged
 from each word's uses, the judgement written in ``JUDGED``; words not judged yet are
@@ -33,6 +35,8 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 BY, BIN = "year", 5
@@ -75,8 +79,13 @@ JUDGED: dict[str, tuple[bool, str]] = {}
 SVN_ID = re.compile(r"^git-svn-id:.*$", re.MULTILINE)
 
 
-def prepare(mirror: str, work: Path) -> None:
-    """The JSONL corpus: one document per commit, with its year and date."""
+def prepare(mirror: str, work: Path, keep: float, seed: int) -> None:
+    """The JSONL corpus: one document per commit, with its year and date; of the years
+    2010-2014, which hold 60% of the commits, a random ``keep`` share (to bound the
+    embedding time on a shared CPU; the other years keep every commit)."""
+    import random
+
+    rng = random.Random(seed)
     log = subprocess.run(["git", "--git-dir", mirror, "log", "--all",
                           "--format=%H%x1f%ad%x1f%B%x1e", "--date=format:%Y-%m-%d"],
                          check=True, capture_output=True, text=True).stdout
@@ -87,7 +96,7 @@ def prepare(mirror: str, work: Path) -> None:
             continue
         commit, date, message = parts
         text = SVN_ID.sub("", message).strip()
-        if not text:
+        if not text or (2010 <= int(date[:4]) <= 2014 and rng.random() >= keep):
             continue
         words += len(text.split())
         out.append({"doc_id": commit[:12], "year": int(date[:4]), "date": date,
@@ -97,3 +106,130 @@ def prepare(mirror: str, work: Path) -> None:
     years = Counter(r["year"] // BIN * BIN for r in out)
     print(f"{len(out)} commits, {words} words; per {BIN} years: "
           + ", ".join(f"{y}: {n}" for y, n in sorted(years.items())))
+
+
+def embed(work: Path) -> None:
+    """`elmo embed` with its default settings (the default model)."""
+    started = time.time()
+    subprocess.run([str(REPO / ".venv/bin/elmo"), "embed", str(work / "corpus.jsonl"),
+                    "--out", str(work / "ds")], check=True)
+    print(f"embedded in {time.time() - started:.0f} s")
+
+
+def index(work: Path) -> None:
+    """`elmo index build` with its default settings."""
+    if not (work / "ix" / "_elmo_index.json").exists():
+        subprocess.run([str(REPO / ".venv/bin/elmo"), "index", "build", str(work / "ds"),
+                        "--out", str(work / "ix")], check=True)
+
+
+def _frequent(ix_path: str, n: int = 100) -> set[str]:
+    """The corpus's ``n`` most frequent words (stems, letters only), by the index's counts."""
+    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.senses.clusters import WORD_RE
+
+    counts = SenseIndex(ix_path).word_counts.table()
+    by_stem: Counter[str] = Counter()
+    for stem, rows in zip(counts.column("token_stem").to_pylist(),
+                          counts.column("rows").to_pylist(), strict=True):
+        if stem and WORD_RE.fullmatch(stem):
+            by_stem[stem] += rows
+    return {w for w, _ in by_stem.most_common(n)}
+
+
+def _orders(rows: list[dict], method: str) -> dict[str, list[dict]]:
+    """Scoring -> every ranked row, best first."""
+    def by(key: str, significant_first: bool) -> list[dict]:
+        def order(r: dict) -> tuple:
+            v = r[key]
+            return ((not r["significant"]) if significant_first else False,
+                    -v if v is not None and math.isfinite(v) else math.inf, r["word"])
+        return sorted(rows, key=order)
+
+    return {f"{method} excess, significant first": by(f"{method}_excess", True),
+            f"{method} excess": by(f"{method}_excess", False),
+            f"{method} z": by(f"{method}_z", False)}
+
+
+def _metrics(ranked: list[dict], key: str, frequent: set[str]) -> dict:
+    from scipy.stats import spearmanr
+
+    from pipeline.lookup.index.words import stem_words
+
+    top = [r["word"] for r in ranked[:TOP]]
+    judged = [JUDGED[w][0] for w in top if w in JUDGED]
+    position = {r["word"]: i + 1 for i, r in enumerate(ranked)}
+    stems = {w: s for w, s in zip(position, stem_words(list(position)), strict=True)}
+    known = {w: position.get(w) or next((position[f] for f, s in stems.items()
+                                          if s == stem_words([w])[0]), None)
+             for w in KNOWN_CHANGES}
+    ranks = sorted(r for r in known.values() if r is not None)
+    values = [(r[key], math.log(sum(r["uses"].values()))) for r in ranked
+              if r[key] is not None and math.isfinite(r[key])]
+    return {"top": top, "real_in_top": sum(judged), "judged_in_top": len(judged),
+            "unjudged": [w for w in top if w not in JUDGED],
+            "frequent_in_top": sorted(stems[w] for w in top if stems[w] in frequent),
+            "known_ranks": known, "known_median": float(np.median(ranks)) if ranks else None,
+            "controls": {w: position.get(w) for w in STABLE_CONTROLS},
+            "ranked": len(ranked), "spearman_log_uses": float(
+                spearmanr(*zip(*values, strict=True)).statistic)}
+
+
+def measure(work: Path, methods: list[str], label: str) -> None:
+    """Rank with each method (this checkout's code), then every scoring's metrics."""
+    from pipeline.lookup.senses.change import word_changes
+
+    frequent = _frequent(str(work / "ix"))
+    results = {}
+    for method in methods:
+        started = time.time()
+        ranking = word_changes(str(work / "ix"), BY, BIN, method=method, progress=True)
+        took = time.time() - started
+        rows = [r.to_dict() for r in ranking.rows]
+        for r in rows:
+            r.setdefault("significant", True)  # code from before significance
+        (work / f"rows-{label}-{method}.json").write_text(json.dumps(rows) + "\n")
+        for scoring, ranked in _orders(rows, method).items():
+            key = scoring.split(",")[0].replace(" ", "_")
+            results[scoring] = {**_metrics(ranked, key, frequent), "seconds": round(took),
+                                "significant": sum(bool(r.get("q") is not None and
+                                                        r["significant"]) for r in rows)}
+            m = results[scoring]
+            print(f"{label} | {scoring}: real {m['real_in_top']}/{m['judged_in_top']} judged "
+                  f"of top {TOP}; frequent in top {len(m['frequent_in_top'])} "
+                  f"{m['frequent_in_top']}; known median {m['known_median']} of "
+                  f"{m['ranked']} {m['known_ranks']}; Spearman(log uses) "
+                  f"{m['spearman_log_uses']:.2f}; significant {m['significant']}; "
+                  f"{took:.0f} s\n  top: {', '.join(m['top'])}\n  unjudged: "
+                  f"{', '.join(m['unjudged'])}\n  controls: {m['controls']}", flush=True)
+    (work / f"results-{label}.json").write_text(json.dumps(results, indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=("prepare", "embed", "index", "measure"))
+    parser.add_argument("--work", required=True, type=Path, help="working folder")
+    parser.add_argument("--mirror", help="the project's git directory (prepare)")
+    parser.add_argument("--keep", type=float, default=0.4,
+                        help="share of the 2010-2014 commits kept (prepare)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--methods", default="prt,apd,jsd,ed",
+                        help="methods to rank by (measure)")
+    parser.add_argument("--label", default="after", help="names the results (measure)")
+    args = parser.parse_args()
+    if args.stage == "prepare":
+        if not args.mirror:
+            parser.error("prepare needs --mirror GIT_DIR")
+        prepare(args.mirror, args.work, args.keep, args.seed)
+    elif args.stage == "embed":
+        embed(args.work)
+    elif args.stage == "index":
+        index(args.work)
+    else:
+        measure(args.work, args.methods.split(","), args.label)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    np.seterr(all="ignore")
+    main()

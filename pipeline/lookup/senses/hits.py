@@ -109,12 +109,10 @@ def hits_from_table(table: pa.Table, documents: DocumentTable | None = None) -> 
             for i, r in enumerate(rows)]
 
 
-def distinct_contexts(hits: Sequence[Hit]) -> list[int]:
-    """Positions of the first hit of each context (see ``Hit.context``), in order."""
-    seen: set[tuple[str, ...]] = set()
-    keep = []
-    for i, hit in enumerate(hits):
-        if hit.context not in seen:
-            seen.add(hit.context)
-            keep.append(i)
-    return keep
+def distinct_contexts(hits: Sequence[Hit], groups: Sequence[Any] | None = None) -> list[int]:
+    """Positions (ascending) of the hit kept for each context (see ``Hit.context``), in
+    each of ``groups`` (one per hit) if given: the rule of ``senses.contexts``."""
+    from pipeline.lookup.senses.contexts import first_of_each
+
+    return first_of_each([h.context for h in hits], [h.doc_id for h in hits],
+                         [h.sent_idx for h in hits], groups)
