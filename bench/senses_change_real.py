@@ -216,6 +216,9 @@ def main() -> None:
     parser.add_argument("--methods", default="prt,apd,jsd,ed",
                         help="methods to rank by (measure)")
     parser.add_argument("--label", default="after", help="names the results (measure)")
+    parser.add_argument("--code", type=Path, default=REPO,
+                        help="rank with the code of this checkout (measure; e.g. `git "
+                             "archive 5d03788 | tar -x -C DIR` for the code before issue 45)")
     args = parser.parse_args()
     if args.stage == "prepare":
         if not args.mirror:
@@ -230,6 +233,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
+    code = sys.argv[sys.argv.index("--code") + 1] if "--code" in sys.argv else str(REPO)
+    sys.path.insert(0, code)
     np.seterr(all="ignore")
     main()
