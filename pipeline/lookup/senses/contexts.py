@@ -2,14 +2,17 @@
 documents (a boilerplate paragraph, a template, a quoted notice) counts once.
 
 The rule, in one place: two uses of a word are the same context when their sentence text
-(whitespace normalised) and the token's place in it are the same; of a context's uses the
-one kept is that of the first document in ``(doc_id, sent_idx)`` order. Where uses are
-compared across groups of documents (``elmo senses change``: the ranking and the one-word
-view, ``elmo senses cluster --by``), a context counts once in each group it occurs in: a
-template used in both periods is a use in both, while a notice repeated in 55 documents
-of one year counts once there. Without groups (the sense maps) it counts once. A use whose
-sentence text is unknown (a dataset that stores none) is its own context. Everything
-counts through ``first_of_each`` or ``distinct_rows``.
+and the token's place in it are the same, the text compared with white space normalised
+and identifiers masked (``normalised``: numbers, hashes, versions, paths; so the lines a
+bot or a template writes, "Merge pull request #4632 from user/branch", are one context);
+of a context's uses the one kept is that of the first document in ``(doc_id, sent_idx)``
+order. Where uses are compared across groups of documents (``elmo senses change``: the
+ranking and the one-word view, ``elmo senses cluster --by``), a context counts once in
+each group it occurs in: a template used in both periods is a use in both, while a
+notice repeated in 55 documents of one year counts once there. Without groups (the
+sense maps) it counts once. A use whose sentence text is unknown (a dataset that stores
+none) is its own context. Everything counts through ``first_of_each`` or
+``distinct_rows``.
 
 A word's forms: the ranking compares the index's word forms (Snowball stems: *plays*,
 *played*, *playing* are one word); ``word_forms`` gives the lowercase forms that share a
@@ -18,10 +21,16 @@ word's stem, so a view of one word counts the same uses the ranking does.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+# A word with one of these is an identifier, not language: a number, a hash, a version, a
+# path, ``user/branch``, an e-mail address. Generated lines differ in them only ("Merge
+# pull request #4632 from user/branch"): masked, such lines are one context.
+_IDENTIFIER = re.compile(r"[\d/@]")
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -30,8 +39,11 @@ if TYPE_CHECKING:
 
 
 def normalised(text: str | None) -> str:
-    """A sentence's text with runs of white space as one space (empty if unknown)."""
-    return " ".join(text.split()) if text else ""
+    """A sentence's text as contexts compare it (empty if unknown): runs of white space as
+    one space, and every word holding a digit, ``/`` or ``@`` masked (``#``)."""
+    if not text:
+        return ""
+    return " ".join("#" if _IDENTIFIER.search(w) else w for w in text.split())
 
 
 def first_of_each(context: Sequence[Any], doc_ids: Sequence[str], sent_idx: Sequence[int],

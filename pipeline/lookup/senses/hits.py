@@ -76,10 +76,13 @@ class Hit:
 
     @property
     def context(self) -> tuple[str, ...]:
-        """What makes two occurrences the same context: the sentence text (whitespace
-        normalised) and the token's place in it. Without sentence text (a dataset that
-        stores none) nothing says two are the same: the occurrence is its own context."""
-        text = " ".join(self.sentence.split())
+        """What makes two occurrences the same context: the sentence text (as
+        ``senses.contexts.normalised`` compares it) and the token's place in it. Without
+        sentence text (a dataset that stores none) nothing says two are the same: the
+        occurrence is its own context."""
+        from pipeline.lookup.senses.contexts import normalised
+
+        text = normalised(self.sentence)
         if not text:
             return "", self.doc_id, str(self.sent_idx), str(self.tok_idx)
         return text, str(self.tok_idx)
