@@ -107,6 +107,11 @@ JUDGED: dict[str, tuple[bool, str]] = {
                                                                       "tags in PR bodies"),
     "app": (False, "applications and apply, mixed"), "generated": (False, "generic"),
     "token": (False, "tokenize throughout (topic)"),
+    "traitlets": (True, "IPython.utils.traitlets, then the separate traitlets package"),
+    "connection": (False, "kernel connection files, then database connections (topic)"),
+    "oinspect": (False, "the same module throughout"), "local": (False, "generic"),
+    "log": (False, "logging throughout"),
+    "modified": (False, "generic; pasted `git status` lines"),
     **{w: (False, "function word, or a word of the commit templates (names, trailers)")
        for w in ("carreau", "noreply", "to", "fix", "don't", "update", "on", "into",
                  "remove", "add", "for", "use", "typo", "of", "co-authored-by", "pr",
