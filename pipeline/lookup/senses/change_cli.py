@@ -15,7 +15,8 @@ Without WORD: every word with --min-uses uses in at least two groups of --by FIE
 (numbers grouped in bins of --bin N; text fields as they are), ranked by how differently
 it is used across the groups. Words are the index's word forms, as search matches them
 (plays, played, playing are one word). Uses are distinct contexts: a sentence repeated in
-many documents (a boilerplate paragraph, a template) counts once, everywhere.
+many documents of a group (a boilerplate paragraph; a template's lines, which differ only
+in numbers or paths) counts once there, in the ranking and with WORD alike.
 
 Scores (all four on every row; --method picks the one ranked by):
   prt   cosine distance between the groups' mean vectors
@@ -89,8 +90,8 @@ def add_change_parser(verbs: Any, add: Callable[..., Any],
     which.add_argument("--top", type=int, metavar="N", help="show the N words that changed "
                        "most (default: all)")
     c.add_argument("--min-uses", type=int, default=DEFAULT_MIN_USES, metavar="N",
-                   help=f"uses a word needs in a group to count there (default "
-                        f"{DEFAULT_MIN_USES})")
+                   help=f"uses (distinct contexts) a word needs in a group to count "
+                        f"there (default {DEFAULT_MIN_USES})")
     c.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
                    help=f"score that ranks the words (default {DEFAULT_METHOD}: best on "
                         "bench/senses_change.py, docs/senses.md)")
