@@ -199,7 +199,9 @@ def _metrics(ranked: list[dict], key: str, frequent: set[str]) -> dict:
     from pipeline.lookup.index.words import stem_words
 
     top = [r["word"] for r in ranked[:TOP]]
-    judged = [JUDGED[w][0] for w in top if w in JUDGED]
+    # A known change is a real one wherever it ranks.
+    judged = [w in KNOWN_CHANGES or JUDGED[w][0] for w in top
+              if w in JUDGED or w in KNOWN_CHANGES]
     position = {r["word"]: i + 1 for i, r in enumerate(ranked)}
     stems = {w: s for w, s in zip(position, stem_words(list(position)), strict=True)}
     known = {w: position.get(w) or next((position[f] for f, s in stems.items()
@@ -209,7 +211,7 @@ def _metrics(ranked: list[dict], key: str, frequent: set[str]) -> dict:
     values = [(r[key], math.log(sum(r["uses"].values()))) for r in ranked
               if r[key] is not None and math.isfinite(r[key])]
     return {"top": top, "real_in_top": sum(judged), "judged_in_top": len(judged),
-            "unjudged": [w for w in top if w not in JUDGED],
+            "unjudged": [w for w in top if w not in JUDGED and w not in KNOWN_CHANGES],
             "frequent_in_top": sorted(stems[w] for w in top if stems[w] in frequent),
             "known_ranks": known, "known_median": float(np.median(ranks)) if ranks else None,
             "controls": {w: position.get(w) for w in STABLE_CONTROLS},
