@@ -128,16 +128,20 @@ def test_shuffles_stop_once_enough_reach_the_observed_score() -> None:
     rng = np.random.default_rng(2)
     sums = rng.normal(size=(12, 8))
     blocks = Blocks(np.array([0, 6]), sums, np.full(12, 3.0), np.ones((12, 1)))
-    null = resampled_scores(blocks, np.array([rng.permutation(12) for _ in range(50)]))["prt"]
+    def draw(n: int) -> np.ndarray:
+        return resampled_scores(blocks, np.array([rng.permutation(12) for _ in range(n)]))[
+            "prt"]
+
+    null = draw(50)
     # An ordinary score: the first 50 shuffles reach it often enough.
     typical = float(np.median(null))
-    assert refined_p(blocks, "prt", typical, null, 5_000, rng)[1] == 50
+    assert refined_p(draw, typical, null, 5_000)[1] == 50
     # A score no shuffle reaches: rounds of 10x, to the most allowed.
-    p, drawn = refined_p(blocks, "prt", 10.0, null, 5_000, rng)
+    p, drawn = refined_p(draw, 10.0, null, 5_000)
     assert drawn == 5_000 and p == pytest.approx(1 / 5_001)
     # One that a few reach: more shuffles until MIN_EXCEEDING do.
     rare = float(np.quantile(null, 0.97))
-    p, drawn = refined_p(blocks, "prt", rare, null, 50_000, rng)
+    p, drawn = refined_p(draw, rare, null, 50_000)
     assert 50 < drawn < 50_000 and p * (drawn + 1) >= MIN_EXCEEDING + 1
 
 

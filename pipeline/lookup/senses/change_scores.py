@@ -183,8 +183,11 @@ def score_word(blocks: Blocks, resamples: int, rng: np.random.Generator,
             drawn, [tail, 100 - tail])) if len(drawn) else (np.nan, np.nan))
     out.shuffles = resamples
     if most_shuffles > resamples:
-        out.p[ranked], out.shuffles = refined_p(blocks, ranked, out.raw[ranked],
-                                                null[ranked], most_shuffles, rng)
+        def draw(n: int) -> np.ndarray:
+            return resampled_scores(blocks, shuffled_picks(blocks, n, rng))[ranked]
+
+        out.p[ranked], out.shuffles = refined_p(draw, out.raw[ranked], null[ranked],
+                                                most_shuffles)
     return out
 
 

@@ -16,12 +16,9 @@ more, a few thousand shuffles each, through the blocks' Gram matrix (``change_sc
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from pipeline.lookup.senses.change_scores import Blocks
 
 # Shuffles reaching the observed score before a p-value is trusted as it is (below
 # this, the estimate's relative error is over 30%, and more shuffles are drawn).
@@ -58,13 +55,12 @@ def bh_qvalues(p: np.ndarray) -> np.ndarray:
     return q
 
 
-def refined_p(blocks: Blocks, method: str, observed: float, null: np.ndarray, most: int,
-              rng: np.random.Generator) -> tuple[float, int]:
-    """``(p, shuffles)``: ``method``'s permutation p-value from the shuffles ``null``
-    already drawn, with more drawn (rounds ``GROWTH`` times larger, up to ``most`` in all)
-    while fewer than ``MIN_EXCEEDING`` of them reach ``observed``."""
-    from pipeline.lookup.senses.change_scores import resampled_scores, shuffled_picks
-
+def refined_p(draw: Callable[[int], np.ndarray], observed: float, null: np.ndarray,
+              most: int) -> tuple[float, int]:
+    """``(p, shuffles)``: a permutation p-value of ``observed`` from the shuffled scores
+    ``null`` already drawn, with more drawn (``draw(n)``: ``n`` more shuffled scores; rounds
+    ``GROWTH`` times larger, up to ``most`` in all) while fewer than ``MIN_EXCEEDING`` of
+    them reach ``observed``."""
     finite = null[np.isfinite(null)]
     exceeding, counted, drawn = int((finite >= observed).sum()), len(finite), len(null)
     if not math.isfinite(observed):
@@ -73,7 +69,7 @@ def refined_p(blocks: Blocks, method: str, observed: float, null: np.ndarray, mo
         target = min(most, drawn * GROWTH)
         while drawn < target and exceeding < MIN_EXCEEDING:
             n = min(SHUFFLE_CHUNK, target - drawn)
-            more = resampled_scores(blocks, shuffled_picks(blocks, n, rng))[method]
+            more = draw(n)
             more = more[np.isfinite(more)]
             exceeding += int((more >= observed).sum())
             counted += len(more)
