@@ -90,8 +90,8 @@ def timeline_lines(timeline: SenseTimeline) -> list[str]:
     forms = [w for w in b.words if w != timeline.word.lower()]
     lines = [f"senses of {timeline.word!r}{' (with ' + ', '.join(forms) + ')' if forms else ''}"
              f" by {b.by}{f' (bins of {b.bin:g})' if b.bin else ''}, mix {timeline.mix}; "
-             "counts are distinct contexts (a sentence repeated in many documents counts "
-             "once), sense sizes included:"]
+             "the table counts distinct contexts per group (a sentence repeated in many "
+             "documents of a group counts once), a sense's size each context once:"]
     for name, hits in zip(b.senses, timeline.examples, strict=True):
         lines.append(f"  {name}")
         lines.extend(f"      e.g. {h.doc_id}#{h.sent_idx}: {h.snippet(90)}" for h in hits[:1])
