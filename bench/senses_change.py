@@ -172,10 +172,10 @@ def embed(work: Path) -> None:
     print(f"embedded in {time.process_time() - started:.0f} CPU s (this process)")
 
 
-def index(work: Path) -> None:
+def index(work: Path, mixes: tuple[str, ...]) -> None:
     from pipeline.lookup.index.build import build_index
 
-    for mix in MIXES:
+    for mix in mixes:
         out = work / f"ix-{mix.replace(':', '')}"
         if not (out / "_elmo_index.json").exists():
             build_index(str(work / "ds"), mix, str(out), kind="flat", compact=False)
@@ -218,12 +218,12 @@ def _metrics(score: dict[str, float], plan: list[dict]) -> dict[str, float | boo
             "ranked": len(ranked)}
 
 
-def measure(work: Path, resamples: int) -> None:
+def measure(work: Path, resamples: int, mixes: tuple[str, ...]) -> None:
     from pipeline.lookup.senses.change import word_changes
 
     plan = json.loads((work / "plan.json").read_text())
     results, rows_out = [], {}
-    for mix in MIXES:
+    for mix in mixes:
         started = time.process_time()
         ranking = word_changes(str(work / f"ix-{mix.replace(':', '')}"), "period",
                                min_uses=MIN_USES, resamples=resamples, progress=True)
@@ -264,6 +264,10 @@ def main() -> None:
                         help="give each address a random period (prepare): no real change "
                              "left, only the injected ones")
     parser.add_argument("--resamples", type=int, default=200)
+    parser.add_argument("--mixes", default=",".join(MIXES),
+                        help="layers/mixes to index and rank (index, measure)")
+    parser.add_argument("--code", type=Path, default=REPO,
+                        help="rank with the code of this checkout (measure: the before)")
     args = parser.parse_args()
     if args.stage == "prepare":
         if not args.sotu:
@@ -273,12 +277,13 @@ def main() -> None:
     elif args.stage == "embed":
         embed(args.work)
     elif args.stage == "index":
-        index(args.work)
+        index(args.work, tuple(args.mixes.split(",")))
     else:
-        measure(args.work, args.resamples)
+        measure(args.work, args.resamples, tuple(args.mixes.split(",")))
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, sys.argv[sys.argv.index("--code") + 1] if "--code" in sys.argv
+                    else str(REPO))
     np.seterr(all="ignore")
     main()

@@ -236,9 +236,9 @@ def test_clustering_samples_many_contexts_and_says_so(index: str) -> None:
             if s >= best - AUTO_SILHOUETTE_SHARE * abs(best)]
     assert result.k == max(near)
     assert result.n_rows == 11
-    assert "11 uses in 10 distinct contexts (1 repeat a sentence already seen: each counts " \
-        "in the tables, drawn once); a random 6 of the 10 contexts clustered and drawn" \
-        in map_subtitle(result)
+    assert "11 uses in 10 distinct contexts (1 repeat a sentence already seen: counted " \
+        "once, in the tables per group, and drawn once); a random 6 of the 10 contexts " \
+        "clustered and drawn" in map_subtitle(result)
     with pytest.raises(ElmoUserError, match="no-such-word: 0 distinct context"):
         cluster_senses(index, ["no-such-word"])
 

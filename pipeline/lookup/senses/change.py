@@ -5,9 +5,13 @@ ranked by change across the groups of a document field, in one pass over its vec
     ranking = word_changes(ix, by="president", words=["union", "state"])
 
 A word counts in a group with at least ``min_uses`` uses there, and is ranked when it
-counts in at least two groups. Words are the index's word forms, as search matches them
-(its Snowball stems: *plays*, *played* and *playing* are one word, shown by its most
-frequent form); an index built without stems groups by the lowercase word.
+counts in at least two groups. Uses are distinct contexts (``senses.contexts``): a
+sentence repeated in many documents of a group counts once there. Words whose change is
+significant (BH q at most ``max_q``) come first, by ``change``; the rest follow, flagged.
+Words are the
+index's word forms, as search matches them (its Snowball stems: *plays*, *played* and
+*playing* are one word, shown by its most frequent form); an index built without stems
+groups by the lowercase word.
 
 How it reads: a first pass reads the index's small columns (word, document key, row id)
 to count uses per word and group and to choose which uses each score needs; a second
@@ -42,7 +46,9 @@ from pipeline.lookup.senses.change_scores import (
     sense_counts,
     sense_sample,
 )
+from pipeline.lookup.senses.change_significance import DEFAULT_MAX_Q, bh_qvalues, max_shuffles
 from pipeline.lookup.senses.clusters import WORD_RE
+from pipeline.lookup.senses.contexts import distinct_rows, index_texts, main_forms
 from pipeline.lookup.senses.groups import DocumentGroups, document_groups
 
 if TYPE_CHECKING:
@@ -65,13 +71,16 @@ class WordChange:
     method: str
     scores: dict[str, float]  # method -> raw score
     z: dict[str, float]  # method -> standardised score
-    p: float  # the method's permutation p-value
+    p: float  # the method's permutation p-value (``shuffles`` of them)
     null_mean: float  # the method's mean score with shuffled groups
     interval: tuple[float, float]  # the method's raw score, bootstrap interval
-    uses: dict[str, int]  # group -> uses (the groups it counts in)
+    uses: dict[str, int]  # group -> distinct contexts (the groups it counts in)
     documents: int = 0  # documents using it, in those groups
     rank: int = 0
     null_means: dict[str, float] = field(default_factory=dict)  # every method's
+    q: float = math.nan  # Benjamini-Hochberg adjusted p across the words ranked
+    significant: bool = False  # q <= the ranking's max_q
+    shuffles: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data: ``word`` and ``change`` first."""
@@ -79,7 +88,8 @@ class WordChange:
             return None if v is None or not math.isfinite(v) else round(float(v), 6)
 
         return {"word": self.word, "change": num(self.change), "rank": self.rank,
-                "method": self.method, "p": num(self.p),
+                "method": self.method, "p": num(self.p), "q": num(self.q),
+                "significant": self.significant, "shuffles": self.shuffles,
                 **{m: num(self.scores[m]) for m in METHODS},
                 **{f"{m}_z": num(self.z[m]) for m in METHODS},
                 **{f"{m}_excess": num(self.scores[m] - self.null_means.get(m, math.nan))
@@ -103,6 +113,9 @@ class ChangeRanking:
     resamples: int = DEFAULT_RESAMPLES
     left_out_docs: int = 0  # documents without the field
     score: str = DEFAULT_SCORE  # what ``change`` is (SCORES)
+    max_q: float = DEFAULT_MAX_Q  # significance level of q
+    significant: int = 0  # words ranked with q <= max_q (before ``top``)
+    repeats: int = 0  # uses left out as repeats of a context already counted
 
     def table(self) -> pa.Table:
         """The rows as an Arrow table (``--out``): scores, intervals, uses per group."""
@@ -115,12 +128,16 @@ class ChangeRanking:
             "word": pa.array([r["word"] for r in rows], pa.string()),
             "change": pa.array([r["change"] for r in rows], pa.float64()),
             "method": pa.array([r["method"] for r in rows], pa.string()),
-            "p": pa.array([r["p"] for r in rows], pa.float64())}
+            "p": pa.array([r["p"] for r in rows], pa.float64()),
+            "q": pa.array([r["q"] for r in rows], pa.float64()),
+            "significant": pa.array([r["significant"] for r in rows], pa.bool_()),
+            "shuffles": pa.array([r["shuffles"] for r in rows], pa.int64())}
         for name in (*METHODS, *(f"{m}_z" for m in METHODS),
                      *(f"{m}_excess" for m in METHODS), "null_mean"):
             columns[name] = pa.array([r[name] for r in rows], pa.float64())
         columns["interval_low"] = pa.array([r["interval"][0] for r in rows], pa.float64())
         columns["interval_high"] = pa.array([r["interval"][1] for r in rows], pa.float64())
+        # Uses are distinct contexts (module docstring).
         columns["uses"] = pa.array([sum(r["uses"].values()) for r in rows], pa.int64())
         columns["documents"] = pa.array([r["documents"] for r in rows], pa.int64())
         columns["uses_by_group"] = pa.array(
@@ -148,13 +165,17 @@ def _check_arguments(method: str, min_uses: int, top: int | None, blocks: int,
 def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
                  words: Sequence[str] | None = None, top: int | None = None,
                  min_uses: int = DEFAULT_MIN_USES, method: str = DEFAULT_METHOD,
-                 score: str = DEFAULT_SCORE,
+                 score: str = DEFAULT_SCORE, max_q: float = DEFAULT_MAX_Q,
                  blocks: int = DEFAULT_BLOCKS, resamples: int = DEFAULT_RESAMPLES,
                  seed: int = 0, progress: bool = False) -> ChangeRanking:
     """Words ranked by how differently they are used across the groups of document field
     ``by`` (numbers in bins of ``bin``): all words counting in two groups, or ``words``
-    (each must); ``top`` keeps the first rows. See the module's docstring."""
+    (each must); significant ones (q <= ``max_q``) first; ``top`` keeps the first rows.
+    See the module's docstring."""
     _check_arguments(method, min_uses, top, blocks, resamples, words)
+    if not 0 < max_q <= 1:
+        raise SettingError("max_q", lambda name: (
+            f"{name('max_q')} is a false discovery rate between 0 and 1, not {max_q:g}"))
     if score not in SCORES:
         raise SettingError("score", lambda name: (
             f"{name('score')} must be one of {', '.join(SCORES)}, not {score!r}"))
@@ -172,10 +193,14 @@ def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
     if keys.num_rows == 0:
         raise ElmoUserError(f"{ix.uri} holds no words")
     groups = document_groups(ix, keys, by, bin, blocks, rng)
-    plan = _plan(keys, column, groups, min_uses, wanted, rng)
+    distinct = distinct_rows(keys, index_texts(ix), np.where(
+        groups.doc_of_rows >= 0, groups.doc_group[np.maximum(groups.doc_of_rows, 0)], -1))
+    plan = _plan(keys, column, groups, min_uses, wanted, rng, distinct)
     ranking = ChangeRanking(by, bin, method, groups.labels, min_uses, mix=ix.meta.mix_name,
                             blocks=blocks, resamples=resamples,
-                            left_out_docs=groups.left_out_docs, candidates=len(plan.words))
+                            left_out_docs=groups.left_out_docs, candidates=len(plan.words),
+                            score=score, max_q=max_q,
+                            repeats=int((~distinct & (groups.doc_of_rows >= 0)).sum()))
     if not plan.words:
         raise SettingError("min_uses", lambda name: (
             f"no word has {min_uses} uses in two groups of {by} "
@@ -183,12 +208,15 @@ def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
             f"{', ...' if len(groups.labels) > 6 else ''}); lower {name('min_uses')}"
             f"{' or widen ' + name('bin') if bin else ''}"))
     sums, samples = _gather(ix, plan, column, progress)
-    ranking.rows = _score(plan, groups, sums, samples, method, resamples, rng, progress)
-    if score == "excess":
-        for row in ranking.rows:
-            row.change = row.scores[method] - row.null_mean
-    ranking.score = score
-    ranking.rows.sort(key=lambda r: (-r.change if math.isfinite(r.change) else math.inf,
+    ranking.rows = _score(plan, groups, sums, samples, method, score,
+                          (resamples, max_shuffles(len(plan.words), resamples, max_q)),
+                          rng, progress)
+    for row, q in zip(ranking.rows, bh_qvalues(np.array([r.p for r in ranking.rows])),
+                      strict=True):
+        row.q, row.significant = float(q), bool(q <= max_q)
+    ranking.significant = sum(r.significant for r in ranking.rows)
+    ranking.rows.sort(key=lambda r: (not r.significant,
+                                     -r.change if math.isfinite(r.change) else math.inf,
                                      r.word))
     for rank, row in enumerate(ranking.rows, 1):
         row.rank = rank
@@ -199,7 +227,11 @@ def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
 
 def _read_keys(ix: SenseIndex, column: str, where: str | None) -> pa.Table:
     """Pass 1: every row's word, lowercase form, document key and row id (no vectors)."""
-    query = ix.table.search().select([column, "token_lower", "doc_id", "part", "shard"])
+    # The sentence's key and the token's place in it tell repeated contexts apart (an
+    # index of layout 1 holds the text itself in every row).
+    context = ["sent_idx", "tok_idx"] + (["sentence"] if ix.meta.layout < 2 else [])
+    query = ix.table.search().select([column, "token_lower", "doc_id", "part", "shard",
+                                      *context])
     if where is not None:
         query = query.where(where)
     rows = max(1, ix.table.count_rows(where))
@@ -227,7 +259,8 @@ class _Plan:
 
 
 def _plan(keys: pa.Table, column: str, groups: DocumentGroups, min_uses: int,
-          wanted: list[str] | None, rng: np.random.Generator) -> _Plan:
+          wanted: list[str] | None, rng: np.random.Generator, distinct: np.ndarray) -> _Plan:
+    """``distinct``: the rows counted (a repeated context's first use, ``contexts``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -238,7 +271,8 @@ def _plan(keys: pa.Table, column: str, groups: DocumentGroups, min_uses: int,
     word = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     n_groups = len(groups.labels)
     group = np.where(keep, groups.doc_group[np.maximum(doc, 0)], -1)
-    uses = np.bincount(word[keep] * n_groups + group[keep],
+    counted = keep & distinct
+    uses = np.bincount(word[counted] * n_groups + group[counted],
                        minlength=len(vocab) * n_groups).reshape(len(vocab), n_groups)
     qualifying = uses >= min_uses
     if wanted:
@@ -251,8 +285,11 @@ def _plan(keys: pa.Table, column: str, groups: DocumentGroups, min_uses: int,
     row_word = new_id[word]
     use = keep & (row_word >= 0)
     use[use] = qualifying[word[use], group[use]]
+    # Documents using the word, repeats included; the uses summed, repeats left out.
+    pairs = np.unique(row_word[use] * (len(groups.doc_group) + 1) + doc[use])
+    use &= distinct
     rowid = keys.column("_rowid").to_numpy()[use]
-    w, g, b, d = row_word[use], group[use], groups.doc_block[doc[use]], doc[use]
+    w, g, b = row_word[use], group[use], groups.doc_block[doc[use]]
     n_blocks = groups.n_blocks
     slots, slot = np.unique(w * n_blocks + b, return_inverse=True)
     # sense_sample(groups) uses per (word, group), at random: the first by a random priority.
@@ -266,9 +303,8 @@ def _plan(keys: pa.Table, column: str, groups: DocumentGroups, min_uses: int,
     sample[sampled] = np.arange(int(sampled.sum()))
     by_rowid = np.argsort(rowid)
     docs = np.zeros(int(candidate.sum()), np.int64)
-    pairs = np.unique(w * (len(groups.doc_group) + 1) + d)
     np.add.at(docs, pairs // (len(groups.doc_group) + 1), 1)
-    forms = _main_forms(keys.filter(pa.array(keep & (row_word >= 0))), vocab, candidate)
+    forms = main_forms(keys.filter(pa.array(keep & (row_word >= 0))), vocab, candidate)
     return _Plan([vocab[i] for i in np.flatnonzero(candidate)], forms,
                  qualifying[candidate], uses[candidate], docs, rowid[by_rowid],
                  slot[by_rowid], sample[by_rowid], slots // n_blocks, slots % n_blocks,
@@ -292,17 +328,6 @@ def _check_wanted(wanted: list[str], column: str, vocab: list[str], uses: np.nda
                 f"{word!r} has too few uses to compare: it needs {min_uses} in at least two "
                 f"groups and has {counts}; pass {name('min_uses')} {max(2, most)} or less, "
                 f"or a wider {name('bin')}"))
-
-
-def _main_forms(keys: pa.Table, vocab: list[str], candidate: np.ndarray) -> list[str]:
-    """Each candidate word's most frequent lowercase form (stems are not words)."""
-    counts = keys.group_by(["word", "token_lower"]).aggregate([("token_lower", "count")])
-    best: dict[str, tuple[int, str]] = {}
-    for stem, form, n in zip(*(counts.column(c).to_pylist() for c in
-                               ("word", "token_lower", "token_lower_count")), strict=True):
-        if stem not in best or (n, form) > best[stem]:
-            best[stem] = (n, form)
-    return [best[vocab[i]][1] for i in np.flatnonzero(candidate)]
 
 
 def _vector_batches(ix: SenseIndex, plan: _Plan, column: str) -> Any:
@@ -378,9 +403,10 @@ def _stderr() -> Any:
 
 
 def _score(plan: _Plan, groups: DocumentGroups, sums: np.ndarray, samples: np.ndarray,
-           method: str, resamples: int, rng: np.random.Generator, progress: bool
-           ) -> list[WordChange]:
-    """Each candidate word's blocks (those of its qualifying groups), then its scores."""
+           method: str, score: str, shuffles: tuple[int, int], rng: np.random.Generator,
+           progress: bool) -> list[WordChange]:
+    """Each candidate word's blocks (those of its qualifying groups), then its scores;
+    ``shuffles``: (for every word, at most for a word whose p is small)."""
     from tqdm import tqdm
 
     slot_order = np.argsort(plan.slot_word, kind="stable")
@@ -405,10 +431,12 @@ def _score(plan: _Plan, groups: DocumentGroups, sums: np.ndarray, samples: np.nd
         where = local[plan.sample_block[picked]]
         senses = sense_counts(samples[picked].astype(np.float64), where, len(block_ids), rng)
         blocks = Blocks(np.r_[0, np.cumsum(sizes)[:-1]], block_sums, counts, senses)
-        s = score_word(blocks, resamples, rng)
+        s = score_word(blocks, shuffles[0], rng, method, shuffles[1])
         uses = {groups.labels[g]: int(plan.uses[i, g]) for g in group_ids}
-        rows.append(WordChange(plan.forms[i], s.z[method], method, s.raw, s.z, s.p[method],
+        change = s.z[method] if score == "z" else s.raw[method] - s.null_mean[method]
+        rows.append(WordChange(plan.forms[i], change, method, s.raw, s.z, s.p[method],
                                s.null_mean[method], s.interval[method], uses,
-                               int(plan.docs[i]), null_means=s.null_mean))
+                               int(plan.docs[i]), null_means=s.null_mean,
+                               shuffles=s.shuffles))
     return rows
 

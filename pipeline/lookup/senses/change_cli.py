@@ -13,8 +13,10 @@ from typing import Any
 SENSES_CHANGE_EPILOG = """\
 Without WORD: every word with --min-uses uses in at least two groups of --by FIELD
 (numbers grouped in bins of --bin N; text fields as they are), ranked by how differently
-it is used across the groups, highest first. Words are the index's word forms, as search
-matches them (plays, played, playing are one word).
+it is used across the groups. Words are the index's word forms, as search matches them
+(plays, played, playing are one word). Uses are distinct contexts: a sentence repeated in
+many documents of a group (a boilerplate paragraph; a template's lines, which differ only
+in numbers or paths) counts once there, in the ranking and with WORD alike.
 
 Scores (all four on every row; --method picks the one ranked by):
   prt   cosine distance between the groups' mean vectors
@@ -24,16 +26,35 @@ Scores (all four on every row; --method picks the one ranked by):
         a word whose uses vary a lot (two steady senses) does not look changed
 With more than two groups prt, apd and ed average every pair of groups.
 
-A raw score is mostly noise for a word with few uses, so `change` is the score's distance
-from its own distribution when the documents' groups are shuffled, in standard deviations
-(p: the share of shuffles scoring as high); --score excess ranks by the score less that
-distribution's mean instead (how much rather than how sure: a frequent word's small but
-certain shift then ranks low). The interval is a 95% bootstrap interval of
-the raw score. Both resample whole documents (in blocks), not uses, since the uses in one
-document are not independent. Computed in one pass over the index's vectors.
+How to read a row:
+  change    how much more the groups differ than they would by chance: the method's
+            score less its mean when the documents' groups are shuffled (--score excess,
+            the default). 0: no more than chance. A rare word's raw score is high by
+            chance alone; this takes that out, so frequency does not decide the order.
+            --score z ranks by that distance in the shuffles' standard deviations
+            instead: how sure, not how much; it grows with a word's uses and puts
+            frequent function words (the, of, a) on top.
+  p         the share of shuffles scoring at least as high: small means unlikely by
+            chance. Shuffles adapt: more for a word few shuffles reach, so p is not
+            stuck at 1/(shuffles+1).
+  q         p corrected for ranking many words at once (Benjamini-Hochberg): among the
+            words with q <= 0.05, at most about 5% are expected to be chance.
+  sig       * when q <= --max-q (default 0.05). Significant words come first, by change;
+            the others follow, by change, unmarked.
+  interval  a 95% bootstrap interval of the raw score (documents resampled).
+  contexts  distinct contexts in the groups the word counts in.
+Shuffles and bootstrap resample whole documents (in blocks), not uses, since the uses in
+one document are not independent. Computed in one pass over the index's vectors.
 
-With WORD: the word's senses (clusters, as `elmo senses cluster`) and the share of each
-per group, as a table; --plot writes stacked bars (PNG), --html an interactive chart.
+When the top words look like noise: read one (elmo senses change WORD --by ...) to see
+whether its senses' shares really move; raise --min-uses (fewer rare words); widen --bin
+(more uses per group); lower --max-q; try --method ed (leaves out words whose uses simply
+vary) or jsd (senses' shares). Topic drift (a feature's name used more) is a change of
+use, not of meaning: the senses view tells them apart.
+
+With WORD: the word's senses (clusters, as `elmo senses cluster`, over all its forms) and
+the share of each per group, counted in distinct contexts, as a table; --plot writes
+stacked bars (PNG), --html an interactive chart.
 
 examples:
   elmo senses change --index data/sotu-top.lance --by year --bin 25 --top 20
@@ -53,6 +74,7 @@ def add_change_parser(verbs: Any, add: Callable[..., Any],
         METHODS,
         SCORES,
     )
+    from pipeline.lookup.senses.change_significance import DEFAULT_MAX_Q
 
     c = add(verbs, "change", "words ranked by change across groups of documents, or one "
             "word's senses per group", SENSES_CHANGE_EPILOG)
@@ -68,15 +90,18 @@ def add_change_parser(verbs: Any, add: Callable[..., Any],
     which.add_argument("--top", type=int, metavar="N", help="show the N words that changed "
                        "most (default: all)")
     c.add_argument("--min-uses", type=int, default=DEFAULT_MIN_USES, metavar="N",
-                   help=f"uses a word needs in a group to count there (default "
-                        f"{DEFAULT_MIN_USES})")
+                   help=f"uses (distinct contexts) a word needs in a group to count "
+                        f"there (default {DEFAULT_MIN_USES})")
     c.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
                    help=f"score that ranks the words (default {DEFAULT_METHOD}: best on "
                         "bench/senses_change.py, docs/senses.md)")
     c.add_argument("--score", choices=SCORES, default=DEFAULT_SCORE,
-                   help="what change is: z (default: how sure, the distance from the "
-                        "shuffled null in its standard deviations) or excess (how much: the "
-                        "score less the null's mean)")
+                   help="what change is: excess (default: how much, the score less its "
+                        "mean with the groups shuffled) or z (how sure: that distance in "
+                        "the shuffles' standard deviations; favours frequent words)")
+    c.add_argument("--max-q", type=float, default=DEFAULT_MAX_Q, metavar="Q",
+                   help=f"false discovery rate: words with q <= Q are significant and "
+                        f"ranked first (default {DEFAULT_MAX_Q:g})")
     c.add_argument("--format", choices=("table", "json"), default="table",
                    help="table (default) or json: one JSON object a line")
     c.add_argument("--out", metavar="FILE", help="also write the rows as Parquet "
@@ -124,7 +149,7 @@ def _ranking(args: argparse.Namespace) -> int:
     words = args.words.split(",") if args.words is not None else None
     ranking = word_changes(_need(args), args.by, args.bin, words=words, top=args.top,
                            min_uses=args.min_uses, method=args.method, score=args.score,
-                           seed=args.seed,
+                           max_q=args.max_q, seed=args.seed,
                            progress=sys.stderr.isatty())
     if args.format == "json":
         for row in ranking.rows:
@@ -151,22 +176,30 @@ def ranking_lines(ranking: Any) -> list[str]:
     binned = f" in bins of {ranking.bin:g}" if ranking.bin else ""
     left = f"; {ranking.left_out_docs} documents without {ranking.by} left out" \
         if ranking.left_out_docs else ""
-    lines = [f"{ranking.candidates} words with {ranking.min_uses}+ uses in two or more of "
-             f"{len(ranking.groups)} groups of {ranking.by}{binned} (mix {ranking.mix}"
-             f"{left}), ranked by {m}",
-             (f"change: {m}'s distance from its mean over {ranking.resamples} shufflings of "
-              "the documents' groups, in standard deviations" if ranking.score == "z" else
-              f"change: {m} less its mean over {ranking.resamples} shufflings of the "
-              "documents' groups")
-             + f"; interval: 95% bootstrap of raw {m} (documents resampled)",
-             f"{'rank':>4}  {'word':<16} {'change':>7} {'p':>6}  {'prt':>6} {'apd':>6} "
-             f"{'jsd':>6} {'ed':>6}  {'interval':<15} {'uses':>6} {'groups':>6}"]
+    repeats = f"; {ranking.repeats} repeated uses left out" if ranking.repeats else ""
+    lines = [f"{ranking.candidates} words with {ranking.min_uses}+ distinct contexts in two "
+             f"or more of {len(ranking.groups)} groups of {ranking.by}{binned} (mix "
+             f"{ranking.mix}{left}), ranked by {m}; contexts: uses with a sentence repeated "
+             f"in many documents counted once{repeats}",
+             (f"change: {m}'s distance from its mean over shufflings of the documents' "
+              "groups, in standard deviations" if ranking.score == "z" else
+              f"change: {m} less its mean over shufflings of the documents' groups (0: "
+              "chance)")
+             + f"; p: share of shuffles as high ({ranking.resamples} or more); q: "
+               "Benjamini-Hochberg across the words",
+             f"{ranking.significant} of {ranking.candidates} words significant (* sig: q <= "
+             f"{ranking.max_q:g}), ranked first; interval: 95% bootstrap of raw {m} "
+             "(documents resampled)",
+             f"{'rank':>4}  {'word':<16} {'change':>7} {'p':>7} {'q':>6} sig  {'prt':>6} "
+             f"{'apd':>6} {'jsd':>6} {'ed':>6}  {'interval':<15} {'contexts':>8} "
+             f"{'groups':>6}"]
     for r in ranking.rows:
         lo, hi = r.interval
-        lines.append(f"{r.rank:>4}  {r.word:<16} {r.change:7.2f} {r.p:6.3f}  "
+        lines.append(f"{r.rank:>4}  {r.word:<16} {r.change:7.3f} {r.p:7.5f} {r.q:6.3f} "
+                     f"{'*' if r.significant else ' ':>3}  "
                      f"{r.scores['prt']:6.3f} {r.scores['apd']:6.3f} {r.scores['jsd']:6.3f} "
                      f"{r.scores['ed']:6.3f}  "
-                     f"{f'{lo:.3f}-{hi:.3f}':<15} {sum(r.uses.values()):>6} "
+                     f"{f'{lo:.3f}-{hi:.3f}':<15} {sum(r.uses.values()):>8} "
                      f"{len(r.uses):>6}")
     return lines
 

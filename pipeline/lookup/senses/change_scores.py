@@ -20,8 +20,13 @@ group's documents are dealt into blocks (``Blocks``: a word's uses summed per bl
 both the null distribution (block labels shuffled across groups, each group keeping its
 number of blocks) and the bootstrap interval (each group's blocks drawn with replacement)
 resample whole blocks. A raw score is mostly sampling noise for a word with few uses (a
-rare word's group means are far apart by chance); ``change`` is the score's distance from
-its own null distribution in null standard deviations (``WordScores.z``).
+rare word's group means are far apart by chance), so ``change`` is the score less the mean
+of its own null distribution (``excess``: how much more the groups differ than shuffled
+ones would); its significance is the permutation p-value, corrected across words
+(``change_significance``). The other way, the distance from the null in its standard
+deviations (``WordScores.z``), says how sure rather than how much, and grows with the
+square root of a word's uses: on real text it ranks the most frequent words first
+(BENCHMARKS.md, issue 45).
 
 Everything here is numpy on arrays already gathered (``senses.change`` reads them); the
 resampled scores of one word are computed together, ``[resamples, groups, dim]``.
@@ -37,11 +42,12 @@ METHODS = ("prt", "apd", "jsd", "ed")
 # Chosen on bench/senses_change.py (docs/senses.md, "Which words changed").
 DEFAULT_METHOD = "prt"
 DEFAULT_MIN_USES = 20
-# What ``change`` is: ``z``, the method's distance from its shuffled-groups null in null
-# standard deviations (how sure: chosen on bench/senses_change.py), or ``excess``, the raw
-# score less the null's mean (how much: a frequent word's small sure shift ranks low).
-SCORES = ("z", "excess")
-DEFAULT_SCORE = "z"
+# What ``change`` is: ``excess``, the raw score less its shuffled-groups null's mean (how
+# much: a frequent word's small sure shift ranks low; chosen on bench/senses_change_real.py,
+# where z put the function words on top), or ``z``, that distance in null standard
+# deviations (how sure; grows with a word's uses).
+SCORES = ("excess", "z")
+DEFAULT_SCORE = "excess"
 # Up to this many of a word's uses per group are kept (at random) to find its senses,
 # fewer with many groups (``sense_sample``): memory is words x groups x this x dim.
 SENSE_SAMPLE = 64
@@ -82,6 +88,7 @@ class WordScores:
     p: dict[str, float]  # method -> share of shuffles scoring at least as high (+1 smoothed)
     null_mean: dict[str, float]
     interval: dict[str, tuple[float, float]] = field(default_factory=dict)  # bootstrap
+    shuffles: int = 0  # shuffles behind the ranked method's p (more when p was small)
 
 
 def _pair_mean(matrix: np.ndarray) -> np.ndarray:
@@ -148,9 +155,13 @@ def bootstrap_picks(blocks: Blocks, resamples: int, rng: np.random.Generator) ->
                            for lo, hi in zip(blocks.starts, ends, strict=True)], axis=1)
 
 
-def score_word(blocks: Blocks, resamples: int, rng: np.random.Generator) -> WordScores:
+def score_word(blocks: Blocks, resamples: int, rng: np.random.Generator,
+               ranked: str = DEFAULT_METHOD, most_shuffles: int = 0) -> WordScores:
     """Observed scores, their null distribution's mean and the standardised distance from
-    it, and bootstrap intervals; ``resamples`` shuffles and as many bootstrap draws."""
+    it, and bootstrap intervals; ``resamples`` shuffles and as many bootstrap draws, and
+    for ``ranked``'s p up to ``most_shuffles`` shuffles (``change_significance``)."""
+    from pipeline.lookup.senses.change_significance import refined_p
+
     observed = resampled_scores(blocks, np.arange(blocks.n_blocks)[None, :])
     null = resampled_scores(blocks, shuffled_picks(blocks, resamples, rng))
     boot = resampled_scores(blocks, bootstrap_picks(blocks, resamples, rng))
@@ -170,6 +181,13 @@ def score_word(blocks: Blocks, resamples: int, rng: np.random.Generator) -> Word
             out.null_mean[method], out.z[method], out.p[method] = np.nan, np.nan, np.nan
         out.interval[method] = (tuple(float(v) for v in np.percentile(
             drawn, [tail, 100 - tail])) if len(drawn) else (np.nan, np.nan))
+    out.shuffles = resamples
+    if most_shuffles > resamples:
+        def draw(n: int) -> np.ndarray:
+            return resampled_scores(blocks, shuffled_picks(blocks, n, rng))[ranked]
+
+        out.p[ranked], out.shuffles = refined_p(draw, out.raw[ranked], null[ranked],
+                                                most_shuffles)
     return out
 
 

@@ -289,10 +289,10 @@ def breakdown_lines(breakdown: Any) -> list[str]:
     width = max(12, *(len(h) for h in heads))
     lines = [f"\noccurrences by {breakdown.by}"
              f"{f' (bins of {breakdown.bin:g})' if breakdown.bin else ''}:",
-             "  ".join([breakdown.by.ljust(first), "total".rjust(6),
+             "  ".join([breakdown.by.ljust(first), "contexts".rjust(8),
                         *(h.rjust(width) for h in heads)])]
     for row in breakdown.rows:
         cells = [f"{c} ({s:.0%})".rjust(width) for c, s in zip(row.counts, row.shares(),
                                                                 strict=True)]
-        lines.append("  ".join([row.value.ljust(first), str(row.total).rjust(6), *cells]))
+        lines.append("  ".join([row.value.ljust(first), str(row.total).rjust(8), *cells]))
     return lines

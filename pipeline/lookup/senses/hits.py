@@ -76,10 +76,13 @@ class Hit:
 
     @property
     def context(self) -> tuple[str, ...]:
-        """What makes two occurrences the same context: the sentence text (whitespace
-        normalised) and the token's place in it. Without sentence text (a dataset that
-        stores none) nothing says two are the same: the occurrence is its own context."""
-        text = " ".join(self.sentence.split())
+        """What makes two occurrences the same context: the sentence text (as
+        ``senses.contexts.normalised`` compares it) and the token's place in it. Without
+        sentence text (a dataset that stores none) nothing says two are the same: the
+        occurrence is its own context."""
+        from pipeline.lookup.senses.contexts import normalised
+
+        text = normalised(self.sentence)
         if not text:
             return "", self.doc_id, str(self.sent_idx), str(self.tok_idx)
         return text, str(self.tok_idx)
@@ -109,12 +112,10 @@ def hits_from_table(table: pa.Table, documents: DocumentTable | None = None) -> 
             for i, r in enumerate(rows)]
 
 
-def distinct_contexts(hits: Sequence[Hit]) -> list[int]:
-    """Positions of the first hit of each context (see ``Hit.context``), in order."""
-    seen: set[tuple[str, ...]] = set()
-    keep = []
-    for i, hit in enumerate(hits):
-        if hit.context not in seen:
-            seen.add(hit.context)
-            keep.append(i)
-    return keep
+def distinct_contexts(hits: Sequence[Hit], groups: Sequence[Any] | None = None) -> list[int]:
+    """Positions (ascending) of the hit kept for each context (see ``Hit.context``), in
+    each of ``groups`` (one per hit) if given: the rule of ``senses.contexts``."""
+    from pipeline.lookup.senses.contexts import first_of_each
+
+    return first_of_each([h.context for h in hits], [h.doc_id for h in hits],
+                         [h.sent_idx for h in hits], groups)

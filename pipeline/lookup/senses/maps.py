@@ -66,13 +66,13 @@ def map_subtitle(result: ClusterResult) -> str:
 
 def occurrence_count(result: ClusterResult) -> str:
     """What each number counts: ``291 uses in 229 distinct contexts (62 repeat a context:
-    each counts in the tables, drawn once)``, and a sample when one was drawn."""
+    counted and drawn once)``, and a sample when one was drawn."""
     n, total, distinct = len(result.occurrences), result.n_rows, result.n_distinct
     text = f"{total} uses"
     repeated = total - distinct
     if repeated > 0:
         text += (f" in {distinct} distinct contexts ({repeated} repeat a sentence already "
-                 "seen: each counts in the tables, drawn once)")
+                 "seen: counted once, in the tables per group, and drawn once)")
     if distinct > n:
         text += f"; a random {n} of the {distinct} contexts clustered and drawn"
     return text

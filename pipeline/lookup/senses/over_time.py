@@ -5,9 +5,11 @@ quarter century with ``by="year", bin=25``), each sense with its label and examp
     write_timeline_png(timeline, "union.png")    # stacked bars, labelled axes
     write_timeline_html(timeline, "union.html")  # the same, interactive (plotly, offline)
 
-The senses are ``cluster_senses``'s; the counts are ``sense_tables.breakdown_of``'s (every
-use counts, a repeated context in each of its documents). ``elmo senses change WORD``,
-``GET /senses/{word}/change`` and the explorer page's "over time" view all show this.
+The senses are ``cluster_senses``'s over all the word's forms (those sharing its stem, as
+the ranking compares them); the counts are ``sense_tables.breakdown_of``'s: distinct
+contexts, a sentence repeated in many documents counted once (``senses.contexts``).
+``elmo senses change WORD``, ``GET /senses/{word}/change`` and the explorer page's "over
+time" view all show this.
 """
 
 from __future__ import annotations
@@ -61,15 +63,23 @@ def sense_timeline(index: str | SenseIndex, word: str, by: str, bin: float | Non
     """Cluster ``word``'s uses into senses, then count each sense per group of document
     field ``by`` (numbers in bins of ``bin``); a bad field or bin is a user error before
     anything is drawn (``breakdown_of``)."""
-    result = cluster_senses(index, [word], k=k, examples=examples, filters=filters,
-                            centre=centre, seed=seed)
+    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.senses.contexts import word_forms
+    from pipeline.lookup.senses.hits import distinct_contexts
+
+    ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
+    result = cluster_senses(ix, word_forms(ix, word), k=k, examples=examples,
+                            filters=filters, centre=centre, seed=seed)
     breakdown = breakdown_of(result, by, bin)
     uses: dict[str, list[tuple[int, Hit]]] = {row.value: [] for row in breakdown.rows}
     row_of_start = {row.start: row.value for row in breakdown.rows}  # the rows' own labels
-    hits = result.all_occurrences or result.occurrences
+    every = result.all_occurrences or result.occurrences
     labels = (result.all_labels if len(result.all_labels) else result.labels).tolist()
-    for hit, label in zip(hits, labels, strict=True):
-        group = uses[row_of_start[bin_of(field_value(hit, by), bin)[0]]]
+    group_of = [row_of_start[bin_of(field_value(h, by), bin)[0]] for h in every]
+    counted = distinct_contexts(every, group_of)
+    for hit, label, value in zip([every[i] for i in counted], [labels[i] for i in counted],
+                                 [group_of[i] for i in counted], strict=True):
+        group = uses[value]
         if len(group) < uses_per_group:
             group.append((label, hit))
     return SenseTimeline(word, breakdown, [c.examples for c in result.clusters], uses,
@@ -79,18 +89,22 @@ def sense_timeline(index: str | SenseIndex, word: str, by: str, bin: float | Non
 def timeline_lines(timeline: SenseTimeline) -> list[str]:
     """The senses with an example each, then the share of each sense per group."""
     b = timeline.breakdown
-    lines = [f"senses of {timeline.word!r} by {b.by}"
-             f"{f' (bins of {b.bin:g})' if b.bin else ''}, mix {timeline.mix}:"]
+    forms = [w for w in b.words if w != timeline.word.lower()]
+    lines = [f"senses of {timeline.word!r}{' (with ' + ', '.join(forms) + ')' if forms else ''}"
+             f" by {b.by}{f' (bins of {b.bin:g})' if b.bin else ''}, mix {timeline.mix}; "
+             "the table counts distinct contexts per group (a sentence repeated in many "
+             "documents of a group counts once), a sense's size each context once:"]
     for name, hits in zip(b.senses, timeline.examples, strict=True):
         lines.append(f"  {name}")
         lines.extend(f"      e.g. {h.doc_id}#{h.sent_idx}: {h.snippet(90)}" for h in hits[:1])
     heads = [f"sense {i + 1}" for i in range(len(b.senses))]
     first = max([len(b.by), *(len(r.value) for r in b.rows)])
-    lines.append("  ".join([b.by.ljust(first), "uses".rjust(6), *(h.rjust(14) for h in heads)]))
+    lines.append("  ".join([b.by.ljust(first), "contexts".rjust(8),
+                            *(h.rjust(14) for h in heads)]))
     for row in b.rows:
         cells = [f"{s:6.0%} ({c})".rjust(14) for c, s in zip(row.counts, row.shares(),
                                                               strict=True)]
-        lines.append("  ".join([row.value.ljust(first), str(row.total).rjust(6), *cells]))
+        lines.append("  ".join([row.value.ljust(first), str(row.total).rjust(8), *cells]))
     return lines
 
 
@@ -121,8 +135,9 @@ def timeline_figure(timeline: SenseTimeline, width: float = 10.0, height: float 
         bottom += share
     axes.set_xticks(x, [f"{row.value}\n({row.total})" for row in b.rows], fontsize=8,
                     rotation=45 if len(b.rows) > 8 else 0)
-    axes.set_xlabel(f"{b.by}{f' (bins of {b.bin:g})' if b.bin else ''}; uses in brackets")
-    axes.set_ylabel("share of the word's uses")
+    axes.set_xlabel(f"{b.by}{f' (bins of {b.bin:g})' if b.bin else ''}; distinct contexts "
+                    "in brackets")
+    axes.set_ylabel("share of the word's distinct contexts")
     axes.set_ylim(0, 1)
     figure.suptitle(plot_text(_title(timeline)), fontsize=13, fontweight="bold")
     figure.legend(loc="outside lower center", ncols=1, fontsize=8.5, frameon=False,
@@ -147,11 +162,12 @@ def timeline_plotly(timeline: SenseTimeline) -> Any:
         figure.add_trace(go.Bar(
             x=groups, y=[row.shares()[i] for row in b.rows], name=html_text(name),
             marker={"color": colour(i)}, customdata=[row.counts[i] for row in b.rows],
-            hovertemplate=f"sense {i + 1}: %{{customdata}} uses (%{{y:.0%}})<extra></extra>"))
+            hovertemplate=f"sense {i + 1}: %{{customdata}} distinct contexts (%{{y:.0%}})"
+                          "<extra></extra>"))
     figure.update_layout(
         barmode="stack", title={"text": html_text(_title(timeline))}, template="plotly_white",
         xaxis_title=f"{b.by}{f' (bins of {b.bin:g})' if b.bin else ''}",
-        yaxis_title="share of the word's uses", yaxis={"range": [0, 1]},
+        yaxis_title="share of the word's distinct contexts", yaxis={"range": [0, 1]},
         legend={"title": {"text": "senses (most typical context words)"}},
         width=1000, height=650)
     return figure

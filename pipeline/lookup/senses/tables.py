@@ -5,9 +5,11 @@
     table = breakdown_of(result, by="president")                # counts of a clustering
     write_assignments(result, "union.parquet")
 
-Both count every occurrence of the word (``ClusterResult.all_occurrences``): a context
-repeated in several documents counts in each, since each is a use in its own year. They
-return data and print nothing (the CLI and the HTTP server format it).
+The counts are of distinct contexts (``senses.contexts``): of the word's occurrences
+(``ClusterResult.all_occurrences``), a sentence repeated in several documents of a group
+counts once there, as in ``elmo senses change``'s ranking; the assignments table lists
+every occurrence. They return data and print
+nothing (the CLI and the HTTP server format it).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import Filters, value_kind
 from pipeline.lookup.index.sense_index import SenseIndex
 from pipeline.lookup.senses.clusters import ClusterResult, cluster_senses
-from pipeline.lookup.senses.hits import Hit
+from pipeline.lookup.senses.hits import Hit, distinct_contexts
 from pipeline.lookup.senses.maps import check_writable
 from schemas.files import write_whole
 
@@ -37,7 +39,7 @@ ASSIGNMENT_COLUMNS = ("doc_id", "sent_idx", "tok_idx", "token", "cluster", "sens
 class BreakdownRow:
     value: str  # the field's value or bin, as shown: "1900-1909", "Abraham Lincoln"
     start: Any  # the value or the bin's first value (None: no value); what rows sort by
-    counts: list[int]  # occurrences per sense, in the result's cluster order
+    counts: list[int]  # distinct contexts per sense, in the result's cluster order
     total: int
 
     def shares(self) -> list[float]:
@@ -56,7 +58,8 @@ class SenseBreakdown:
         """Plain JSON-ready data (for the HTTP server)."""
         return {"words": self.words, "by": self.by, "bin": self.bin, "senses": self.senses,
                 "rows": [{"value": r.value, "start": r.start, "counts": r.counts,
-                          "total": r.total} for r in self.rows]}
+                          "total": r.total} for r in self.rows],
+                "counted": "distinct contexts"}
 
 
 def field_value(hit: Hit, by: str) -> Any:
@@ -92,8 +95,10 @@ def breakdown_of(result: ClusterResult, by: str, bin: float | None = None) -> Se
     if bin is not None and not bin > 0:
         raise SettingError("bin", lambda name: (
             f"{name('bin')} must be a positive number, not {bin}"))
-    hits = result.all_occurrences or result.occurrences
-    labels = result.all_labels if len(result.all_labels) else result.labels
+    every = result.all_occurrences or result.occurrences
+    counted = distinct_contexts(every, [bin_of(field_value(h, by), bin)[1] for h in every])
+    hits = [every[i] for i in counted]
+    labels = (result.all_labels if len(result.all_labels) else result.labels)[counted]
     values = [field_value(h, by) for h in hits]
     if all(v is None for v in values):
         names = sorted({n for h in hits for n in h.fields} | {"doc_id"})
@@ -103,7 +108,9 @@ def breakdown_of(result: ClusterResult, by: str, bin: float | None = None) -> Se
         raise SettingError("bin", lambda name: (
             f"{by} holds text, which has no bins; leave out {name('bin')}"))
     groups: dict[str, tuple[Any, Counter[int]]] = {}
-    last = last_number(values)
+    # The last bin ends at the latest of all the uses (as the ranking's), not of the
+    # distinct contexts counted.
+    last = last_number(field_value(h, by) for h in every)
     for value, label in zip(values, labels.tolist(), strict=True):
         start, text = bin_of(value, bin, last)
         groups.setdefault(text, (start, Counter()))[1][label] += 1
