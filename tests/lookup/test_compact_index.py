@@ -27,7 +27,6 @@ from pipeline.lookup.index.ivf_shards import (
     ShardedIvf,
 )
 from pipeline.lookup.index.sense_index import SenseIndex, read_meta
-from pipeline.lookup.index.vectors import KEY_COLUMNS, vectors_from_dataset
 from pipeline.lookup.layers.mixes import iter_mixed
 from schemas.dataset import open_dataset
 
@@ -269,19 +268,6 @@ def test_a_new_index_is_compact(built: Path, truth: tuple, tmp_path: Path) -> No
     _, _, vectors = truth
     hits = SenseIndex(str(out)).search(vectors[7], k=1).to_pylist()
     assert hits[0]["_distance"] < 1e-3
-
-
-def test_vectors_of_rows_in_any_order(built: Path, truth: tuple) -> None:
-    """The vectors a compact index holds are the dataset's, row for row, whether its rows
-    come in the files' order (one slice per batch) or any other (a gather)."""
-    index = SenseIndex(str(built / "ix"))
-    rows = index.table.to_arrow().select([*KEY_COLUMNS, *KEYS])
-    found = {key: i for i, key in enumerate(truth[0])}
-    want = truth[2][[found[key] for key in _keys(rows)]].astype(np.float16)
-    vectors_of = vectors_from_dataset(index.meta, index.uri)
-    assert np.array_equal(vectors_of(rows), want)
-    shuffled = np.random.default_rng(5).permutation(rows.num_rows)
-    assert np.array_equal(vectors_of(rows.take(shuffled)), want[shuffled])
 
 
 def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch,

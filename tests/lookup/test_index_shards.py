@@ -68,7 +68,7 @@ def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
     assert ivf._index is None
     ivf.search(np.ones((1, DIM), np.float32), 3)
     # What it holds per row: the code, faiss's id, the sketch.
-    assert ivf.index.code_size + 8 + ivf.sketch.codes.shape[1] <= MEMORY_BYTES_PER_ROW
+    assert ivf.index.code_size + 8 + ivf.sketch.code_bytes <= MEMORY_BYTES_PER_ROW
 
 
 def test_search_matches_the_exact_answer(built: Path) -> None:
