@@ -22,6 +22,7 @@ from pipeline.lookup.index.ivf_shards import (
     MEMORY_BYTES_PER_ROW,
     SENTENCES_FILE,
     SHARD_FILES,
+    SHARDS_FORMAT,
     VECTORS_FILE,
     ShardedIvf,
 )
@@ -53,7 +54,7 @@ def _keys(table) -> list[tuple]:
 def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
     index = SenseIndex(str(built / "ix"))
     held = index.meta.ivf
-    assert held["format"] == 2 and list(held["shards"]) == index.meta.indexed
+    assert held["format"] == SHARDS_FORMAT and list(held["shards"]) == index.meta.indexed
     assert held["codes"] == f"PQ{min(CODE_BYTES, DIM)}" and held["rows"] == ROWS
     assert sum(s["rows"] for s in held["shards"].values()) == ROWS
     assert held["recall_at_10"] >= 0.95

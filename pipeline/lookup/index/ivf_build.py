@@ -247,7 +247,8 @@ def calibrate(ivf: MemoryIvf, rng: np.random.Generator,
     best: tuple[int, int, float] | None = None  # candidates, probes, recall
     for count in candidates or (ivf.candidates,):
         ivf.candidates = count
-        nprobe, reached = _fewest_probes(recall, lists)
+        # More candidates need no fewer probes: start from the last count's.
+        nprobe, reached = _fewest_probes(recall, lists, best[1] if best else 1)
         if best is None or reached > best[2]:
             best = (count, nprobe, reached)
         if reached >= CALIBRATION_RECALL:
@@ -257,11 +258,12 @@ def calibrate(ivf: MemoryIvf, rng: np.random.Generator,
     return best[1], best[2], len(picks)
 
 
-def _fewest_probes(recall: Callable[[int], float], lists: int) -> tuple[int, float]:
-    """The fewest of ``probe_steps`` reaching CALIBRATION_RECALL, or after which twice as
-    many gain under CALIBRATION_PLATEAU; with the recall it reached."""
+def _fewest_probes(recall: Callable[[int], float], lists: int, least: int = 1
+                   ) -> tuple[int, float]:
+    """The fewest of ``probe_steps`` (from ``least`` on) reaching CALIBRATION_RECALL, or
+    after which twice as many gain under CALIBRATION_PLATEAU; with the recall reached."""
     measured: dict[int, float] = {}
-    for nprobe in probe_steps(lists):
+    for nprobe in [p for p in probe_steps(lists) if p >= least] or [lists]:
         measured[nprobe] = recall(nprobe)
         if measured[nprobe] >= CALIBRATION_RECALL:
             return nprobe, measured[nprobe]

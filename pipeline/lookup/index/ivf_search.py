@@ -202,7 +202,12 @@ class MemoryIvf:
 
         if len(positions) < RANK_BLOCK_ROWS:
             candidates = np.asarray(self.vectors[positions], np.float32)
-            return candidates @ unit / np.maximum(np.linalg.norm(candidates, axis=1), 1e-12)
+            # Products summed, not a matrix product: BLAS's threads, for 600 candidates
+            # and more, waited on faiss's (and on a busy machine's other processes):
+            # 100 ms where this takes 1 (BENCHMARKS.md, issue 46).
+            dots = np.einsum("ij,j->i", candidates, unit, optimize=False)
+            return dots / np.maximum(np.sqrt(np.einsum("ij,ij->i", candidates, candidates,
+                                                       optimize=False)), 1e-12)
         import torch
 
         sims = np.empty(len(positions), np.float32)
