@@ -380,6 +380,12 @@ class ShardedIvf(MemoryIvf):
         return self.view_of(np.asarray(among, np.int64)).search(
             queries, k, nprobe or self.nprobe, leave_out)
 
+    def prepare_filter(self, among: np.ndarray) -> None:
+        """Make now what a search among ``among`` will use: the IVF of only those rows
+        while the codes are not loaded (``view_of``), nothing once they are."""
+        if self._index is None:
+            self.view_of(among)
+
     def view_of(self, among: np.ndarray) -> MemoryIvf:
         """The IVF of only the rows at ``among``: made once for the last ``among`` asked."""
         import numpy as np

@@ -44,9 +44,11 @@ class BuildSummary:
 
     def line(self) -> str:
         total = self.seconds_read + self.seconds_add + self.seconds_index
+        held = "" if self.ivf is None or "held_rows_nprobe" not in self.ivf else \
+            f" at {self.ivf['held_rows_nprobe']} lists"
         ivf = "" if self.ivf is None else (
             f"; in-memory IVF: {self.ivf['nprobe']} of {self.ivf['lists']} lists probed, "
-            f"recall@10 {self.ivf['recall_at_10']:.3f} on "
+            f"recall@10 {self.ivf['recall_at_10']:.3f}{held} on "
             f"{self.ivf['calibration_queries']} stored rows")
         if self.ivf is not None and self.ivf["recall_at_10"] < RECALL_PROMISED:
             ivf += (f". That is below {RECALL_PROMISED}: more probes found no more of the "

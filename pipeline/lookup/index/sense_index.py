@@ -225,8 +225,11 @@ class SenseIndex:
         rows: no LanceDB), kept with the IVF of only those rows for the next search."""
         if self._positions is None or self._positions[0] != (column, tuple(words)):
             ivf = self._compact_ivf()
-            found = ivf.rows.positions_in(column, column_words(words, column))
-            ivf.view_of(found)  # kept for the search (none once every code is loaded)
+            if isinstance(ivf, ShardedIvf):
+                found = ivf.rows.positions_in(column, column_words(words, column))
+                ivf.prepare_filter(found)
+            else:  # a Ray-held IVF: the keys from LanceDB
+                found = self._compact_positions(token_filter(words, column))
             self._positions = ((column, tuple(words)), found)
         return self._positions[1]
 
