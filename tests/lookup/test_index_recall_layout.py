@@ -182,3 +182,27 @@ def test_fields_live_once_and_are_joined_by_doc_id_in_filters_and_hits(
     assert {h.doc_id for h in hits} <= {r["id"] for r in records if r["year"] == 2009}
     every = search_senses(index, "She paid her savings into the bank.", "bank", k=8)
     assert {h.fields["year"] for h in every} == {1913, 2009}
+
+
+def test_one_ranking_of_hits_each_context_once_nearest_first() -> None:
+    """``ranked_distinct`` is the ranking the CLI, the server's batches and its exact path
+    share: nearest first, a context (sentence text and place) once, ranks 1..k, and it
+    reads a generator only as far as it needs."""
+    from pipeline.lookup.senses.hits import Hit, ranked_distinct
+
+    def hit(similarity: float, sentence: str, tok_idx: int) -> Hit:
+        return Hit(rank=0, similarity=similarity, token="bank", doc_id="d", sent_idx=0,
+                   tok_idx=tok_idx, sentence=sentence, start=0, end=4)
+
+    hits = [hit(0.9, "the bank", 1), hit(0.8, "the  bank", 1), hit(0.7, "the bank", 2),
+            hit(0.6, "a bank", 1), hit(0.5, "other", 0)]
+    ranked = ranked_distinct(hits, 3)
+    assert [(h.similarity, h.rank) for h in ranked] == [(0.9, 1), (0.7, 2), (0.6, 3)]
+    read = []
+
+    def lazily():
+        for h in hits:
+            read.append(h)
+            yield h
+
+    assert len(ranked_distinct(lazily(), 1)) == 1 and len(read) <= 2
