@@ -1,8 +1,8 @@
-"""Compact sense indexes (``elmo index build --compact``): no vectors in the index, product-
-quantized codes in the in-memory IVF, the exact re-rank with the dataset's own vectors
-(``pipeline/lookup/index/vectors.py``). Checked against exact cosine over the dataset's mixed
-vectors, filtered and not; kept up to date as the dataset changes, refused while stale;
-on S3 (moto); over HTTP from a real server.
+"""Compact sense indexes (``elmo index build --compact``): no vectors in LanceDB, product-
+quantized codes in the in-memory IVF, the exact re-rank with the shards' int8 vectors (of an
+int8 dataset and one layer: the dataset's own values). Checked against exact cosine over
+the dataset's mixed vectors, filtered and not; kept up to date as the dataset changes,
+refused while stale; on S3 (moto); over HTTP from a real server.
 """
 
 from __future__ import annotations
@@ -42,22 +42,22 @@ def _dir_bytes(path: Path) -> int:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("compact")
-    bench_lookup().write_synthetic(root / "ds", ROWS, DIM, n_shards=2, vocab=200)
+    bench_lookup().write_synthetic(root / "ds", ROWS, DIM, n_shards=2, vocab=200,
+                                   dtype="int8")
     build_index(str(root / "ds"), "top", str(root / "ix"), compact=True)
     return root
 
 
 @pytest.fixture(scope="module")
 def truth(built: Path) -> tuple[list[tuple], list[str], np.ndarray]:
-    """Every token's key, word and mixed vector as the dataset gives them (float16, as the
-    index ranks with)."""
+    """Every token's key, word and mixed vector as the dataset gives them."""
     ds = open_dataset(str(built / "ds"))
     keys, words, parts = [], [], []
     for batch, vec in iter_mixed(ds, ds.mix("top"), columns=(*KEYS, "token")):
         rows = pa.Table.from_batches([batch])
         keys += list(zip(*(rows[c].to_pylist() for c in KEYS), strict=True))
         words += rows["token"].to_pylist()
-        parts.append(np.asarray(vec, np.float16).astype(np.float32))
+        parts.append(np.asarray(vec, np.float32))
     return keys, words, np.concatenate(parts)
 
 
@@ -165,8 +165,11 @@ def test_occurrences_carry_the_datasets_vectors(built: Path, truth: tuple) -> No
     rows = index.occurrences(["w3"], columns=[*KEYS, "token"])
     assert rows.num_rows == words.count("w3")
     found = {key: i for i, key in enumerate(keys)}
+    # Their directions (unit vectors): the shards keep no scale.
     got = np.stack(rows["vector"].to_numpy(zero_copy_only=False)).astype(np.float32)
-    np.testing.assert_array_equal(got, vectors[[found[k] for k in _keys(rows)]])
+    want = vectors[[found[k] for k in _keys(rows)]]
+    np.testing.assert_allclose(got, want / np.linalg.norm(want, axis=1, keepdims=True),
+                               atol=1e-6)
 
 
 def test_a_changed_dataset_is_followed_by_the_next_build(built: Path, tmp_path: Path,
@@ -241,7 +244,7 @@ def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
     assert "add --full --rebuild, or leave them out" in capsys.readouterr().err
     assert cli.main(["index", "info", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "vector index ivf" in text and "compact: codes in memory, vectors in its shards" in text
+    assert "vector index ivf" in text and "compact: codes in memory, int8 vectors in its shards" in text
     # --rebuild alone keeps the kind; --full with it makes the other.
     assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--rebuild",
                      "--no-progress"]) == 0
