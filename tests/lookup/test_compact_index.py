@@ -244,7 +244,8 @@ def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
     assert "add --full --rebuild, or leave them out" in capsys.readouterr().err
     assert cli.main(["index", "info", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "vector index ivf" in text and "compact: codes in memory, int8 vectors in its shards" in text
+    assert "vector index ivf" in text
+    assert "compact: codes in memory, int8 vectors in its shards" in text
     # --rebuild alone keeps the kind; --full with it makes the other.
     assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--rebuild",
                      "--no-progress"]) == 0
