@@ -45,7 +45,9 @@ def fixed_mmap_threshold(command: str | None) -> bool:
     """An index build keeps its large allocations on their own mmap, as the embedding
     workers do (``process_memory``): with glibc's sliding threshold each shard's mix
     buffers stayed in the heap, and what the build held grew with the files it had
-    written (0.60 -> 0.87 GB over 3 files of 213k rows at 1024 wide; 0.64 fixed)."""
+    written (0.60 -> 0.87 GB over 3 files of 213k rows at 1024 wide; 0.64 fixed). Not
+    the searching commands: for a server it saved no memory a row measurably and cost
+    2 ms a search (BENCHMARKS.md, issue 46)."""
     if command != "index":
         return False
     from pipeline.write.process_memory import fix_mmap_threshold

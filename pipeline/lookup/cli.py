@@ -353,16 +353,18 @@ def compact_hint(dataset: str, out: str) -> str | None:
 def run_index_info(args: argparse.Namespace) -> int:
     from pipeline.lookup.index.sense_index import SenseIndex
 
-    ix = SenseIndex(args.uri)
+    ix = SenseIndex(args.uri, any_layout=True)
     m = ix.meta
     fields = ", ".join(f"{name} ({kind})" for name, kind in ix.indexed_fields().items())
     if m.doc_fields is None:
         fields += " (others are filtered on a join; a rebuild stores them)"
-    vectors = "compact: codes in memory, vectors in its shards" if m.compact \
+    vectors = "compact: codes in memory, int8 vectors in its shards" if m.compact \
         else f"{m.vector_dtype} vectors"
     ivf = m.ivf or {}
     search = (f"in-memory, {ivf.get('codes')} codes trained on {ivf.get('trained_rows')} "
-              f"rows, {ivf.get('nprobe')} of {ivf.get('lists')} lists probed") \
+              f"rows, {ivf.get('nprobe')} of {ivf.get('lists')} lists probed, "
+              f"{ivf.get('candidates') or 'default'} candidates a result re-ranked, "
+              f"recall@10 {ivf.get('recall_at_10')} measured") \
         if m.compact else (
         f"nprobes {m.search.nprobes}, ef {m.search.ef}, refine {m.search.refine_factor}")
     print(f"index {args.uri}\n  dataset {m.dataset}\n  mix {ix.mix.describe()}\n"

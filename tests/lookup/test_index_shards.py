@@ -22,6 +22,7 @@ from pipeline.lookup.index.ivf_shards import (
     MEMORY_BYTES_PER_ROW,
     SENTENCES_FILE,
     SHARD_FILES,
+    SHARDS_FORMAT,
     VECTORS_FILE,
     ShardedIvf,
 )
@@ -54,7 +55,7 @@ def _keys(table) -> list[tuple]:
 def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
     index = SenseIndex(str(built / "ix"))
     held = index.meta.ivf
-    assert held["format"] == 2 and list(held["shards"]) == index.meta.indexed
+    assert held["format"] == SHARDS_FORMAT and list(held["shards"]) == index.meta.indexed
     assert held["codes"] == f"PQ{min(CODE_BYTES, DIM)}" and held["rows"] == ROWS
     assert sum(s["rows"] for s in held["shards"].values()) == ROWS
     assert held["recall_at_10"] >= 0.95
@@ -69,7 +70,7 @@ def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
     assert ivf._index is None
     ivf.search(np.ones((1, DIM), np.float32), 3)
     # What it holds per row: the code, faiss's id, the sketch.
-    assert ivf.index.code_size + 8 + ivf.sketch.codes.shape[1] <= MEMORY_BYTES_PER_ROW
+    assert ivf.index.code_size + 8 + ivf.sketch.code_bytes <= MEMORY_BYTES_PER_ROW
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from pipeline.lookup.index.ivf_build import RETRAIN_GROWTH, build_ivf, drop_othe
 from pipeline.lookup.index.ivf_search import current, present
 from pipeline.lookup.index.ivf_shards_build import build_shards, ivf_folders, shards_current
 from pipeline.lookup.index.meta import (
+    COMPACT_LAYOUT,
     HNSW_MIN_ROWS,
     INDEX_KINDS,
     INDEX_META,
@@ -111,7 +112,9 @@ def reusable_meta(ds: Dataset, the_mix: Mix, out: str, meta: IndexMeta | None,
     # the index is built again.
     for stale, why in ((meta.stemmer != STEMMER, f"without {STEMMER} word stems"),
                        (meta.doc_fields is None, "without document fields"),
-                       (meta.layout < LAYOUT, "with the sentence text in every row")):
+                       (meta.layout < LAYOUT, "with the sentence text in every row"),
+                       (meta.compact and meta.layout < COMPACT_LAYOUT,
+                        "with its documents' fields in every row")):
         if stale:
             if progress:
                 progress(f"{out} was built {why}: rebuilding it")
@@ -129,9 +132,12 @@ def new_meta(ds: Dataset, dataset: str, the_mix: Mix, kind: str, words: WordSele
         dataset = os.path.abspath(dataset)
     return IndexMeta(dataset=str(dataset), model_fingerprint=ds.descriptor.model_fingerprint,
                      mix=the_mix.to_json(), mix_name=the_mix.name, dim=ds.descriptor.dim,
-                     kind=kind, stemmer=STEMMER, layout=LAYOUT, vector_dtype=vector_dtype,
+                     kind=kind, stemmer=STEMMER, layout=COMPACT_LAYOUT if compact else LAYOUT,
+                     vector_dtype=vector_dtype,
                      words=words.to_json(), compact=compact,
-                     doc_fields=indexable_fields(field_kinds(
+                     # A compact index keeps its documents' fields once, in the dataset's
+                     # documents, joined by doc_id (filters, hits), not in every token row.
+                     doc_fields={} if compact else indexable_fields(field_kinds(
                          row for _, rows in documents.values() for row in rows)))
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline.lookup.index.ivf_search import (
+    FILES,
     IVF_DIR,
     IVF_FILE,
     IVF_FORMAT,
@@ -35,7 +36,6 @@ from pipeline.lookup.index.ivf_search import (
     VECTORS_FILE,
     MemoryIvf,
     Sketch,
-    ivf_files,
     read_ivf,
 )
 from pipeline.lookup.layers.vectors import unit_vectors
@@ -165,7 +165,7 @@ def build_ivf(table: Any, fs: Any, root: str, show_progress: bool = False,
                   "recall_at_10": round(recall, 4), "calibration_queries": queries,
                   "codes": "SQ8", "trained_rows": trained_rows}
         if not local:
-            for file in ivf_files(record):
+            for file in FILES:
                 fs.put_file(f"{work}/{file}", f"{root}/{IVF_DIR}/{name}/{file}")
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -218,10 +218,14 @@ def _trained(vectors: np.ndarray, rows: int, dim: int, lists: int,
 
 
 def calibrate(ivf: MemoryIvf, rng: np.random.Generator,
-              on_rows: Callable[[int], Any] | None = None) -> tuple[int, float, int]:
+              on_rows: Callable[[int], Any] | None = None,
+              candidates: Sequence[int] = ()) -> tuple[int, float, int]:
     """The fewest probes whose recall@10 reaches CALIBRATION_RECALL on stored rows used as
     queries (each left out of its own answer): ``(nprobe, recall, queries)``;
-    ``on_rows``: told the rows the exact scan has done (progress)."""
+    ``on_rows``: told the rows the exact scan has done (progress). ``candidates``: counts
+    of candidates a result to take from the lists, fewest first (product codes rank them
+    too roughly for a fixed count to hold the exact neighbours as rows grow): the first
+    whose probes reach it, else the one that reached most, is left in ``ivf.candidates``."""
     import numpy as np
 
     rows = len(ivf.vectors)
@@ -240,17 +244,35 @@ def calibrate(ivf: MemoryIvf, rng: np.random.Generator,
         return float(np.mean([len(set(f) & set(t)) / k for f, t in zip(found, truth,
                                                                        strict=True)]))
 
+    best: tuple[int, int, float] | None = None  # candidates, probes, recall
+    for count in candidates or (ivf.candidates,):
+        ivf.candidates = count
+        # More candidates need no fewer probes: start from the last count's.
+        nprobe, reached = _fewest_probes(recall, lists, best[1] if best else 1)
+        if best is None or reached > best[2]:
+            best = (count, nprobe, reached)
+        if reached >= CALIBRATION_RECALL:
+            break
+    assert best is not None
+    ivf.candidates = best[0]
+    return best[1], best[2], len(picks)
+
+
+def _fewest_probes(recall: Callable[[int], float], lists: int, least: int = 1
+                   ) -> tuple[int, float]:
+    """The fewest of ``probe_steps`` (from ``least`` on) reaching CALIBRATION_RECALL, or
+    after which twice as many gain under CALIBRATION_PLATEAU; with the recall reached."""
     measured: dict[int, float] = {}
-    for nprobe in probe_steps(lists):
+    for nprobe in [p for p in probe_steps(lists) if p >= least] or [lists]:
         measured[nprobe] = recall(nprobe)
         if measured[nprobe] >= CALIBRATION_RECALL:
-            return nprobe, measured[nprobe], len(picks)
+            return nprobe, measured[nprobe]
         twice = min(lists, 2 * nprobe)
         if twice != nprobe:
             measured.setdefault(twice, recall(twice))
             if measured[twice] - measured[nprobe] < CALIBRATION_PLATEAU:
-                return nprobe, measured[nprobe], len(picks)
-    return lists, measured[lists], len(picks)
+                return nprobe, measured[nprobe]
+    return lists, measured[lists]
 
 
 def exact_nearest(vectors: np.ndarray, queries: np.ndarray, k: int,

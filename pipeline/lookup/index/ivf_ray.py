@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.index.ivf_search import CANDIDATES_PER_RESULT, EXACT_FILTER_ROWS
-from pipeline.lookup.index.ivf_shards import SHARD_CANDIDATES_PER_RESULT, ShardedIvf, is_sharded
+from pipeline.lookup.index.ivf_shards import ShardedIvf, candidates_of, is_sharded
 from pipeline.lookup.ray_work import connect
 
 if TYPE_CHECKING:
@@ -217,8 +217,7 @@ class RayIvf:
         self.actors, self.column_names = list(actors), list(columns)
         self.dim, self.rows = int(record["dim"]), int(record["rows"])
         self.nprobe, self.lists = int(record["nprobe"]), int(record["lists"])
-        self.candidates = SHARD_CANDIDATES_PER_RESULT if record["codes"] != "SQ8" \
-            else CANDIDATES_PER_RESULT
+        self.candidates = candidates_of(record)
         self.nodes = list(nodes)  # the node of each actor
 
     def holds(self, columns: Sequence[str]) -> bool:

@@ -22,10 +22,6 @@ rows lie far from every list's centre and so in lists nobody would probe (BENCHM
 
 A full index whose table has changed since its IVF was made (a build that stopped half
 way) answers from LanceDB: the table version the IVF was made from must be the table's.
-Compact indexes made before the IVF was stored in shards (format 1, ``vectors:
-dataset``) keep no vectors in the folder: the re-rank takes the vectors mixed from the
-dataset when the index is opened, and ``rows.parquet`` has LanceDB's ``_rowid`` of each
-row (a filtered search asks LanceDB for the row ids that pass).
 """
 
 from __future__ import annotations
@@ -70,20 +66,10 @@ def current(ivf: dict[str, Any] | None, table_version: int) -> bool:
         and ivf.get("table_version") == table_version
 
 
-def ivf_files(ivf: dict[str, Any]) -> tuple[str, ...]:
-    """The files of ``ivf``'s folder (an old compact index's has no vectors file)."""
-    return tuple(f for f in FILES if not (f == VECTORS_FILE and from_dataset(ivf)))
-
-
-def from_dataset(ivf: dict[str, Any]) -> bool:
-    """Whether ``ivf`` re-ranks with vectors read from the dataset (an old compact index)."""
-    return ivf.get("vectors") == "dataset"
-
-
 def present(fs: Any, root: str, ivf: dict[str, Any] | None) -> bool:
     """Whether every file of ``ivf``'s folder exists under ``root``."""
     return ivf is not None and all(
-        fs.exists(f"{root}/{IVF_DIR}/{ivf['folder']}/{name}") for name in ivf_files(ivf))
+        fs.exists(f"{root}/{IVF_DIR}/{ivf['folder']}/{name}") for name in FILES)
 
 
 class MemoryIvf:
@@ -105,10 +91,8 @@ class MemoryIvf:
         self._sorted_ids: np.ndarray | None = None
 
     @classmethod
-    def load(cls, fs: Any, folder: str, nprobe: int,
-             vectors_of: Callable[[pa.Table], np.ndarray] | None = None) -> MemoryIvf:
-        """The IVF in ``folder``; ``vectors_of``: a compact index's vectors for its rows
-        (``index_vectors.read_index_vectors``), instead of the folder's vectors file."""
+    def load(cls, fs: Any, folder: str, nprobe: int) -> MemoryIvf:
+        """The IVF in ``folder`` (a full index's)."""
         import io
 
         import numpy as np
@@ -122,9 +106,7 @@ class MemoryIvf:
             sketch = Sketch(stored["planes"], stored["mean"], stored["codes"])
         with fs.open(f"{folder}/{ROWS_FILE}", "rb") as handle:
             rows = pq.read_table(handle)
-        if vectors_of is not None:
-            vectors = vectors_of(rows)
-        elif local:
+        if local:
             # Mapped, not read: the page cache holds what re-ranks touch, shared by processes.
             vectors = np.load(f"{folder}/{VECTORS_FILE}", mmap_mode="r")
         else:
@@ -220,7 +202,12 @@ class MemoryIvf:
 
         if len(positions) < RANK_BLOCK_ROWS:
             candidates = np.asarray(self.vectors[positions], np.float32)
-            return candidates @ unit / np.maximum(np.linalg.norm(candidates, axis=1), 1e-12)
+            # Products summed, not a matrix product: BLAS's threads, for 600 candidates
+            # and more, waited on faiss's (and on a busy machine's other processes):
+            # 100 ms where this takes 1 (BENCHMARKS.md, issue 46).
+            dots = np.einsum("ij,j->i", candidates, unit, optimize=False)
+            return dots / np.maximum(np.sqrt(np.einsum("ij,ij->i", candidates, candidates,
+                                                       optimize=False)), 1e-12)
         import torch
 
         sims = np.empty(len(positions), np.float32)
@@ -312,9 +299,15 @@ class Sketch:
     def __init__(self, planes: np.ndarray, mean: np.ndarray, codes: np.ndarray) -> None:
         import faiss
 
-        self.planes, self.mean, self.codes = planes, mean, codes
+        # The codes live in faiss's scan only: a second copy was 16 more bytes a row.
+        self.planes, self.mean = planes, mean
         self.scan = faiss.IndexBinaryFlat(planes.shape[1])
         self.scan.add(codes)
+
+    @property
+    def code_bytes(self) -> int:
+        """Bytes of sketch a row."""
+        return self.scan.code_size
 
     @staticmethod
     def planes_for(dim: int) -> np.ndarray:
@@ -355,8 +348,13 @@ class IdSketch(Sketch):
         return np.where(found >= 0, self.ids[np.maximum(found, 0)], -1)
 
 
-def add_to_lists(index: Any, lists: np.ndarray, codes: np.ndarray, ids: np.ndarray) -> None:
-    """``codes`` (of rows ``ids``) into ``index``'s inverted lists ``lists``, as encoded."""
+def add_to_lists(index: Any, lists: np.ndarray, codes: np.ndarray, ids: np.ndarray,
+                 filled: np.ndarray | None = None) -> None:
+    """``codes`` (of rows ``ids``) into ``index``'s inverted lists ``lists``, as encoded.
+    ``filled``: the entries each list holds so far, of lists already sized to their final
+    length (``size_lists``): the codes are written in place and ``filled`` advanced, so
+    no list grows (a growing list doubles its capacity: a server held 235 bytes a row
+    where its codes, ids and sketches are 88)."""
     import faiss
     import numpy as np
 
@@ -365,12 +363,32 @@ def add_to_lists(index: Any, lists: np.ndarray, codes: np.ndarray, ids: np.ndarr
     sorted_lists = lists[order]
     sorted_codes = np.ascontiguousarray(codes[order])
     bounds = np.flatnonzero(np.diff(sorted_lists)) + 1
+    invlists = None if filled is None else faiss.downcast_InvertedLists(index.invlists)
     for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]]),
                       strict=True):
-        if hi > lo:
-            index.invlists.add_entries(int(sorted_lists[lo]), int(hi - lo),
-                                       faiss.swig_ptr(ids[lo:hi]),
+        if hi <= lo:
+            continue
+        at = int(sorted_lists[lo])
+        if invlists is None:
+            index.invlists.add_entries(at, int(hi - lo), faiss.swig_ptr(ids[lo:hi]),
                                        faiss.swig_ptr(sorted_codes[lo:hi]))
+        else:
+            invlists.update_entries(at, int(filled[at]), int(hi - lo),
+                                    faiss.swig_ptr(ids[lo:hi]),
+                                    faiss.swig_ptr(sorted_codes[lo:hi]))
+            filled[at] += hi - lo
+
+
+def size_lists(index: Any, sizes: np.ndarray) -> np.ndarray:
+    """Each of ``index``'s (empty) inverted lists sized to hold ``sizes[list]`` entries, to
+    be filled by ``add_to_lists``; the counts filled so far (zeros)."""
+    import faiss
+    import numpy as np
+
+    invlists = faiss.downcast_InvertedLists(index.invlists)
+    for at in np.flatnonzero(sizes).tolist():
+        invlists.resize(at, int(sizes[at]))
+    return np.zeros(len(sizes), np.int64)
 
 
 class _Selector:

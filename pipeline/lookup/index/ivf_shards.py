@@ -4,8 +4,9 @@ One shard per dataset tokens file the index holds (``IndexMeta.indexed``: part, 
 id), in a folder of its own under ``_ivf/``; one training folder beside them (the coarse
 centroids and product quantizer every shard was encoded with, and the sketches' planes):
 
-- ``vectors.npy``: the rows' mixed vectors (the index's ``vector_dtype``, ``[n, dim]``),
-  read a row at a time: a query's re-rank reads only its candidates' rows;
+- ``vectors.npy``: the rows' mixed vectors as int8 (``[n, dim]``, each row scaled by its
+  own largest value: a cosine needs no scale), read a row at a time: a query's re-rank
+  reads only its candidates' rows;
 - ``codes.npy`` ``[n, code bytes]`` and ``lists.npy`` ``[n]``: each row's product-quantized
   code and its list (``CODE_BYTES`` bytes a row whatever the width);
 - ``sketch.npy`` ``[n, 16]``: each row's 128-bit sketch (``ivf_search.Sketch``);
@@ -38,13 +39,19 @@ from pipeline.lookup.index.ivf_search import (
     MemoryIvf,
     Sketch,
     add_to_lists,
+    size_lists,
 )
 
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-SHARDS_FORMAT = 2  # IndexMeta.ivf["format"] of an IVF in shards
+# IndexMeta.ivf["format"] of an IVF in shards: 3, int8 vectors. Earlier generations (1: no
+# vectors, re-read from the dataset; 2: float16 vectors) are refused at open with the
+# build that makes the index again (``SenseIndex``), not searched on a path of their own.
+SHARDS_FORMAT = 3
+OLD_COMPACT_FORMATS = (1, 2)
+SHARD_VECTOR_DTYPE = "int8"
 TRAIN_FILE = "trained.faiss"
 PLANES_FILE = "sketch_planes.npz"
 CODES_FILE = "codes.npy"
@@ -57,15 +64,33 @@ SHARD_FILES = (CODES_FILE, LISTS_FILE, SKETCH_FILE, VECTORS_FILE, ROWS_FILE)
 TRAIN_FILES = (TRAIN_FILE, PLANES_FILE)
 # Bytes of product-quantized code a row (residuals of the coarse centroid): what a process
 # holds per row, with faiss's id and the sketch. Rougher than the vectors: a query takes
-# more candidates from the lists to re-rank (``SHARD_CANDIDATES_PER_RESULT``).
+# more candidates from the lists to re-rank, as many as the build measured it needs
+# (``CANDIDATE_STEPS``: the first whose probes reach recall@10 0.97 on held rows; records
+# without the figure take ``SHARD_CANDIDATES_PER_RESULT``).
 CODE_BYTES = 64
 SHARD_CANDIDATES_PER_RESULT = 30
+CANDIDATE_STEPS = (30, 60, 120, 240)
 # Per row in a process: the code, faiss's id, the sketch.
 MEMORY_BYTES_PER_ROW = CODE_BYTES + 8 + 16
 
 
 def is_sharded(record: dict[str, Any] | None) -> bool:
     return record is not None and record.get("format") == SHARDS_FORMAT
+
+
+def candidates_of(record: dict[str, Any]) -> int:
+    """Candidates a result a search of ``record``'s IVF takes from its lists."""
+    return int(record.get("candidates") or (
+        SHARD_CANDIDATES_PER_RESULT if record["codes"] != "SQ8" else CANDIDATES_PER_RESULT))
+
+
+def as_shard_vectors(vectors: np.ndarray) -> np.ndarray:
+    """Mixed vectors as a shard stores them: int8, each row scaled to its largest value.
+    Cosines from them are the floats' to within 0.5/127 of a value; the scale (which a
+    cosine does not use) is not kept."""
+    from schemas.layers import quantize_int8
+
+    return quantize_int8(vectors)[0]
 
 
 def shard_missing(fs: Any, base: str, shard: dict[str, Any]) -> str | None:
@@ -91,7 +116,7 @@ class ShardVectors:
         for path, mapped, n in zip(self.paths, self.maps, rows, strict=True):
             if mapped.shape != (n, dim):
                 raise ValueError(f"{path}: {mapped.shape}, expected {(n, dim)}")
-        self.dtype = self.maps[0].dtype if self.maps else np.dtype("float16")
+        self.dtype = self.maps[0].dtype if self.maps else np.dtype(SHARD_VECTOR_DTYPE)
         self.shape = (int(self.offsets[-1]), dim)
 
     def __len__(self) -> int:
@@ -113,22 +138,25 @@ class ShardVectors:
         return out
 
     def read_rows(self, positions: np.ndarray) -> np.ndarray:
-        """The rows at ``positions`` (ascending) read from the files, one read a row (0.5
-        ms through the maps, 1.6 here, for 300; but no pages left in the process)."""
+        """The rows at ``positions`` (ascending), gathered through a map of each shard's
+        file made for this call and unmapped after it: as fast as a standing map (a
+        ``pread`` a row cost 3x), and the pages it touched leave the process's RSS with
+        the map (they stay in the page cache, shared)."""
+        import mmap
+
         import numpy as np
 
         out = np.empty((len(positions), self.shape[1]), self.dtype)
-        row_bytes = self.shape[1] * self.dtype.itemsize
         shard = np.searchsorted(self.offsets, positions, side="right") - 1
-        for s in np.unique(shard):
+        for s in np.unique(shard).tolist():
             mine = np.flatnonzero(shard == s)
-            starts = self.maps[s].offset + (positions[mine] - self.offsets[s]) * row_bytes
-            fd = os.open(self.paths[s], os.O_RDONLY)
-            try:
-                for i, start in zip(mine.tolist(), starts.tolist(), strict=True):
-                    os.preadv(fd, [memoryview(out[i]).cast("B")], start)
-            finally:
-                os.close(fd)
+            rows = int(self.offsets[s + 1] - self.offsets[s])
+            with open(self.paths[s], "rb") as handle, \
+                    mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                stored = np.frombuffer(mapped, self.dtype, rows * self.shape[1],
+                                       self.maps[s].offset).reshape(rows, self.shape[1])
+                out[mine] = stored[positions[mine] - self.offsets[s]]
+                del stored  # the map closes only once no array points into it
         return out
 
     def read(self, start: int, stop: int) -> np.ndarray:
@@ -219,8 +247,7 @@ class ShardedIvf(MemoryIvf):
         self.offsets = self.vectors.offsets
         self.rows = ShardRows([f"{f}/{ROWS_FILE}" for f in folders], self.offsets)
         self.folders = list(folders)
-        self.candidates = SHARD_CANDIDATES_PER_RESULT if record["codes"] != "SQ8" \
-            else CANDIDATES_PER_RESULT
+        self.candidates = candidates_of(record)
         self._index: Any = None
         self._sketch: Sketch | None = None
         self._shard_of = {_pair(key): i for i, key in enumerate(self.keys)}
@@ -311,7 +338,8 @@ class ShardedIvf(MemoryIvf):
         import numpy as np
 
         index = faiss.read_index(f"{self.folder}/{TRAIN_FILE}")
-        total = 0
+        shards = []
+        sizes = np.zeros(index.nlist, np.int64)
         for s, local in picks:
             lists = np.load(f"{self.folders[s]}/{LISTS_FILE}", mmap_mode="r")
             codes = np.load(f"{self.folders[s]}/{CODES_FILE}", mmap_mode="r")
@@ -322,8 +350,15 @@ class ShardedIvf(MemoryIvf):
                                     "it again")
             if local is None:
                 local = np.arange(len(lists))
+            sizes += np.bincount(np.asarray(lists[local]), minlength=index.nlist)
+            shards.append((s, local, lists, codes))
+        # Every list at its final size first: lists grown shard by shard doubled their
+        # capacity, up to twice the codes' and ids' bytes.
+        filled = size_lists(index, sizes)
+        total = 0
+        for s, local, lists, codes in shards:
             add_to_lists(index, np.asarray(lists[local]), np.asarray(codes[local]),
-                         local + self.offsets[s])
+                         local + self.offsets[s], filled)
             total += len(local)
         index.ntotal = total
         index.parallel_mode = 1
@@ -344,6 +379,12 @@ class ShardedIvf(MemoryIvf):
             return super().search(queries, k, nprobe, leave_out, among, sketched)
         return self.view_of(np.asarray(among, np.int64)).search(
             queries, k, nprobe or self.nprobe, leave_out)
+
+    def prepare_filter(self, among: np.ndarray) -> None:
+        """Make now what a search among ``among`` will use: the IVF of only those rows
+        while the codes are not loaded (``view_of``), nothing once they are."""
+        if self._index is None:
+            self.view_of(among)
 
     def view_of(self, among: np.ndarray) -> MemoryIvf:
         """The IVF of only the rows at ``among``: made once for the last ``among`` asked."""

@@ -44,11 +44,13 @@ from pipeline.lookup.index.ivf_search import (
     Sketch,
 )
 from pipeline.lookup.index.ivf_shards import (
+    CANDIDATE_STEPS,
     CODE_BYTES,
     MEMORY_BYTES_PER_ROW,
     PLANES_FILE,
     SENTENCES_FILE,
     SHARD_FILES,
+    SHARD_VECTOR_DTYPE,
     SHARDS_FORMAT,
     TRAIN_FILE,
     TRAIN_FILES,
@@ -80,6 +82,8 @@ TRAIN_MAX_ROWS = 131_072
 # ... and so the lists' bound: a list trains on at least 32 rows.
 MAX_LISTS = TRAIN_MAX_ROWS // 32
 SAMPLE_BLOCK_ROWS = 8_192
+# A search probes this many times the lists that held rows needed (``build_shards``).
+NEW_QUERY_PROBES = 2
 # What a build's process holds besides the training sample and the codes it measures
 # probes with (the interpreter, torch, LanceDB, a batch being mixed).
 BASE_BYTES = 900 << 20
@@ -277,7 +281,7 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
         if rows == 0:
             raise ElmoUserError("the index holds no rows to search")
         check_fits(rows, sum(new_rows.values()), meta.dim,
-                   np.dtype(meta.vector_dtype).itemsize, base)
+                   np.dtype(SHARD_VECTOR_DTYPE).itemsize, base)
         shards: dict[str, dict[str, Any]] = {}
         here = run is None or not local  # an object store's goes through a local folder
         jobs: list[ShardJob] = []
@@ -287,7 +291,7 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
             # A Ray task opens the tables itself (a table object does not travel).
             jobs.append((new_rows[key], partial(
                 new_shard, (table, sentences) if here else root, key, f"{base}/{folder}", ds,
-                meta.the_mix(), files[key], meta.vector_dtype)))
+                meta.the_mix(), files[key])))
             shards[key] = {"folder": folder, "rows": new_rows[key], "train": None}
         with rows_bar(sum(new_rows.values()), show_progress) as bar:
             bar.set_description("index: shards: mix + write vectors", refresh=False)
@@ -314,9 +318,15 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
         with rows_bar(rows, show_progress) as bar:
             bar.set_description("index: probes for recall@10: exact neighbours of held rows",
                                 refresh=False)
-            nprobe, recall, queries = calibrate(ivf, np.random.default_rng(1), bar.update)
-        record |= {"nprobe": nprobe, "recall_at_10": round(recall, 4),
-                   "calibration_queries": queries}
+            nprobe, recall, queries = calibrate(
+                ivf, np.random.default_rng(1), bar.update,
+                CANDIDATE_STEPS if record["codes"] != "SQ8" else ())
+        # Held rows sit in their own lists; a new sentence's tokens fall farther from
+        # theirs: at the probes that gave held rows 0.97, new ones found 0.93-0.96 of
+        # the exact 10, at twice as many 0.97 for ~5% more CPU (BENCHMARKS.md, issue 46).
+        record |= {"nprobe": min(record["lists"], NEW_QUERY_PROBES * nprobe),
+                   "recall_at_10": round(recall, 4), "held_rows_nprobe": nprobe,
+                   "calibration_queries": queries, "candidates": ivf.candidates}
         if not local:
             for folder in made:
                 names = TRAIN_FILES if folder.startswith("t-") \

@@ -47,6 +47,9 @@ SCALAR_COLUMNS = ("token", "token_lower", "token_stem")
 # 2: vectors stored as VECTOR_DTYPE, sentence text in its own table (sentences.py);
 # 1: float32 vectors and the sentence text in every token row (read as it is).
 LAYOUT = 2
+# 3: a compact index's token rows hold no document fields (``source``, ``meta_<name>``):
+# they are read once per document from the dataset and joined by doc_id.
+COMPACT_LAYOUT = 3
 # float16 halves the stored vectors and keeps recall@10 (BENCHMARKS.md, "Index size").
 VECTOR_DTYPE = "float16"
 VECTOR_DTYPES = ("float16", "float32")
@@ -118,6 +121,12 @@ class IndexMeta:
             data["ivf"] = data.pop("held")
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    def stored_fields(self) -> dict[str, str] | None:
+        """The document fields its token rows hold as columns (None: none, not even
+        ``source``: they are joined by doc_id)."""
+        return None if self.compact and self.layout >= COMPACT_LAYOUT \
+            else self.doc_fields or {}
 
     def the_mix(self) -> Mix:
         return Mix.from_json(self.mix_name, self.mix)

@@ -44,9 +44,11 @@ class BuildSummary:
 
     def line(self) -> str:
         total = self.seconds_read + self.seconds_add + self.seconds_index
+        held = "" if self.ivf is None or "held_rows_nprobe" not in self.ivf else \
+            f" at {self.ivf['held_rows_nprobe']} lists"
         ivf = "" if self.ivf is None else (
             f"; in-memory IVF: {self.ivf['nprobe']} of {self.ivf['lists']} lists probed, "
-            f"recall@10 {self.ivf['recall_at_10']:.3f} on "
+            f"recall@10 {self.ivf['recall_at_10']:.3f}{held} on "
             f"{self.ivf['calibration_queries']} stored rows")
         if self.ivf is not None and self.ivf["recall_at_10"] < RECALL_PROMISED:
             ivf += (f". That is below {RECALL_PROMISED}: more probes found no more of the "
@@ -90,7 +92,7 @@ ADD_BYTES = 256 << 20  # float32 vectors per LanceDB add: bounds memory for any 
 
 def rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences: pa.Table,
                   documents: tuple[list[str], list[dict[str, Any]]],
-                  doc_fields: dict[str, str], vector_dtype: str = VECTOR_DTYPE,
+                  doc_fields: dict[str, str] | None, vector_dtype: str = VECTOR_DTYPE,
                   selected: pa.Array | None = None,
                   on_read: Callable[[int], Any] | None = None,
                   compact: bool = False) -> Iterator[pa.Table]:
@@ -154,7 +156,9 @@ def rows_for_file(ds: Dataset, mix: Mix, path: str, key: str, sentences: pa.Tabl
             "shard": pa.array(np.full(n, shard, np.int32)),
             "start": pc.subtract(joined["char_start"], sent_start).cast(pa.int32()),
             "end": pc.subtract(joined["char_end"], sent_start).cast(pa.int32()),
-            **index_field_arrays(joined["doc_id"].combine_chunks(), documents, doc_fields),
+            # None: fields joined by doc_id where needed, not stored (a compact index).
+            **({} if doc_fields is None else index_field_arrays(
+                joined["doc_id"].combine_chunks(), documents, doc_fields)),
         })
 
 
@@ -207,7 +211,7 @@ class IndexTables:
         n_rows = 0
         t0 = time.perf_counter()
         for rows in rows_for_file(ds, mix, path, key, sentences, documents,
-                                  meta.doc_fields or {}, meta.vector_dtype, selected,
+                                  meta.stored_fields(), meta.vector_dtype, selected,
                                   on_read, meta.compact):
             t1 = time.perf_counter()
             summary.seconds_read += t1 - t0

@@ -49,7 +49,12 @@ from pipeline.lookup.doc_fields import (
     fields_where,
 )
 from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch, MemoryIvf, current
-from pipeline.lookup.index.ivf_shards import SENTENCES_FILE, ShardedIvf, is_sharded
+from pipeline.lookup.index.ivf_shards import (
+    SENTENCES_FILE,
+    SHARDS_FORMAT,
+    ShardedIvf,
+    is_sharded,
+)
 from pipeline.lookup.index.lance_search import VectorSearch
 from pipeline.lookup.index.meta import (
     EXACT_FILTER_VALUES,
@@ -76,6 +81,7 @@ from pipeline.lookup.index.sentences import (
 # Words as the index's columns store them (stem_words: importable from here as before).
 from pipeline.lookup.index.words import WordCounts, column_words, token_filter
 from pipeline.lookup.index.words import stem_words as stem_words
+from pipeline.lookup.layers.vectors import unit_vectors
 from schemas.dataset import open_dataset, open_fs, read_dataset_descriptor
 from schemas.mix_specs import Mix
 
@@ -89,12 +95,18 @@ if TYPE_CHECKING:
 class SenseIndex:
     """An opened index: its metadata and LanceDB table."""
 
-    def __init__(self, uri: str, storage_options: dict | None = None) -> None:
+    def __init__(self, uri: str, storage_options: dict | None = None, *,
+                 any_layout: bool = False) -> None:
+        """``any_layout``: open an index of an older storage generation too (to describe
+        it: ``elmo index info``); else that is refused here, in one line naming the build
+        that makes it again (``require_current_layout``)."""
         meta = read_meta(uri, storage_options)
         if meta is None:
             raise ElmoUserError(f"{uri} is not an elmo sense index (no {INDEX_META}); "
                                 "build one with `elmo index build`")
         self.uri, self.meta, self.storage_options = uri, meta, storage_options
+        if not any_layout:
+            self.require_current_layout()
         # LanceDB is opened on first use (a compact index's word search needs none of it).
         self._tables: tuple[Any, Any] | None = None
         self._positions: tuple[tuple[str, tuple[str, ...]], np.ndarray] | None = None
@@ -158,36 +170,35 @@ class SenseIndex:
                           file=sys.stderr)
         return self._ivf
 
-    def _compact_ivf(self) -> MemoryIvf:
+    def _compact_ivf(self) -> ShardedIvf:
         """A compact index's IVF (on first use): what stops it is an error naming the fix."""
         if self._ivf is None:
-            from pipeline.lookup.index.vectors import vectors_from_dataset
-
-            held, rebuild = self.meta.ivf, self._rebuild()
-            if is_sharded(held):
-                # A file the table holds and the IVF does not (an IVF older than its table):
-                # a search would leave its rows out without a word.
-                for part, shard, _ in (k.split("/") for k in self.meta.indexed
-                                       if k not in held["shards"]):
-                    raise ElmoUserError(f"index shard {part}/{shard} is missing or stale (the "
-                                        f"IVF holds no such file, which the index's table "
-                                        f"has); {rebuild} makes it again")
-                fs, root = open_fs(self.uri, self.storage_options)
-                self._ivf = ShardedIvf.load(fs, root, held, rebuild)
-                return self._ivf
-            rebuild += " makes it again"
-            if held is None or not current(held, self.table.version):
-                raise ElmoUserError(f"{self.uri}: the compact index's IVF is missing or older "
-                                    f"than its table (a build stopped half way); {rebuild}")
+            held = self.meta.ivf
+            self.require_current_layout()
+            if held is None:
+                raise ElmoUserError(f"{self.uri}: the compact index's IVF is missing (a build "
+                                    f"stopped half way); {self._rebuild()} makes it again")
+            # A file the table holds and the IVF does not (an IVF older than its table):
+            # a search would leave its rows out without a word.
+            for part, shard, _ in (k.split("/") for k in self.meta.indexed
+                                   if k not in held["shards"]):
+                raise ElmoUserError(f"index shard {part}/{shard} is missing or stale (the IVF "
+                                    f"holds no such file, which the index's table has); "
+                                    f"{self._rebuild()} makes it again")
             fs, root = open_fs(self.uri, self.storage_options)
-            vectors_of = vectors_from_dataset(self.meta, self.uri, self.storage_options)
-            try:
-                self._ivf = MemoryIvf.load(fs, f"{root}/{IVF_DIR}/{held['folder']}",
-                                          held["nprobe"], vectors_of)
-            except (OSError, RuntimeError, ValueError) as error:
-                raise ElmoUserError(f"{self.uri}: the compact index's IVF is unreadable "
-                                    f"({error}); {rebuild}") from error
-        return self._ivf
+            self._ivf = ShardedIvf.load(fs, root, held, self._rebuild())
+        return self._ivf  # type: ignore[return-value]
+
+    def require_current_layout(self) -> None:
+        """A compact index of an earlier storage generation (its IVF not in shards of int8
+        vectors) is refused in one line that names the build making it again: no query
+        takes a slow path of its own for it."""
+        held = self.meta.ivf
+        if self.meta.compact and held is not None and not is_sharded(held):
+            raise ElmoUserError(
+                f"{self.uri} is a compact index of an older layout (IVF format "
+                f"{held.get('format')}; this version reads {SHARDS_FORMAT}): "
+                f"{self._rebuild()} makes it again in the current one")
 
     def _rebuild(self) -> str:
         return f"`elmo index build {self.meta.dataset} --mix {self.meta.mix_name} --out " \
@@ -199,30 +210,26 @@ class SenseIndex:
 
     def _compact_positions(self, where: str) -> np.ndarray:
         """Positions in the compact IVF of the rows that pass ``where``."""
-        # One small column: an empty selection would read them all.
+        # Only the keys: an empty selection would read every column.
         ivf = self._compact_ivf()
-        if is_sharded(self.meta.ivf):
-            keys = (self.table.search().where(where).select(["part", "shard", "row"])
-                    .limit(max(1, self.meta.rows)).to_arrow())
-            return ivf.positions_of_keys(keys)
-        rows = (self.table.search().where(where).select(["shard"]).with_row_id(True)
+        keys = (self.table.search().where(where).select(["part", "shard", "row"])
                 .limit(max(1, self.meta.rows)).to_arrow())
-        return ivf.positions_of(rows.column("_rowid").to_numpy())
+        return ivf.positions_of_keys(keys)
 
     def finds_words_in_shards(self, words: Sequence[str] | None, where: str | None) -> bool:
         """Whether a search of ``words`` (and ``where``) takes their rows from the shards'."""
-        return bool(words) and where is None and self.meta.compact and is_sharded(self.meta.ivf)
+        return bool(words) and where is None and self.meta.compact
 
     def word_positions(self, words: Sequence[str], column: str) -> np.ndarray:
         """IVF positions of the rows whose ``column`` is one of ``words`` (from the shards'
         rows: no LanceDB), kept with the IVF of only those rows for the next search."""
         if self._positions is None or self._positions[0] != (column, tuple(words)):
             ivf = self._compact_ivf()
-            found = ivf.rows.positions_in(column, column_words(words, column)) \
-                if isinstance(ivf, ShardedIvf) else \
-                self._compact_positions(token_filter(words, column))
-            if isinstance(ivf, ShardedIvf) and ivf._index is None:
-                ivf.view_of(found)
+            if isinstance(ivf, ShardedIvf):
+                found = ivf.rows.positions_in(column, column_words(words, column))
+                ivf.prepare_filter(found)
+            else:  # a Ray-held IVF: the keys from LanceDB
+                found = self._compact_positions(token_filter(words, column))
             self._positions = ((column, tuple(words)), found)
         return self._positions[1]
 
@@ -261,7 +268,7 @@ class SenseIndex:
         """Where sentence texts are read: the compact IVF's shards' files (mapped, no
         LanceDB; not for a Ray-held IVF or older shards), else the sentences table."""
         if self._texts is None:
-            ivf = self._compact_ivf() if self.meta.compact and is_sharded(self.meta.ivf) else None
+            ivf = self._compact_ivf() if self.meta.compact else None
             self._texts = (ShardSentences.of(ivf.folders, SENTENCES_FILE)
                            if isinstance(ivf, ShardedIvf) else None) or self.sentences
         return self._texts
@@ -325,7 +332,9 @@ class SenseIndex:
 
     def indexed_fields(self) -> dict[str, str]:
         """Document fields this index's rows hold (name -> kind), filtered by LanceDB."""
-        if self.meta.doc_fields is None:  # built before document fields were stored
+        stored = self.meta.stored_fields()
+        if self.meta.doc_fields is None or stored is None:
+            # Built before document fields were stored, or compact: fields joined by doc_id.
             return {"doc_id": "string"}
         return {**dict.fromkeys(INDEX_FIELDS, "string"), **self.meta.doc_fields}
 
@@ -425,26 +434,19 @@ class SenseIndex:
             positions = (self.word_positions(words, column) if where is None
                          else self._compact_positions(both))[:limit]
             rows, vectors = held.take_rows(columns, positions), held.vectors[positions]
-        elif is_sharded(self.meta.ivf):
+        else:  # a Ray-held IVF: the rows from LanceDB, their vectors by key
             keys = [c for c in ("part", "shard", "row") if c not in columns]
             rows = self.table.search().where(both).select([*columns, *keys]).limit(limit) \
                 .to_arrow()
             vectors = held.vectors[held.positions_of_keys(rows)]
             rows = rows.drop_columns(keys)
-        else:
-            rows = (self.table.search().where(both).select(list(columns))
-                    .with_row_id(True).limit(limit).to_arrow())
-            try:
-                vectors = held.vectors[held.positions_of(rows.column("_rowid").to_numpy())]
-            except ValueError as error:
-                raise ElmoUserError(f"{self.uri}: {error}; {self._rebuild()} makes it "
-                                    "again") from error
-            rows = rows.drop_columns(["_rowid"])
         if len(vectors) != rows.num_rows:
             # Rows and vectors pair by place: a count that differs pairs them wrongly.
             raise ElmoUserError(f"{self.uri}: {rows.num_rows} rows but {len(vectors)} vectors "
                                 f"from its IVF (the IVF is stale); {self._rebuild()} makes "
                                 "it again")
+        # Shards store int8 vectors without their scale: the occurrences' vectors are
+        # their directions (unit, float32), all cosine geometry needs.
         return rows.append_column(
-            "vector", pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)),
-                                                        held.dim))
+            "vector", pa.FixedSizeListArray.from_arrays(
+                pa.array(unit_vectors(vectors).reshape(-1)), held.dim))

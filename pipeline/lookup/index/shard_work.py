@@ -23,9 +23,11 @@ from pipeline.lookup.index.ivf_shards import (
     PLANES_FILE,
     ROWS_FILE,
     SENTENCES_FILE,
+    SHARD_VECTOR_DTYPE,
     SKETCH_FILE,
     TRAIN_FILE,
     VECTORS_FILE,
+    as_shard_vectors,
 )
 from pipeline.lookup.index.sentences import SENTENCE_KEY
 from pipeline.lookup.layers.vectors import unit_vectors
@@ -50,7 +52,7 @@ def run_here(jobs: Sequence[ShardJob], on_rows: Callable[[int], Any]) -> None:
 
 
 def new_shard(tables: tuple[Any, Any] | str, key: str, folder: str, ds: Dataset, mix: Any,
-              path: str, dtype: str, on_rows: Callable[[int], Any]) -> None:
+              path: str, on_rows: Callable[[int], Any]) -> None:
     """The shard of the dataset file ``path`` (``key``) in ``folder``: its rows of the index's
     LanceDB tables (``tables``: tokens and sentences, or the local index folder holding
     them, which a Ray task opens itself), their sentences and their vectors
@@ -67,7 +69,7 @@ def new_shard(tables: tuple[Any, Any] | str, key: str, folder: str, ds: Dataset,
     if sentences is not None:
         _write_arrow(f"{folder}/{SENTENCES_FILE}", shard_rows(sentences, key, SENTENCE_KEY)
                      .select([*SENTENCE_KEY, "text"]))
-    write_shard(folder, ds, mix, path, shard_rows(table, key), dtype, on_rows)
+    write_shard(folder, ds, mix, path, shard_rows(table, key), on_rows)
 
 
 def _write_arrow(path: str, rows: pa.Table) -> None:
@@ -77,14 +79,14 @@ def _write_arrow(path: str, rows: pa.Table) -> None:
         writer.write_table(rows, max_chunksize=READ_BATCH_ROWS)
 
 
-def write_shard(folder: str, ds: Dataset, mix: Any, path: str, rows: pa.Table, dtype: str,
+def write_shard(folder: str, ds: Dataset, mix: Any, path: str, rows: pa.Table,
                 on_rows: Callable[[int], Any]) -> None:
     """A shard's ``rows.arrow`` and ``vectors.npy``: ``rows`` (one tokens file's index rows,
-    sorted by ``row``) and their vectors mixed on read from ``path``, a batch at a time."""
+    sorted by ``row``) and their vectors mixed on read from ``path``, a batch at a time,
+    stored as int8 (``as_shard_vectors``)."""
     import numpy as np
 
     from pipeline.lookup.layers.mixes import iter_mixed
-    from schemas.layers import cast_floats
 
     os.makedirs(folder, exist_ok=True)
     _write_arrow(f"{folder}/{ROWS_FILE}", rows)
@@ -92,7 +94,8 @@ def write_shard(folder: str, ds: Dataset, mix: Any, path: str, rows: pa.Table, d
     dim = ds.descriptor.dim
     with open(f"{folder}/{VECTORS_FILE}", "wb") as handle:
         np.lib.format.write_array_header_1_0(handle, {
-            "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+            "descr": np.lib.format.dtype_to_descr(np.dtype(SHARD_VECTOR_DTYPE)),
+            "fortran_order": False,
             "shape": (len(wanted), dim)})
         start = written = 0
         for _, vec in iter_mixed(ds, mix, columns=(), files=[path]):
@@ -102,7 +105,7 @@ def write_shard(folder: str, ds: Dataset, mix: Any, path: str, rows: pa.Table, d
                 picked = wanted[lo:hi] - start
                 block = vec[picked[0]:picked[-1] + 1] if picked[-1] - picked[0] == hi - lo - 1 \
                     else vec[picked]
-                handle.write(cast_floats(block, dtype).tobytes())
+                handle.write(as_shard_vectors(block).tobytes())
                 written += hi - lo
                 on_rows(hi - lo)
             start = end

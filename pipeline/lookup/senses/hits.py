@@ -4,7 +4,7 @@ fields) and what makes two of them the same context."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -119,3 +119,20 @@ def distinct_contexts(hits: Sequence[Hit], groups: Sequence[Any] | None = None) 
 
     return first_of_each([h.context for h in hits], [h.doc_id for h in hits],
                          [h.sent_idx for h in hits], groups)
+
+
+def ranked_distinct(hits: Iterable[Hit], k: int) -> list[Hit]:
+    """The ranking of every search's hits (CLI, API, server, the server's exact path):
+    ``hits`` nearest first, each context once (its nearest use), at most ``k``, ranked
+    1..k. ``hits`` may be a generator: it is read only until ``k`` are kept."""
+    seen: set[tuple[str, ...]] = set()
+    kept: list[Hit] = []
+    for hit in hits:
+        if len(kept) == k:
+            break
+        if hit.context in seen:
+            continue
+        seen.add(hit.context)
+        hit.rank = len(kept) + 1
+        kept.append(hit)
+    return kept

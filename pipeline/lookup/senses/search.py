@@ -34,7 +34,7 @@ from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import Filters, as_filters
 from pipeline.lookup.index.sense_index import SenseIndex, stem_words
 from pipeline.lookup.layers.mixes import mix_arrays
-from pipeline.lookup.senses.hits import Hit, distinct_contexts, hits_from_table
+from pipeline.lookup.senses.hits import Hit, hits_from_table, ranked_distinct
 from pipeline.tokenize import get_tokenizer, tokenizer_names
 from schemas.layers import as_stored
 
@@ -171,14 +171,10 @@ def nearest_distinct(index: SenseIndex, vector: np.ndarray, k: int,
     while True:
         hits = hits_from_table(index.search(vector, k=fetch, words=words, exact=exact,
                                             forms=forms, where=where), index.documents())
-        keep = distinct_contexts(hits)[:k]
-        if len(keep) == k or len(hits) < fetch or fetch >= MAX_FETCH:
-            break
+        distinct = ranked_distinct(hits, k)
+        if len(distinct) == k or len(hits) < fetch or fetch >= MAX_FETCH:
+            return distinct
         fetch = min(MAX_FETCH, fetch * 4)
-    distinct = [hits[i] for i in keep]
-    for rank, hit in enumerate(distinct, 1):
-        hit.rank = rank
-    return distinct
 
 
 def check_search(k: int, match: str) -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.lookup.index.sense_index import SenseIndex
-from pipeline.lookup.senses.hits import Hit, distinct_contexts, hits_from_table
+from pipeline.lookup.senses.hits import Hit, hits_from_table, ranked_distinct
 from pipeline.lookup.senses.search import FETCH_FACTOR, MAX_FETCH, QueryToken, query_vector
 from pipeline.lookup.serve.exact import ExactSearch
 from pipeline.lookup.serve.limits import (
@@ -228,14 +228,10 @@ def search_group(jobs: list[SearchJob], vectors: np.ndarray) -> list[list[Hit]]:
         still = []
         for j, part in zip(pending, split_by_query(table, len(pending)), strict=True):
             job = jobs[j]
-            hits = hits_from_table(part)
-            keep = distinct_contexts(hits)[:job.k]
-            if len(keep) < job.k and part.num_rows >= fetch and fetch < MAX_FETCH:
+            distinct = ranked_distinct(hits_from_table(part), job.k)
+            if len(distinct) < job.k and part.num_rows >= fetch and fetch < MAX_FETCH:
                 still.append(j)  # more rows exist: fetch further
                 continue
-            distinct = [hits[i] for i in keep]
-            for rank, hit in enumerate(distinct, 1):
-                hit.rank = rank
             results[j] = distinct
         pending = still
         fetch = min(MAX_FETCH, fetch * 4)

@@ -19,7 +19,7 @@ import numpy as np
 from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex
 from pipeline.lookup.layers.tokens import matrix
 from pipeline.lookup.layers.vectors import unit_vectors
-from pipeline.lookup.senses.hits import Hit
+from pipeline.lookup.senses.hits import Hit, ranked_distinct
 from pipeline.lookup.serve.limits import EXACT_CACHE_VALUES, EXACT_CANDIDATE_VALUES
 
 
@@ -27,7 +27,6 @@ from pipeline.lookup.serve.limits import EXACT_CACHE_VALUES, EXACT_CANDIDATE_VAL
 class Candidates:
     rows: list[dict[str, Any]]  # RESULT_COLUMNS of each row
     unit: np.ndarray  # [n, dim] float32, rows scaled to length 1
-    contexts: list[tuple[str, ...]]  # Hit.context of each row
 
     @property
     def values(self) -> int:
@@ -67,8 +66,7 @@ class ExactSearch:
                                   column=column)
         vectors = unit_vectors(matrix(table.column("vector")))
         rows = table.drop_columns(["vector"]).to_pylist()
-        contexts = [Hit(rank=0, similarity=0.0, **row).context for row in rows]
-        found = Candidates(rows, vectors, contexts)
+        found = Candidates(rows, vectors)
         with self.lock:
             if key not in self.cache:
                 self.cache[key] = found
@@ -83,15 +81,6 @@ class ExactSearch:
         """The ``k`` nearest candidates, a context once (its nearest use)."""
         found = self.candidates(index, words, forms)
         similarity = found.unit @ unit_vectors(vector)
-        hits: list[Hit] = []
-        seen: set[tuple[str, ...]] = set()
-        # Hits are made lazily, nearest first, until k distinct ones are found.
-        for i in np.argsort(-similarity, kind="stable").tolist():
-            if found.contexts[i] in seen:
-                continue
-            hit = Hit(rank=len(hits) + 1, similarity=float(similarity[i]), **found.rows[i])
-            seen.add(found.contexts[i])
-            hits.append(hit)
-            if len(hits) == k:
-                break
-        return hits
+        # Hits made lazily, nearest first, until k distinct ones are found.
+        return ranked_distinct((Hit(rank=0, similarity=float(similarity[i]), **found.rows[i])
+                                for i in np.argsort(-similarity, kind="stable").tolist()), k)
