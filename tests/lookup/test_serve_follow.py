@@ -45,8 +45,13 @@ class Load:
             while not self._stop.is_set():
                 method, path, body = REQUESTS[turn % len(REQUESTS)]
                 turn += 1
-                response = client.post(path, json=body) if method == "post" \
-                    else client.get(path, params=body)
+                try:
+                    response = client.post(path, json=body) if method == "post" \
+                        else client.get(path, params=body)
+                except httpx.HTTPError as error:  # the server went away
+                    if not self._stop.is_set():
+                        self.failures.append((path, 0, repr(error)))
+                    return
                 self.statuses[response.status_code] += 1
                 if response.status_code != 200:
                     self.failures.append((path, response.status_code, response.text[:300]))
