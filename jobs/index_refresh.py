@@ -30,7 +30,7 @@ from pipeline.lookup.index.build import build_index, finish_index
 # The index's own building blocks: how a token file becomes index rows, which rows a
 # shard owns, and how LanceDB is opened.
 from pipeline.lookup.index.meta import LAYOUT, STEMMER, TABLE, lance_options, read_meta
-from pipeline.lookup.index.publish import start_build
+from pipeline.lookup.index.publish import one_build_at_a_time, start_build
 from pipeline.lookup.index.rows import BuildSummary, IndexTables, documents_of, shard_filter
 from pipeline.lookup.index.shard_work import ShardRunner
 from pipeline.lookup.index.words import read_selected
@@ -120,6 +120,7 @@ def _named_files(ds: Dataset, live: Sequence[ShardFile], names: Sequence[str]
     return [by_name[name] for name in dict.fromkeys(names)]
 
 
+@one_build_at_a_time("index_uri")
 def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence[str] = (),
                   remove_doc_ids: Sequence[str] = (), storage_options: dict | None = None,
                   compact: bool | None = None, ray_address: str | None = None

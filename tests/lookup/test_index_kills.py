@@ -256,3 +256,28 @@ def test_an_unchanged_build_keeps_its_versions_and_answers(data: tuple[Path, dic
     assert SenseIndex(str(ix)).meta.versions == versions
     assert answers(ix, data[1]) == before
     np.testing.assert_equal(before["rows"], ROWS)
+
+
+def test_a_second_build_of_an_index_at_once_is_refused_in_one_line(
+        data: tuple[Path, dict], tmp_path: Path) -> None:
+    """Builds and refreshes hold the index's ``_lock`` (a killed one's is taken over, as
+    the tests above show): another at the same time stops before it changes anything."""
+    import socket
+    import time
+
+    from jobs.index_refresh import refresh_index
+
+    ix = tmp_path / "ix"
+    ix.mkdir()
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (ix / "_lock").write_text(json.dumps({"host": socket.gethostname(), "pid": owner.pid,
+                                              "token": "x", "heartbeat": time.time()}))
+        with pytest.raises(ElmoUserError, match="being written by another run"):
+            build_index(str(data[0]), "top", str(ix))
+        with pytest.raises(ElmoUserError, match="being written by another run"):
+            refresh_index(str(data[0]), mix="top", index_uri=str(ix))
+    finally:
+        owner.kill()
+        owner.wait()
+    assert sorted(p.name for p in ix.iterdir()) == ["_lock"]

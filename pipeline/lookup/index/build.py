@@ -38,6 +38,7 @@ from pipeline.lookup.index.progress import phase, rows_bar
 from pipeline.lookup.index.publish import (
     build_file,
     cleanup_age,
+    one_build_at_a_time,
     publish,
     published_versions,
     start_build,
@@ -134,6 +135,7 @@ def new_meta(ds: Dataset, dataset: str, the_mix: Mix, kind: str, words: WordSele
                          row for _, rows in documents.values() for row in rows)))
 
 
+@one_build_at_a_time("out")
 def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                 rebuild: bool = False, search: SearchParams | None = None,
                 storage_options: dict | None = None,

@@ -16,11 +16,14 @@ between two requests, a search under way) finishes on it: it goes at the next bu
 
 from __future__ import annotations
 
+import functools
+import inspect
 import posixpath
+import threading
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.ivf_build import drop_other_folders
@@ -30,6 +33,7 @@ from pipeline.lookup.index.meta import INDEX_META, TABLE, WORD_COUNTS, IndexMeta
 from pipeline.lookup.index.sentences import SENTENCES_TABLE
 from pipeline.lookup.index.words import SELECTED_WORDS
 from schemas.dataset import open_fs, write_bytes_atomic
+from schemas.lock import DatasetLock
 
 # optimize() without cleanup: LanceDB's default (7 days) could remove the version the
 # JSON names while a build is under way, if the index was last built longer ago.
@@ -39,6 +43,40 @@ NO_CLEANUP = timedelta(days=365 * 100)
 CLEANUP_MARGIN = timedelta(seconds=1)
 # Prefixes of the per-build files in the index root (cleaned like IVF folders).
 BUILD_FILES = (WORD_COUNTS.removesuffix(".parquet"), SELECTED_WORDS.removesuffix(".parquet"))
+
+
+Build = TypeVar("Build", bound=Callable[..., Any])
+_HELD: set[str] = set()  # indexes this process is building (a refresh may call a build)
+_HELD_LOCK = threading.Lock()
+
+
+def one_build_at_a_time(uri_argument: str) -> Callable[[Build], Build]:
+    """Decorates a build entry point whose argument ``uri_argument`` is the index: it holds
+    the index's ``_lock`` (``schemas.lock``, as a dataset's writers do) while it runs, so a
+    second build of the same index at once stops with one line; a lock whose owner died
+    (a killed build) is taken over."""
+    def decorate(build: Build) -> Build:
+        signature = inspect.signature(build)
+
+        @functools.wraps(build)
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs).arguments
+            uri = str(bound[uri_argument])
+            with _HELD_LOCK:
+                mine = uri in _HELD
+            if mine:
+                return build(*args, **kwargs)
+            fs, root = open_fs(uri, bound.get("storage_options"))
+            with DatasetLock(fs, root):
+                with _HELD_LOCK:
+                    _HELD.add(uri)
+                try:
+                    return build(*args, **kwargs)
+                finally:
+                    with _HELD_LOCK:
+                        _HELD.discard(uri)
+        return locked  # type: ignore[return-value]
+    return decorate
 
 
 def build_file(base: str) -> str:
