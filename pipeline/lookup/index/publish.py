@@ -67,14 +67,20 @@ def one_build_at_a_time(uri_argument: str) -> Callable[[Build], Build]:
             if mine:
                 return build(*args, **kwargs)
             fs, root = open_fs(uri, bound.get("storage_options"))
-            with DatasetLock(fs, root):
-                with _HELD_LOCK:
-                    _HELD.add(uri)
-                try:
-                    return build(*args, **kwargs)
-                finally:
+            new = not fs.exists(root)
+            try:
+                with DatasetLock(fs, root):
                     with _HELD_LOCK:
-                        _HELD.discard(uri)
+                        _HELD.add(uri)
+                    try:
+                        return build(*args, **kwargs)
+                    finally:
+                        with _HELD_LOCK:
+                            _HELD.discard(uri)
+            finally:
+                # A build refused before it wrote anything leaves no folder behind.
+                if new and fs.exists(root) and not fs.ls(root, detail=False):
+                    fs.rmdir(root)
         return locked  # type: ignore[return-value]
     return decorate
 
