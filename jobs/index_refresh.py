@@ -30,6 +30,7 @@ from pipeline.lookup.index.build import build_index, finish_index
 # The index's own building blocks: how a token file becomes index rows, which rows a
 # shard owns, and how LanceDB is opened.
 from pipeline.lookup.index.meta import LAYOUT, STEMMER, TABLE, lance_options, read_meta
+from pipeline.lookup.index.publish import one_build_at_a_time, start_build
 from pipeline.lookup.index.rows import BuildSummary, IndexTables, documents_of, shard_filter
 from pipeline.lookup.index.shard_work import ShardRunner
 from pipeline.lookup.index.words import read_selected
@@ -119,6 +120,7 @@ def _named_files(ds: Dataset, live: Sequence[ShardFile], names: Sequence[str]
     return [by_name[name] for name in dict.fromkeys(names)]
 
 
+@one_build_at_a_time("index_uri")
 def refresh_index(dataset: str, *, mix: str, index_uri: str, add_files: Sequence[str] = (),
                   remove_doc_ids: Sequence[str] = (), storage_options: dict | None = None,
                   compact: bool | None = None, ray_address: str | None = None
@@ -162,7 +164,9 @@ def _refresh_index(dataset: str, mix: str, index_uri: str, add_files: Sequence[s
     if (meta is None or meta.stemmer != STEMMER or meta.doc_fields is None
             or meta.layout < LAYOUT or not meta.the_mix().same_vectors(the_mix)
             or (compact is not None and meta.compact != compact)
-            or TABLE not in db.list_tables().tables):
+            or TABLE not in db.list_tables().tables
+            # a refresh stopped half way is discarded; an index unreadable is made anew
+            or not start_build(db, meta, index_uri)):
         return build_index(dataset, mix, index_uri, storage_options=storage_options,
                            compact=compact, shard_runner=tasks)
     live = ds.shard_files("tokens")
@@ -183,7 +187,8 @@ def _refresh_index(dataset: str, mix: str, index_uri: str, add_files: Sequence[s
     documents: dict[str, Any] = {}
     # The words the index was created with, never re-resolved here (index_words).
     fs, root = open_fs(index_uri, storage_options)
-    selected = None if meta.selection().everything else read_selected(fs, root)
+    selected = None if meta.selection().everything else read_selected(fs, root,
+                                                                     meta.selected_file)
     for file in adding:
         # Rows a killed refresh added without recording them go first: no row twice.
         tables.delete(shard_filter(file.key))

@@ -114,6 +114,8 @@ def _as_layout_1(index: str, old: str) -> None:
     meta = json.loads((Path(index) / INDEX_META).read_text())
     for name in ("layout", "vector_dtype", "words"):
         meta.pop(name)
+    for name in ("versions", "word_counts_file", "selected_file"):  # recorded since
+        meta.pop(name, None)
     (Path(old) / INDEX_META).write_text(json.dumps(meta))
 
 
@@ -180,7 +182,9 @@ def test_word_selection_is_recorded_refused_kept_and_rebuilt(
     con = connect(str(ds))
     want = {w for w, n in con.sql("SELECT lower(token), count(*) FROM tokens GROUP BY 1"
                                   ).fetchall() if 3 <= n <= 8}
-    assert kept == want and (Path(out) / SELECTED_WORDS).is_file()
+    selected = SenseIndex(out).meta.selected_file  # this build's own file (publish.py)
+    assert kept == want and selected.startswith(SELECTED_WORDS.removesuffix(".parquet"))
+    assert (Path(out) / selected).is_file()
     with pytest.raises(ElmoUserError, match="no word of the dataset"):
         build_index(str(ds), "top", str(tmp_path / "none"), words=WordSelection(min_count=999))
 

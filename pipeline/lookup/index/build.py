@@ -11,19 +11,17 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError, SettingError
 from pipeline.lookup.doc_fields import field_kinds, indexable_fields, read_documents
-from pipeline.lookup.index.ivf_build import RETRAIN_GROWTH, build_ivf, drop_other_folders
+from pipeline.lookup.index.ivf_build import RETRAIN_GROWTH, build_ivf
 from pipeline.lookup.index.ivf_search import current, present
-from pipeline.lookup.index.ivf_shards_build import build_shards, ivf_folders, shards_current
+from pipeline.lookup.index.ivf_shards_build import build_shards, shards_current
 from pipeline.lookup.index.meta import (
     COMPACT_LAYOUT,
     HNSW_MIN_ROWS,
     INDEX_KINDS,
-    INDEX_META,
     LAYOUT,
     NEW_INDEX_COMPACT,
     SCALAR_COLUMNS,
@@ -38,6 +36,14 @@ from pipeline.lookup.index.meta import (
     read_meta,
 )
 from pipeline.lookup.index.progress import phase, rows_bar
+from pipeline.lookup.index.publish import (
+    build_file,
+    cleanup_age,
+    one_build_at_a_time,
+    publish,
+    published_versions,
+    start_build,
+)
 from pipeline.lookup.index.rows import (
     BuildSummary,
     IndexTables,
@@ -47,6 +53,7 @@ from pipeline.lookup.index.rows import (
 )
 from pipeline.lookup.index.sentences import SENTENCE_KEY, SENTENCES_TABLE
 from pipeline.lookup.index.words import (
+    SELECTED_WORDS,
     WordSelection,
     read_selected,
     resolve,
@@ -58,13 +65,6 @@ from schemas.mix_specs import Mix
 
 if TYPE_CHECKING:
     from pipeline.lookup.index.shard_work import ShardRunner
-
-
-def _write_meta(out: str, meta: IndexMeta, storage_options: dict | None = None) -> None:
-    from schemas.dataset import write_bytes_atomic
-
-    fs, root = open_fs(out, storage_options)
-    write_bytes_atomic(fs, f"{root}/{INDEX_META}", meta.to_json().encode())
 
 
 def _has_vector_index(table: Any) -> bool:
@@ -141,6 +141,7 @@ def new_meta(ds: Dataset, dataset: str, the_mix: Mix, kind: str, words: WordSele
                          row for _, rows in documents.values() for row in rows)))
 
 
+@one_build_at_a_time("out")
 def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                 rebuild: bool = False, search: SearchParams | None = None,
                 storage_options: dict | None = None,
@@ -181,6 +182,8 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     exists = TABLE in db.list_tables().tables
     meta = None if rebuild or not exists else reusable_meta(ds, the_mix, out, made, progress,
                                                             compact)
+    if meta is not None and not start_build(db, meta, out, progress):
+        meta = None  # the published index cannot be read back: it is built anew
     if meta is not None and words is not None and not words.everything \
             and words.to_json() != meta.words:
         raise SettingError("rebuild", lambda n: (
@@ -193,24 +196,25 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     if meta is None:
         # Which metadata fields become columns is settled when the index is created.
         documents = {key: read_documents(ds, path) for key, path in document_files.items()}
-        for name in (TABLE, SENTENCES_TABLE):
-            if name in db.list_tables().tables:
-                db.drop_table(name)
         words = words or WordSelection()
         meta = new_meta(ds, dataset, the_mix, kind, words, vector_dtype, documents,
                         compact)
         selected_words = resolve(words, ds)
         if selected_words is not None:
-            write_selected(fs, root, selected_words)
+            meta.selected_file = build_file(SELECTED_WORDS)
+            write_selected(fs, root, selected_words, meta.selected_file)
     meta.kind = kind
     if search is not None:
         meta.search, meta.search_auto = search, False
-    selected = None if meta.selection().everything else read_selected(fs, root)
+    selected = None if meta.selection().everything else read_selected(fs, root,
+                                                                     meta.selected_file)
     summary = BuildSummary(out=out)
     files = ds.shard_files("tokens")
     sentence_files = dict(ds.shard_files("sentences"))
     keys_now = {key for key, _ in files}
-    tables = IndexTables(db)
+    # A new index overwrites the tables (a new LanceDB version): the published one stays
+    # readable at its versions until this build's commit (``publish``).
+    tables = IndexTables(db, overwrite=created)
     # Rows of shard files that are no longer committed (a part deleted, or a shard
     # re-embedded under a new run id) leave the index; this keeps it equal to the
     # dataset's committed view without a rebuild.
@@ -252,13 +256,13 @@ def _scalar_indexes(table: Any, columns: tuple[str, ...]) -> None:
             table.create_index(column, config=BTree())
 
 
-def _optimize(table: Any, drop_old_versions: bool) -> None:
-    if not drop_old_versions:
-        table.optimize()
-        return
+def _optimize(table: Any, keep: int | None, drop_old_versions: bool) -> None:
+    """Compaction and index merging; versions before ``keep`` (the published one, which
+    readers may hold until this build commits) are removed, or with ``drop_old_versions``
+    (an index no one has opened yet) all but the latest."""
     with warnings.catch_warnings():  # LanceDB warns of readers of those versions
         warnings.simplefilter("ignore", UserWarning)
-        table.optimize(cleanup_older_than=timedelta(0))
+        table.optimize(cleanup_older_than=cleanup_age(table, keep, drop_old_versions))
 
 
 def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, out: str,
@@ -270,6 +274,8 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
     ``fresh``: the index was created by this build; ``shard_runner``: ``build_shards``'."""
     t0 = time.perf_counter()
     table = tables.tokens
+    published = read_meta(out, storage_options)
+    kept = published_versions(published) if published is not None else {}
     meta.rows = table.count_rows()
     want_hnsw = meta.kind == "hnsw" or (meta.kind == "auto" and meta.rows >= HNSW_MIN_ROWS)
     changed = bool(summary.added_rows or summary.removed_files)
@@ -281,11 +287,11 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
             # Compacts the new fragments and folds them into the existing indexes (vector
             # and scalar) instead of retraining them. A new index's earlier versions (its
             # rows before compaction, about its size again) are open to no reader yet:
-            # they go, before the vector index is trained. An index being extended keeps
-            # LanceDB's retention, since a server may be reading the version it opened.
-            for each in (table, tables.sentences):
+            # they go, before the vector index is trained. Otherwise the published
+            # version and those after it stay (a server may be reading it; ``publish``).
+            for name, each in ((TABLE, table), (SENTENCES_TABLE, tables.sentences)):
                 if each is not None:
-                    _optimize(each, drop_old_versions=fresh)
+                    _optimize(each, kept.get(name), fresh and published is None)
     grown = meta.trained_rows and meta.rows > RETRAIN_GROWTH * meta.trained_rows
     if want_hnsw and not meta.compact and (not _has_vector_index(table) or grown):
         # First index, or the data outgrew the partitions it was trained with: (re)train.
@@ -297,8 +303,9 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
     meta.built = "ivf" if meta.compact else "hnsw" if _has_vector_index(table) else "flat"
     if meta.search_auto:
         meta.search = SearchParams.for_rows(meta.rows)
-    if changed or meta.counted_rows != meta.rows:
-        _write_word_counts(table, meta.rows, out, storage_options)
+    if changed or meta.counted_rows != meta.rows or meta.word_counts_file is None:
+        meta.word_counts_file = build_file(WORD_COUNTS)
+        _write_word_counts(table, meta.rows, out, meta.word_counts_file, storage_options)
         meta.counted_rows = meta.rows
     fs, root = open_fs(out, storage_options)
     if meta.built == "flat":
@@ -316,12 +323,12 @@ def finish_index(tables: IndexTables, meta: IndexMeta, summary: BuildSummary, ou
                                               previous=meta.ivf)
     summary.seconds_index = time.perf_counter() - t0
     summary.rows, summary.built = meta.rows, meta.built
-    _write_meta(out, meta, storage_options)
-    drop_other_folders(fs, root, ivf_folders(meta.ivf))
+    publish(out, meta, tables.versions(), storage_options)
     return summary
 
 
-def _write_word_counts(table: Any, rows: int, out: str, storage_options: dict | None) -> None:
+def _write_word_counts(table: Any, rows: int, out: str, name: str,
+                       storage_options: dict | None) -> None:
     import io
 
     import pyarrow as pa
@@ -345,7 +352,7 @@ def _write_word_counts(table: Any, rows: int, out: str, storage_options: dict | 
     body = io.BytesIO()
     pq.write_table(counts, body, compression="zstd")
     fs, root = open_fs(out, storage_options)
-    write_bytes_atomic(fs, f"{root}/{WORD_COUNTS}", body.getvalue())
+    write_bytes_atomic(fs, f"{root}/{name}", body.getvalue())
 
 
 # --------------------------------------------------------------------------- searching

@@ -106,6 +106,13 @@ class IndexMeta:
     # not made). Stored as "ivf"; files written before the name read from "held".
     ivf: dict[str, Any] | None = None
     compact: bool = False  # vectors read from the dataset, quantized codes in the IVF
+    # The commit (``publish``): table name -> the LanceDB version this JSON goes with, which
+    # readers check out (None: written before versions were recorded, read at the latest).
+    versions: dict[str, int] | None = None
+    # This build's WORD_COUNTS and SELECTED_WORDS files (None: the fixed names of older
+    # indexes): a build writes its own, so one stopped half way changes no published file.
+    word_counts_file: str | None = None
+    selected_file: str | None = None
     format: str = INDEX_FORMAT
 
     def to_json(self) -> str:

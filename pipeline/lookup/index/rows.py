@@ -176,13 +176,20 @@ def _token_batches(ds: Dataset, path: str, columns: Sequence[str], batch_rows: i
 
 class IndexTables:
     """The index's two LanceDB tables, token rows and sentence rows, each created with
-    its first rows."""
+    its first rows; ``overwrite``: by a new version that replaces what they hold (the
+    versions before stay readable: ``publish``)."""
 
-    def __init__(self, db: Any) -> None:
-        names = db.list_tables().tables
+    def __init__(self, db: Any, overwrite: bool = False) -> None:
+        names = () if overwrite else db.list_tables().tables
         self.db = db
         self.tokens = db.open_table(TABLE) if TABLE in names else None
         self.sentences = db.open_table(SENTENCES_TABLE) if SENTENCES_TABLE in names else None
+
+    def versions(self) -> dict[str, int]:
+        """Table name -> its version now (what a build commits)."""
+        return {name: table.version for name, table in ((TABLE, self.tokens),
+                                                         (SENTENCES_TABLE, self.sentences))
+                if table is not None}
 
     def delete(self, where: str) -> None:
         for table in (self.tokens, self.sentences):
@@ -192,7 +199,7 @@ class IndexTables:
     def _add(self, name: str, rows: pa.Table) -> Any:
         table = getattr(self, name)
         if table is None:
-            table = self.db.create_table(name, data=rows)
+            table = self.db.create_table(name, data=rows, mode="overwrite")
             setattr(self, name, table)
         else:
             table.add(rows)

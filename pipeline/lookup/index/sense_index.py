@@ -63,15 +63,15 @@ from pipeline.lookup.index.meta import (
     MAX_JOIN_IDS,
     RESULT_COLUMNS,
     STEMMER,
-    TABLE,
     WORD_COUNTS,
     lance_options,
     moved_dataset_fix,
     read_meta,
 )
+from pipeline.lookup.index.meta import TABLE as TABLE  # importable from here as before
+from pipeline.lookup.index.publish import open_tables
 from pipeline.lookup.index.sentences import (
     SENTENCE_KEY,
-    SENTENCES_TABLE,
     ShardSentences,
     read_all_texts,
     with_held_sentences,
@@ -114,7 +114,7 @@ class SenseIndex:
         self._texts: Any = None  # ``_text_source``'s, once found
         self.selection = meta.selection()  # which words it holds
         fs, root = open_fs(uri, storage_options)
-        self.word_counts = WordCounts(fs, f"{root}/{WORD_COUNTS}",
+        self.word_counts = WordCounts(fs, f"{root}/{meta.word_counts_file or WORD_COUNTS}",
                                       current=meta.counted_rows == meta.rows > 0)
         self._documents: DocumentTable | None = None
         self._ivf: MemoryIvf | None = None
@@ -137,15 +137,9 @@ class SenseIndex:
             import lancedb
 
             db = lancedb.connect(self.uri, storage_options=lance_options(self.storage_options))
-            table = db.open_table(TABLE)
-            made = (self.meta.ivf or {}).get("table_version") \
-                if is_sharded(self.meta.ivf) else None
-            if made is not None and table.version != made:
-                # A build stopped after changing the table, before its metadata: the table
-                # as the IVF was made from it.
-                table.checkout(made)
-            sentences = db.open_table(SENTENCES_TABLE) if self.meta.layout >= 2 else None
-            self._tables = (table, sentences)
+            # At the versions the JSON names: what a build under way (or stopped) wrote
+            # since is not this index (``publish``).
+            self._tables = open_tables(db, self.meta, self.uri)
         return self._tables
 
     def ivf(self) -> MemoryIvf | None:

@@ -166,7 +166,7 @@ def resolve(selection: WordSelection, ds: Dataset) -> list[str] | None:
     return sorted(words)
 
 
-def write_selected(fs: Any, root: str, words: list[str]) -> None:
+def write_selected(fs: Any, root: str, words: list[str], name: str = SELECTED_WORDS) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -175,17 +175,19 @@ def write_selected(fs: Any, root: str, words: list[str]) -> None:
     body = io.BytesIO()
     pq.write_table(pa.table({"token_lower": pa.array(words, pa.string())}), body,
                    compression="zstd")
-    write_bytes_atomic(fs, f"{root}/{SELECTED_WORDS}", body.getvalue())
+    write_bytes_atomic(fs, f"{root}/{name}", body.getvalue())
 
 
-def read_selected(fs: Any, root: str) -> pa.Array:
+def read_selected(fs: Any, root: str, name: str | None = None) -> pa.Array:
+    """The selected words an index's build wrote to ``name`` (None: the older fixed name)."""
     import pyarrow.parquet as pq
 
+    name = name or SELECTED_WORDS
     try:
-        with fs.open(f"{root}/{SELECTED_WORDS}", "rb") as handle:
+        with fs.open(f"{root}/{name}", "rb") as handle:
             return pq.read_table(handle).column("token_lower").combine_chunks()
     except FileNotFoundError:
-        raise ElmoUserError(f"{root} selects words but lacks {SELECTED_WORDS}; rebuild it "
+        raise ElmoUserError(f"{root} selects words but lacks {name}; rebuild it "
                             "with --rebuild") from None
 
 

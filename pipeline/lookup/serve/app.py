@@ -207,17 +207,18 @@ def _add_sense_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> Non
                                                       "word": query.word},
                              "hits": [hit_json(h, store) for h in hits]})
 
+    # Cached per index build too (``generation``): a rebuilt index answers anew.
     @lru_cache(maxsize=64)  # a word's map holds up to MAX_CONTEXTS points
-    def clusters(index_name: str, word: str, k: int | str, where: tuple[str, ...]
-                 ) -> dict[str, Any]:
+    def clusters(index_name: str, generation: int, word: str, k: int | str,
+                 where: tuple[str, ...]) -> dict[str, Any]:
         _, ix = store.index(index_name)
         filters = [c for text in where for c in parse_where(text)]
         return cluster_json(cluster_senses(ix, [word], k=k, max_k=MAX_CLUSTERS,
                                            filters=filters), store)
 
     @lru_cache(maxsize=64)
-    def timeline(index_name: str, word: str, by: str, bin: float | None, k: int | str,
-                 where: tuple[str, ...]) -> dict[str, Any]:
+    def timeline(index_name: str, generation: int, word: str, by: str, bin: float | None,
+                 k: int | str, where: tuple[str, ...]) -> dict[str, Any]:
         from pipeline.lookup.senses.over_time import sense_timeline
 
         _, ix = store.index(index_name)
@@ -236,8 +237,9 @@ def _add_sense_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> Non
                             index: str | None = None) -> JSONResponse:
         name, _ = store.index(index)
         chosen = _k(k)
-        return JSONResponse(await run_in_threadpool(timeline, name, word.lower(), by, bin,
-                                                    chosen, tuple(where)))
+        return JSONResponse(await run_in_threadpool(timeline, name, store.generation,
+                                                    word.lower(), by, bin, chosen,
+                                                    tuple(where)))
 
     @app.get("/senses/{word:path}", summary="a word's sense clusters, with a 2-D map")
     async def senses(word: Annotated[str, PathParam(max_length=MAX_WORD_CHARS)],
@@ -245,7 +247,8 @@ def _add_sense_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> Non
                      where: Annotated[list[str], Query(max_length=MAX_FILTERS)] = [],  # noqa: B006
                      index: str | None = None) -> dict[str, Any]:
         name, _ = store.index(index)
-        return await run_in_threadpool(clusters, name, word.lower(), _k(k), tuple(where))
+        return await run_in_threadpool(clusters, name, store.generation, word.lower(), _k(k),
+                                       tuple(where))
 
 
 def _k(k: str) -> int | str:

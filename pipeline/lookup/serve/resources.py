@@ -13,6 +13,7 @@ from pipeline.lookup.index.sense_index import RESULT_COLUMNS, SenseIndex, token_
 from pipeline.lookup.layers.mixes import mix_arrays
 from pipeline.lookup.senses.hits import Hit, hits_from_table
 from pipeline.lookup.senses.search import dataset_tokenizer, model_files_for
+from pipeline.lookup.serve.follow import FollowedIndex
 from pipeline.lookup.serve.limits import SQL_TIMEOUT_S
 from pipeline.lookup.serve.sql_guard import GuardedSql
 from schemas.dataset import Dataset, open_dataset
@@ -40,7 +41,9 @@ class ServedStore:
     ds: Dataset
     tokenizer: Tokenizer
     embedder: Any
-    indexes: dict[str, SenseIndex]
+    # Each follows its builds: a request is answered from the version last published
+    # (follow.py), so an index rebuilt under the server needs no restart.
+    indexes: dict[str, FollowedIndex]
     sql: GuardedSql
     documents: dict[str, dict[str, Any]] = field(default_factory=dict)
     model_options: str = ""
@@ -57,22 +60,19 @@ class ServedStore:
         import elmo_model
 
         ds = open_dataset(dataset)
-        indexes: dict[str, SenseIndex] = {}
+        indexes: dict[str, FollowedIndex] = {}
         for spec in index_specs:
             name, uri = index_name(spec)
             if name in indexes:
                 raise SettingError("index_specs", lambda flag, name=name: (
                     f"two indexes are named {name!r}; name them: {flag('index_specs')} "
                     "NAME=URI"))
-            ix = SenseIndex(uri)
-            if ix.meta.model_fingerprint != ds.descriptor.model_fingerprint:
-                raise ElmoUserError(f"{uri} indexes a dataset of another model than "
-                                    f"{dataset}; serve it with its own dataset")
-            if searchers and name in searchers:
-                ix.search_with(searchers[name])
-            ix.hold_sentences()  # results then take their sentence texts from memory
-            ix.ivf()  # loaded now, not on the first search without a word
-            indexes[name] = ix
+            held = (searchers or {}).get(name)
+            # Ray actors hold the shards of the version they were started on: that index
+            # keeps answering from it.
+            indexes[name] = FollowedIndex(
+                uri, lambda uri, held=held: _open_served(uri, ds, dataset, held),
+                follow=held is None)
         options, weights = model_files_for(ds.descriptor, model_dir)
         embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
         # The documents are read once: for the SQL view's typed fields and for results.
@@ -91,7 +91,12 @@ class ServedStore:
             name = next(iter(self.indexes))
         if name not in self.indexes:
             raise LookupError(f"no index {name!r} here (indexes: {', '.join(self.indexes)})")
-        return name, self.indexes[name]
+        return name, self.indexes[name].get()
+
+    @property
+    def generation(self) -> int:
+        """Changes when any index is swapped for a newer build (keys cached answers)."""
+        return sum(followed.generation for followed in self.indexes.values())
 
     def document_fields(self) -> list[str]:
         names = dict.fromkeys(DOCUMENT_COLUMNS)
@@ -125,7 +130,7 @@ class ServedStore:
                          # What answers searches without a word (None: LanceDB).
                          "in_memory_ivf": ix.meta.ivf if ix.ivf() is not None else None,
                          **_shard_actors(ix)}
-                        for name, ix in self.indexes.items()],
+                        for name, ix in ((n, f.get()) for n, f in self.indexes.items())],
         }
 
     def mixed(self, layers: list[np.ndarray], mix: str | None) -> list[np.ndarray]:
@@ -157,6 +162,20 @@ class ServedStore:
             "$lo AND $hi ORDER BY sent_idx",
             {"doc": doc_id, "lo": sent_idx - context, "hi": sent_idx + context})
         return [{"sent_idx": s, "text": t} for s, t in rows]
+
+
+def _open_served(uri: str, ds: Dataset, dataset: str, searchers: Any) -> SenseIndex:
+    """The index at ``uri`` opened to serve ``ds``: checked, and warmed (its sentences
+    and in-memory IVF loaded now, not by the first requests)."""
+    ix = SenseIndex(uri)
+    if ix.meta.model_fingerprint != ds.descriptor.model_fingerprint:
+        raise ElmoUserError(f"{uri} indexes a dataset of another model than "
+                            f"{dataset}; serve it with its own dataset")
+    if searchers is not None:
+        ix.search_with(searchers)
+    ix.hold_sentences()  # results then take their sentence texts from memory
+    ix.ivf()  # loaded now, not on the first search without a word
+    return ix
 
 
 def _vocabulary_size(ix: SenseIndex) -> int | None:
