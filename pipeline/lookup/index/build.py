@@ -172,12 +172,7 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
     if compact is None:
         # --rebuild keeps the kind too: only --full / --compact change it.
         compact = made.compact if made is not None else NEW_INDEX_COMPACT
-    if compact and (kind != "auto" or search is not None):
-        both = made is not None and made.compact and not rebuild
-        raise SettingError("compact", lambda n: (
-            f"{n('kind and search')} tune a full index (LanceDB's HNSW); add "
-            f"{n('compact=False')}{' ' + n('rebuild=True') if both else ''}, or leave them "
-            "out: a compact index measures its own probes"))
+    _refuse_tuning_a_compact_index(compact, kind, search, made, rebuild)
     db = lancedb.connect(out, storage_options=lance_options(storage_options))
     exists = TABLE in db.list_tables().tables
     meta = None if rebuild or not exists else reusable_meta(ds, the_mix, out, made, progress,
@@ -244,6 +239,16 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                             + ("" if selected is None else f" of {meta.selection().describe()}"))
     return finish_index(tables, meta, summary, out, storage_options, show_progress,
                         fresh=created, shard_runner=shard_runner)
+
+
+def _refuse_tuning_a_compact_index(compact: bool, kind: str, search: SearchParams | None,
+                                   made: IndexMeta | None, rebuild: bool) -> None:
+    if compact and (kind != "auto" or search is not None):
+        both = made is not None and made.compact and not rebuild
+        raise SettingError("compact", lambda n: (
+            f"{n('kind and search')} tune a full index (LanceDB's HNSW); add "
+            f"{n('compact=False')}{' ' + n('rebuild=True') if both else ''}, or leave them "
+            "out: a compact index measures its own probes"))
 
 
 def _scalar_indexes(table: Any, columns: tuple[str, ...]) -> None:

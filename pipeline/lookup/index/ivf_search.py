@@ -51,7 +51,6 @@ CANDIDATES_PER_RESULT = 5
 # ... from lists of product-quantized codes, whose order is rougher (compact indexes).
 PQ_CANDIDATES_PER_RESULT = 10
 READ_BATCH_ROWS = 65_536
-ROW_ID = "_rowid"  # LanceDB's row id, kept per row by compact indexes
 # A compact index's filtered search ranks up to this many rows exactly; a filter leaving
 # more is searched through the lists and sketches, restricted to its rows (BENCHMARKS.md,
 # "Compact indexes": where an exact scan stops paying).
@@ -87,8 +86,6 @@ class MemoryIvf:
         self.dim = vectors.shape[1]
         self.candidates = PQ_CANDIDATES_PER_RESULT if hasattr(index, "pq") \
             else CANDIDATES_PER_RESULT
-        self._row_order: np.ndarray | None = None  # positions by row id (positions_of)
-        self._sorted_ids: np.ndarray | None = None
 
     @classmethod
     def load(cls, fs: Any, folder: str, nprobe: int) -> MemoryIvf:
@@ -224,22 +221,6 @@ class MemoryIvf:
         import pyarrow as pa
 
         return self.rows.select(list(columns)).take(pa.array(positions))
-
-    def positions_of(self, row_ids: np.ndarray) -> np.ndarray:
-        """The positions of the rows whose LanceDB row ids are ``row_ids`` (a compact
-        index keeps them: ``ROW_ID``), in their order."""
-        import numpy as np
-
-        if self._row_order is None:
-            ids = self.rows.column(ROW_ID).to_numpy()
-            self._row_order = np.argsort(ids, kind="stable")
-            self._sorted_ids = ids[self._row_order]
-        row_ids = np.asarray(row_ids, np.uint64)
-        at = np.searchsorted(self._sorted_ids, row_ids)
-        at = np.minimum(at, len(self._sorted_ids) - 1)
-        if len(row_ids) and not np.array_equal(self._sorted_ids[at], row_ids):
-            raise ValueError("row ids the in-memory IVF does not hold (the table changed)")
-        return self._row_order[at]
 
     def exact(self, queries: np.ndarray, k: int, among: np.ndarray | None = None
               ) -> tuple[np.ndarray, np.ndarray]:

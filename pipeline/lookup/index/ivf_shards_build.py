@@ -50,7 +50,6 @@ from pipeline.lookup.index.ivf_shards import (
     PLANES_FILE,
     SENTENCES_FILE,
     SHARD_FILES,
-    SHARD_VECTOR_DTYPE,
     SHARDS_FORMAT,
     TRAIN_FILE,
     TRAIN_FILES,
@@ -61,6 +60,7 @@ from pipeline.lookup.index.ivf_shards import (
     local_fs,
     shard_missing,
 )
+from pipeline.lookup.index.shard_files import SHARD_VECTOR_DTYPE
 from pipeline.lookup.index.shard_work import (
     ShardJob,
     ShardRunner,
@@ -359,8 +359,8 @@ def _train_or_keep(previous: dict[str, Any] | None, base: str, shards: dict[str,
     one trained on a sample of the shards' vectors."""
     import numpy as np
 
-    from pipeline.lookup.index.ivf_shards import ShardVectors
     from pipeline.lookup.index.progress import rows_bar, steps_bar
+    from pipeline.lookup.index.shard_files import ShardVectors
 
     codes = codes_for(rows, dim)
     if previous is not None and previous.get("codes") == codes and previous.get("dim") == dim \

@@ -23,13 +23,13 @@ from pipeline.lookup.index.ivf_shards import (
     PLANES_FILE,
     ROWS_FILE,
     SENTENCES_FILE,
-    SHARD_VECTOR_DTYPE,
     SKETCH_FILE,
     TRAIN_FILE,
     VECTORS_FILE,
     as_shard_vectors,
 )
 from pipeline.lookup.index.sentences import SENTENCE_KEY
+from pipeline.lookup.index.shard_files import SHARD_VECTOR_DTYPE
 from pipeline.lookup.layers.vectors import unit_vectors
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def encode(train_folder: str, source: str, folder: str, rows: int, dim: int,
     import faiss
     import numpy as np
 
-    from pipeline.lookup.index.ivf_shards import ShardVectors
+    from pipeline.lookup.index.shard_files import ShardVectors
 
     index = faiss.read_index(f"{train_folder}/{TRAIN_FILE}")
     with np.load(f"{train_folder}/{PLANES_FILE}") as stored:

@@ -334,14 +334,7 @@ def _vector_batches(ix: SenseIndex, plan: _Plan, column: str) -> Any:
     """Pass 2: ``(row ids, float32 vectors)`` of (at least) the planned uses."""
     import pyarrow as pa
 
-    from pipeline.lookup.index.ivf_shards import ShardedIvf
-
     ivf = ix._compact_ivf() if ix.meta.compact else None
-    if ivf is not None and not isinstance(ivf, ShardedIvf):  # an IVF of the older format
-        for start in range(0, len(plan.rowids), READ_BATCH_ROWS):
-            rowids = plan.rowids[start:start + READ_BATCH_ROWS]
-            yield rowids, ivf.vectors[ivf.positions_of(rowids)].astype(np.float32)
-        return
     # A full index's rows carry their vectors; a sharded compact index's carry the keys of
     # its vector files' rows.
     selected = ["vector"] if ivf is None else ["part", "shard", "row"]
