@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import REPO, bench_lookup, uncommit_shard_1
+from helpers import REPO, uncommit_shard_1
+from synthetic_dataset import write_synthetic
 
 from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.build import build_index
@@ -78,7 +79,7 @@ PHASES = {
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("kills")
-    truth = bench_lookup().write_synthetic(root / "ds", ROWS, DIM, n_shards=4, vocab=200)
+    truth = write_synthetic(root / "ds", ROWS, DIM, n_shards=4, vocab=200)
     return root / "ds", truth
 
 

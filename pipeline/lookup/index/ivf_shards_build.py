@@ -390,8 +390,9 @@ def ivf_folders(record: dict[str, Any] | None) -> list[str]:
     """The folders under ``_ivf`` that ``record`` (``IndexMeta.ivf``) uses."""
     if record is None:
         return []
-    if not is_sharded(record):
+    if "shards" not in record:  # one folder: the in-memory IVF of a full index
         return [record["folder"]]
+    # In shards, of this format or an older one (whose folders a build replaces).
     return [record["train"], *(s["folder"] for s in record["shards"].values())]
 
 
