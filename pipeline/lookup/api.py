@@ -49,8 +49,10 @@ class DatasetReader:
 
     def __init__(self, uri: str, storage_options: dict | None = None) -> None:
         self.stored: Dataset = open_dataset(uri, storage_options)
+        self.storage_options = storage_options
         self._con: duckdb.DuckDBPyConnection | None = None
         self._materialized: set[str] = set()
+        self._damaged: dict[str, str] = {}  # derived view -> its problem, as connected
 
     @property
     def uri(self) -> str:
@@ -208,6 +210,7 @@ class DatasetReader:
 
         from pipeline.lookup.sql import materialize_mix, query_error
 
+        self._check_files()
         con = self.connection
         try:
             for spec in mixes:
@@ -217,6 +220,19 @@ class DatasetReader:
             return con.sql(query, params=params or None)
         except duckdb.Error as error:
             raise query_error(con, self.uri, query, error) from None
+
+    def _check_files(self) -> None:
+        """DuckDB skips Parquet page checksums: the file versions not found intact lately
+        are read first (``require_intact``; a damaged committed file raises). A derived
+        table found damaged (or mended) since the connection was made gets its view made
+        again, failing with its line only for the queries that read it."""
+        from schemas.verify import require_intact
+
+        report = require_intact(self.uri, self.storage_options)
+        damaged = {p.table: p.line() for p in report.derived_problems}
+        if damaged != self._damaged:
+            self.close()
+            self._damaged = damaged
 
     @property
     def connection(self) -> duckdb.DuckDBPyConnection:
@@ -228,7 +244,7 @@ class DatasetReader:
             from pipeline.lookup.sql import connect, connection_error
 
             try:
-                self._con = connect(self.stored)
+                self._con = connect(self.stored, damaged=self._damaged)
             except duckdb.Error as error:
                 raise connection_error(self.uri, error) from None
         return self._con
@@ -296,6 +312,21 @@ class IndexReader:
         given = {} if min_uses is None else {"min_uses": min_uses}
         return word_changes(self.index, by, bin, words=words, top=top, **given)
 
+    def search_passages(self, text: str, k: int = 10, by: str = "sentence",
+                        mix: str | None = None, method: str | None = None,
+                        where: Mapping[str, Any] | None = None) -> list[Passage]:
+        """The ``k`` sentences (or documents) of the index's dataset whose pooled vectors
+        (``elmo pool``) are nearest to ``text``'s, with their text and document fields;
+        ``mix`` and ``method``: the pooled table's (default: the pooling defaults)."""
+        from pipeline.lookup.pooled.pooling import DEFAULT_METHOD, DEFAULT_MIX
+        from pipeline.lookup.pooled.search import PassageSearch
+
+        if getattr(self, "_passages", None) is None:
+            self._passages = PassageSearch(self.index.meta.dataset,
+                                           storage_options=self.index.storage_options)
+        return self._passages.search(text, k=k, by=by, mix=mix or DEFAULT_MIX,
+                                     method=method or DEFAULT_METHOD, filters=where)
+
 
 def build_index(dataset: str | DatasetReader, out: str, *, mix: str = "top",
                 compact: bool | None = None, kind: str = "auto",
@@ -335,22 +366,6 @@ def _table(table: str) -> str:
     if table not in TABLES:
         raise ElmoUserError(f"no table {table!r}; the tables are {', '.join(TABLES)}")
     return table
-
-
-    def search_passages(self, text: str, k: int = 10, by: str = "sentence",
-                        mix: str | None = None, method: str | None = None,
-                        where: Mapping[str, Any] | None = None) -> list[Passage]:
-        """The ``k`` sentences (or documents) of the index's dataset whose pooled vectors
-        (``elmo pool``) are nearest to ``text``'s, with their text and document fields;
-        ``mix`` and ``method``: the pooled table's (default: the pooling defaults)."""
-        from pipeline.lookup.pooled.pooling import DEFAULT_METHOD, DEFAULT_MIX
-        from pipeline.lookup.pooled.search import PassageSearch
-
-        if getattr(self, "_passages", None) is None:
-            self._passages = PassageSearch(self.index.meta.dataset,
-                                           storage_options=self.index.storage_options)
-        return self._passages.search(text, k=k, by=by, mix=mix or DEFAULT_MIX,
-                                     method=method or DEFAULT_METHOD, filters=where)
 
 
 def _known(columns: Sequence[str], names: Sequence[str], table: str) -> list[str]:

@@ -39,7 +39,7 @@ def corpus_sentence(data: Served) -> dict:
     """A sentence of the corpus, long enough to be unique."""
     ds = pipeline.open_dataset(str(data.dataset))
     return ds.sql("SELECT doc_id, sent_idx, text FROM sentences WHERE n_tokens >= 12 "
-                  "ORDER BY doc_id, sent_idx LIMIT 1").to_pylist()[0]
+                  "ORDER BY doc_id, sent_idx LIMIT 1").arrow().read_all().to_pylist()[0]
 
 
 def test_python_finds_a_corpus_sentence_first(data: Served) -> None:
@@ -52,7 +52,7 @@ def test_python_finds_a_corpus_sentence_first(data: Served) -> None:
     assert hits[0].fields["source"].endswith(".txt")
     table = pipeline.open_dataset(str(data.dataset)).pooled(by="sentence")
     assert table.num_rows == pipeline.open_dataset(str(data.dataset)).sql(
-        "SELECT count(*) n FROM sentences").to_pylist()[0]["n"]
+        "SELECT count(*) n FROM sentences").fetchall()[0][0]
 
 
 def test_documents_and_where(data: Served) -> None:
