@@ -265,6 +265,7 @@ class IndexReader:
 
         self.index: SenseIndex = SenseIndex(uri, storage_options)
         self._embedder: Any = None  # the dataset's model, loaded by the first search
+        self._passages: Any = None  # the pooled tables, held by the first passage search
 
     def search(self, sentence: str, word: str | None = None, k: int = 10,
                any_word: bool = False, where: Filters = None,
@@ -314,14 +315,15 @@ class IndexReader:
 
     def search_passages(self, text: str, k: int = 10, by: str = "sentence",
                         mix: str | None = None, method: str | None = None,
-                        where: Mapping[str, Any] | None = None) -> list[Passage]:
+                        where: Filters = None) -> list[Passage]:
         """The ``k`` sentences (or documents) of the index's dataset whose pooled vectors
         (``elmo pool``) are nearest to ``text``'s, with their text and document fields;
-        ``mix`` and ``method``: the pooled table's (default: the pooling defaults)."""
+        ``mix`` and ``method``: the pooled table's (default: the pooling defaults);
+        ``where``: conditions on document fields, as ``search`` takes them."""
         from pipeline.lookup.pooled.pooling import DEFAULT_METHOD, DEFAULT_MIX
         from pipeline.lookup.pooled.search import PassageSearch
 
-        if getattr(self, "_passages", None) is None:
+        if self._passages is None:
             self._passages = PassageSearch(self.index.meta.dataset,
                                            storage_options=self.index.storage_options)
         return self._passages.search(text, k=k, by=by, mix=mix or DEFAULT_MIX,
