@@ -79,8 +79,15 @@ def build_index(dataset: str | DatasetReader, out: str, *, mix: str = "top",
     new index): keep codes, not vectors; ``kind``: a full index's vector index (``auto``,
     ``hnsw``, ``flat``); ``words``, ``min_count``, ``max_count``: which words it holds;
     ``progress``: bars on stderr."""
-    from pipeline.lookup.api import build_index as build
+    from pipeline.lookup.api import DatasetReader, IndexReader
+    from pipeline.lookup.index.build import build_index as build
+    from pipeline.lookup.index.words import WordSelection
 
-    return build(dataset, out, mix=mix, compact=compact, kind=kind, words=words,
-                 min_count=min_count, max_count=max_count, rebuild=rebuild,
-                 storage_options=storage_options, progress=progress)
+    if isinstance(dataset, DatasetReader):
+        dataset, storage_options = dataset.uri, dataset.stored.storage_options
+    selection = WordSelection(list(words) if words is not None else None, min_count,
+                              max_count)
+    summary = build(dataset, mix, out, kind=kind, rebuild=rebuild,
+                    storage_options=storage_options, words=selection,
+                    show_progress=progress, compact=compact)
+    return IndexReader(summary.out, storage_options)

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from pipeline.lookup.index.rows import BuildSummary
     from pipeline.lookup.index.sense_index import SenseIndex
     from pipeline.lookup.pooled.search import Passage
     from pipeline.lookup.senses.change import ChangeRanking
@@ -328,30 +327,6 @@ class IndexReader:
                                            storage_options=self.index.storage_options)
         return self._passages.search(text, k=k, by=by, mix=mix or DEFAULT_MIX,
                                      method=method or DEFAULT_METHOD, filters=where)
-
-
-def build_index(dataset: str | DatasetReader, out: str, *, mix: str = "top",
-                compact: bool | None = None, kind: str = "auto",
-                words: Sequence[str] | None = None, min_count: int | None = None,
-                max_count: int | None = None, rebuild: bool = False,
-                storage_options: dict | None = None, progress: bool = False
-                ) -> IndexReader:
-    """Index ``mix``'s vectors of the dataset's committed shards at ``out`` (created, or
-    extended with shards added since) and open it: ``elmo index build``. ``compact``
-    (the default for a new index): keep codes, not vectors; ``kind``: a full index's
-    vector index (``auto``, ``hnsw``, ``flat``); ``words``/``min_count``/``max_count``:
-    which words it holds; ``progress``: bars on stderr."""
-    from pipeline.lookup.index.build import build_index as build
-    from pipeline.lookup.index.words import WordSelection
-
-    if isinstance(dataset, DatasetReader):
-        dataset, storage_options = dataset.uri, dataset.stored.storage_options
-    selection = WordSelection(list(words) if words is not None else None, min_count,
-                              max_count)
-    summary: BuildSummary = build(dataset, mix, out, kind=kind, rebuild=rebuild,
-                                  storage_options=storage_options, words=selection,
-                                  show_progress=progress, compact=compact)
-    return IndexReader(summary.out, storage_options)
 
 
 def _filtered(rows: pa.Table, expression: Any) -> pa.Table:
