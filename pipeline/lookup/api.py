@@ -225,13 +225,13 @@ class DatasetReader:
         are read first (``require_intact``; a damaged committed file raises). A derived
         table found damaged (or mended) since the connection was made gets its view made
         again, failing with its line only for the queries that read it."""
-        from schemas.verify import require_intact
+        from pipeline.lookup.sql import checked_damage, derived_views
 
-        report = require_intact(self.uri, self.storage_options)
-        damaged = {p.table: p.line() for p in report.derived_problems}
+        damaged = checked_damage(self.uri, self.storage_options)
         if damaged != self._damaged:
-            self.close()
             self._damaged = damaged
+            if self._con is not None:
+                derived_views(self._con, self.stored, damaged)
 
     @property
     def connection(self) -> duckdb.DuckDBPyConnection:

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
 
+    from schemas.verify import VerifiedFiles
+
 VIEWS = ("tokens", "sentences", "documents", "errors")
 # Derived tables (``derived_tables``): a view each, empty until something is written.
 DERIVED_VIEWS = ("senses", "sentence_vectors", "document_vectors")
@@ -330,15 +332,10 @@ def run_query(dataset: str, query: str, params: dict[str, Any] | None = None,
     ``all`` reads every file, ``none`` nothing (``elmo sql --no-verify``)."""
     import duckdb
 
-    from schemas.verify import require_intact
-
     if check not in ("changed", "all", "none"):
         raise ValueError(f"check must be changed, all or none, not {check!r}")
-    damaged: dict[str, str] = {}
-    if check != "none":
-        report = require_intact(dataset, remember=check == "changed")
-        for problem in report.derived_problems:
-            damaged.setdefault(problem.table, problem.line())
+    damaged = {} if check == "none" else checked_damage(dataset,
+                                                        remember=check == "changed")
     try:
         con = connect(dataset, damaged=damaged)
     except duckdb.Error as error:  # e.g. unreadable Parquet behind a view
@@ -353,6 +350,21 @@ def run_query(dataset: str, query: str, params: dict[str, Any] | None = None,
         raise query_error(con, dataset, query, error) from None
     finally:
         con.close()
+
+
+def checked_damage(dataset: str, storage_options: dict | None = None,
+                   remember: bool = True, known: VerifiedFiles | None = None
+                   ) -> dict[str, str]:
+    """The dataset's files checked before DuckDB reads them (``require_intact``, its
+    ``remember`` and ``known``: a damaged committed file raises); what it returns is each
+    damaged derived view's first problem, for ``connect``/``derived_views``."""
+    from schemas.verify import require_intact
+
+    report = require_intact(dataset, storage_options, remember=remember, known=known)
+    damaged: dict[str, str] = {}
+    for problem in report.derived_problems:
+        damaged.setdefault(problem.table, problem.line())
+    return damaged
 
 
 def query_error(con: duckdb.DuckDBPyConnection, dataset: str, query: str,

@@ -42,10 +42,10 @@ from pipeline.lookup.serve.limits import (
     SQL_MEMORY_LIMIT,
     SQL_TIMEOUT_S,
 )
-from pipeline.lookup.sql import _one_line, connect, derived_views
+from pipeline.lookup.sql import _one_line, checked_damage, connect, derived_views
 from schemas.derived_tables import read_registry
 from schemas.user_cache import cache_dir
-from schemas.verify import VerifiedFiles, require_intact
+from schemas.verify import VerifiedFiles
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -156,11 +156,8 @@ class GuardedSql:
     def _follow_files(self) -> None:
         """The files checked (a damaged committed file stops the query) and the derived
         views made again when their registry or their damage changed."""
-        damaged: dict[str, str] = {}
-        if self.known is not None:
-            report = require_intact(self.ds.uri, self.ds.storage_options, known=self.known)
-            for problem in report.derived_problems:
-                damaged.setdefault(problem.table, problem.line())
+        damaged = {} if self.known is None else checked_damage(
+            self.ds.uri, self.ds.storage_options, known=self.known)
         state = self._derived_state(damaged)
         if state != self.derived_state:
             derived_views(self.con, self.ds, damaged)
