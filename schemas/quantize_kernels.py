@@ -1,12 +1,16 @@
-"""The compiled loop of ``schemas.layers.quantize_int8_indices`` (numba, compiled on first
-use and cached beside this file), apart so that only writers of int8 layers import numba."""
+"""The compiled loops of the int8 rule (``schemas.layers``: its docstring states the rule,
+``quantize_int8`` is the reference they are tested equal to), numba, compiled on first use
+and cached beside this file; apart so that only writers of int8 layers import numba."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
+from schemas.int8_limits import INT8_LIMIT
+
 _ABS_BITS = np.uint32(0x7FFFFFFF)
+_LIMIT = np.float32(INT8_LIMIT)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -24,14 +28,14 @@ def _absmax_bits(row: np.ndarray) -> np.uint32:
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _scale_of(top: np.uint32) -> np.float32:
-    return np.array([top], np.uint32).view(np.float32)[0] / np.float32(127.0)
+    return np.array([top], np.uint32).view(np.float32)[0] / _LIMIT
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _quantize_into(row: np.ndarray, scale: np.float32, target: np.ndarray, offset: int
                    ) -> None:
     """``target[j] = clip(rint(row[j] / scale), -127, 127) + offset``; scale 0 divides by 1."""
-    limit = np.float32(127.0)
+    limit = _LIMIT
     safe = scale if scale > 0 else np.float32(1.0)
     for j in range(row.shape[0]):
         q = np.rint(row[j] / safe)
@@ -44,7 +48,7 @@ def quantize_rows(vectors: np.ndarray, out: np.ndarray, scales: np.ndarray, offs
                   ) -> None:
     """``quantize_int8``'s rule, row by row in two passes over each row: ``vectors``
     (float32 ``[n, dim]``, C-contiguous) -> ``out`` (``[n, dim]``: ``q + offset``, int8
-    with offset 0 or uint8 dictionary indices with offset 127) and ``scales`` (float32
+    with offset 0 or uint8 dictionary indices with offset ``INDEX_OFFSET``) and ``scales`` (float32
     ``[n]``)."""
     for r in range(vectors.shape[0]):
         scale = _scale_of(_absmax_bits(vectors[r]))

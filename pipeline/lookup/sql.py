@@ -51,6 +51,7 @@ from schemas import (
     TYPES_SINCE_VERSION,
 )
 from schemas.dataset import Dataset, open_dataset
+from schemas.layers import dequantize_int8_sql
 from schemas.mix_specs import Mix
 
 if TYPE_CHECKING:
@@ -260,7 +261,7 @@ def _typed_documents(con: duckdb.DuckDBPyConnection, documents: DocumentTable,
 def _dequantized(column: str, names: list[str]) -> str:
     """SQL for a stored vector column as FLOAT[] (int8 values times their scale)."""
     if column + SCALE_SUFFIX in names:
-        return f"list_transform({column}, lambda v: v * {column}{SCALE_SUFFIX})"
+        return dequantize_int8_sql(column, column + SCALE_SUFFIX)
     return column
 
 

@@ -28,9 +28,10 @@ from schemas import (
     token_schema,
     types_schema,
 )
-from schemas.int8_column_chunk import INDEX_OFFSET, ChunkCodec
+from schemas.int8_column_chunk import ChunkCodec
 from schemas.layers import (
     halves_equal,
+    int8_as_indices,
     quantize_int8,
     quantize_int8_indices,
     quantize_int8_into,
@@ -328,7 +329,7 @@ class AssembledRowGroups:
             scale_name = name + SCALE_SUFFIX
             scales[:] = (given[scale_name][start:start + take] if scale_name in given
                          else part.column(scale_name).to_numpy())
-            np.add(values.view(np.uint8), np.uint8(INDEX_OFFSET), out=indices)  # q + 127
+            int8_as_indices(values, out=indices)
         self.plain.append(part.select(self.plain_names))
         self.rows = end
         return take
@@ -359,8 +360,6 @@ def quantized_layer_columns(layers: list[np.ndarray], lo: np.ndarray, hi: np.nda
     stored): each window's rows quantized where they lie (``quantize_int8_into``), so
     the unit is never copied as floats; the writer takes these as it takes layers
     quantized on a GPU."""
-    from schemas import quantize_kernels  # numba
-
     total = int(np.sum(hi - lo))
     values = np.empty((n_out, total, dim), np.int8)
     scales = np.empty((n_out, total), np.float32)
@@ -368,18 +367,22 @@ def quantized_layer_columns(layers: list[np.ndarray], lo: np.ndarray, hi: np.nda
     for window, a, b in zip(layers, lo, hi, strict=True):
         end = at + int(b - a)
         for k in range(n_out):
-            rows = window[k, a:b]
-            if rows.dtype == np.float32 and rows.flags.c_contiguous:  # embed's batch views
-                # quantize_int8_into's kernel without its checks: a call per window
-                quantize_kernels.quantize_rows(rows, values[k, at:end], scales[k, at:end], 0)
-            else:
-                quantize_int8_into(rows, values[k, at:end], scales[k, at:end])
+            quantize_int8_into(window[k, a:b], values[k, at:end], scales[k, at:end])
         at = end
+    return int8_layer_columns(values, scales)
+
+
+def int8_layer_columns(values: np.ndarray, scales: np.ndarray, first: int = 0
+                       ) -> dict[str, Any]:
+    """Columns ``layer_k`` (int8 lists) and ``layer_k_scale`` for ``k = first, first + 1,
+    ...`` of quantized layers: ``values`` int8 ``[layers, n, dim]``, ``scales`` ``[layers,
+    n]``."""
+    dim = values.shape[-1]
     columns: dict[str, Any] = {}
-    for k in range(n_out):
-        columns[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(
+    for k in range(values.shape[0]):
+        columns[f"layer_{first + k}"] = pa.FixedSizeListArray.from_arrays(
             pa.array(values[k].reshape(-1), pa.int8()), dim)
-        columns[f"layer_{k}{SCALE_SUFFIX}"] = pa.array(scales[k], pa.float32())
+        columns[f"layer_{first + k}{SCALE_SUFFIX}"] = pa.array(scales[k], pa.float32())
     return columns
 
 

@@ -44,6 +44,7 @@ from pipeline.write.inputs import DocError, Document, ReadOptions
 from pipeline.write.item_files import (
     ItemFiles,
     TokenWriter,
+    int8_layer_columns,
     quantized_layer_columns,
     write_small_tables,
 )
@@ -278,20 +279,12 @@ def rows_of_unit(rows: list[WindowRow], layers: Any, n_out: int, dim: int, dtype
 def _int8_columns(layers: Any, lo: Any, hi: Any, n_out: int, dim: int) -> dict[str, Any]:
     """``layer_k`` (int8 values) and ``layer_k_scale`` of the windows' stored tokens."""
     import numpy as np
-    import pyarrow as pa
-
-    from schemas import SCALE_SUFFIX
 
     first = layers.first_layer  # 1: layer 0 came per token type (``Int8Layers.layer_0``)
     values, scales = (layers.stored_rows(lo, hi) if len(layers) else
                       (np.zeros((n_out - first, 0, dim), np.int8),
                        np.zeros((n_out - first, 0), np.float32)))
-    columns = {}
-    for k in range(first, n_out):
-        columns[f"layer_{k}"] = pa.FixedSizeListArray.from_arrays(
-            pa.array(values[k - first].reshape(-1), pa.int8()), dim)
-        columns[f"layer_{k}{SCALE_SUFFIX}"] = pa.array(scales[k - first], pa.float32())
-    return columns
+    return int8_layer_columns(values, scales, first)
 
 
 # --------------------------------------------------------------------------- worker
