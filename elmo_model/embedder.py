@@ -26,6 +26,7 @@ from elmo_model.errors import ElmoUserError, SettingError
 from elmo_model.lstm_steps import choose_step
 from elmo_model.model import BiLM, BiLMConfig, LstmState, LstmStep, PackPlan, reference_step
 from elmo_model.pack_plan import DistinctInput, packed_input, stateless_batches
+from elmo_model.packed_runner import CanonicalLayers, PackedLayers, PackedRunner
 
 if TYPE_CHECKING:
     from elmo_model.quantize import TypeQuantizer
@@ -280,9 +281,9 @@ class ElmoEmbedder:
         """Runs a batch (carrying the stateful mode's state). Returns its layers ``[L + 1,
         N, 2P]`` float32 on the device, sentence after sentence with their ``<S>`` and
         ``</S>`` rows (None when not ``canonical``); the packed layers ``[2, N, P]``, input
-        first (``BiLM.contextualize``'s ``packed``: in the workspace, valid until the next
+        first (``PackedRunner.run``'s ``buffers``: in the workspace, valid until the next
         batch; not ``canonical``: the last layer without its residual, which the caller
-        adds, ``contextualize``'s ``last_residual``); and the plan. With ``types`` layer 0 is
+        adds, ``PackedLayers(last_residual=False)``); and the plan. With ``types`` layer 0 is
         left unwritten and its token vectors go to ``types`` instead (layer 0 per type)."""
         flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
         plan = PackPlan.build(np.array([len(s) + 2 for s in sentences]), self.device)
@@ -295,10 +296,11 @@ class ElmoEmbedder:
             layers = (torch.empty((n_layers + 1, plan.n_tokens, 2 * width),
                                   dtype=torch.float32, device=vectors.device)
                       if canonical else None)
-            _, final_state = self.model.contextualize(
-                vectors, plan, self._initial_state(len(sentences)), step=self.step,
-                out=None if layers is None else layers[1:], packed=packed, canonical=canonical,
-                token_rows=token_rows, last_residual=canonical)
+            # not canonical: the caller adds the last residual as it quantizes
+            output = CanonicalLayers(layers[1:]) if layers is not None else PackedLayers(
+                last_residual=False)
+            _, final_state = PackedRunner(self.model, self.step).run(
+                vectors, plan, packed, self._initial_state(len(sentences)), token_rows, output)
         if self.mode == "stateful":
             assert self._carried is not None
             for (h, c), (fh, fc) in zip(self._carried, final_state, strict=True):
@@ -308,7 +310,7 @@ class ElmoEmbedder:
         elif layers is not None:
             layers[0, :, :width] = vectors[token_rows]
             layers[0, :, width:] = layers[0, :, :width]
-        else:  # the packed input, layer 0 of each position (contextualize left it unwritten)
+        else:  # the packed input, layer 0 of each position (the runner left it unwritten)
             packed_input(DistinctInput(vectors, token_rows[plan.token_index]), packed[0])
         return layers, packed, plan
 

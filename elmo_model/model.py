@@ -14,9 +14,12 @@ backward direction reads each sentence reversed in place, which gives it the sam
 packing as the forward one; both directions then run as one batched matmul per step.
 
 The recurrence is written once here (``reference_step``: out of place, what autograd and
-training run). Faster versions for inference take the same arguments (``LstmStep``) and
-live beside it, named and chosen once per embedder in ``lstm_steps.py``. The packed
-layout: ``pack_plan.py``; weights the fast steps derive: ``weight_versions.py``.
+training run), and so is the forward pass (``BiLM.contextualize``: training's and the
+reference). Faster versions for inference take the same arguments (``LstmStep``) and
+live beside it, named and chosen once per embedder in ``lstm_steps.py``; the embedder
+runs the stacks through ``packed_runner.py`` (reused buffers, distinct tokens, the last
+residual left to a quantizer). The packed layout: ``pack_plan.py``; weights the fast
+steps derive: ``weight_versions.py``.
 """
 
 from __future__ import annotations
@@ -336,6 +339,21 @@ def step_or_reference(step: LstmStep | None) -> LstmStep:
     return reference_step if step is None or torch.is_grad_enabled() else step
 
 
+def rank_orders(plan: PackPlan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sentence order -> rank order, rank order -> sentence order) of ``plan``'s
+    sentences: the state goes in and comes out in sentence order."""
+    order = torch.from_numpy(plan.order).to(device)
+    return order, torch.argsort(order)
+
+
+def canonical_rows(into: torch.Tensor, packed: torch.Tensor, plan: PackPlan) -> None:
+    """A packed layer ``[2, N, P]`` written into ``into`` ``[N, 2P]`` in canonical order:
+    forward in ``[:, :P]``, backward in ``[:, P:]``."""
+    p = packed.shape[-1]
+    into[:, :p].index_copy_(0, plan.forward_index, packed[0])
+    into[:, p:].index_copy_(0, plan.backward_index, packed[1])
+
+
 @dataclass
 class BiLMOutput:
     layers: torch.Tensor  # [L + 1, B, T, 2P]
@@ -368,57 +386,37 @@ class BiLM(VersionedWeights):
 
     def contextualize(self, tokens: torch.Tensor, plan: PackPlan,
                       initial_state: LstmState | None = None, dropout: float = 0.0,
-                      backward_tokens: torch.Tensor | None = None, step: LstmStep | None = None,
-                      out: torch.Tensor | None = None,
-                      packed: Sequence[torch.Tensor] | None = None, canonical: bool = True,
-                      token_rows: torch.Tensor | None = None, last_residual: bool = True
-                      ) -> tuple[torch.Tensor | None, LstmState]:
-        """Run both LSTM stacks over token vectors in canonical order.
+                      backward_tokens: torch.Tensor | None = None, step: LstmStep | None = None
+                      ) -> tuple[torch.Tensor, LstmState]:
+        """Run both LSTM stacks over token vectors in canonical order: the reference
+        forward pass, and training's (inference runs ``packed_runner.PackedRunner``).
 
         tokens: ``[N, P]``, each sentence's tokens in a row, boundaries included.
         initial_state: per layer ``(h [2, B, P], c [2, B, D])`` in sentence order; zeros if None.
         Returns the LSTM layers ``[L, N, 2P]`` (canonical order; ``[..., :P]`` forward) and
         the state after each sentence's last token, per direction, in sentence order.
+        dropout: on each layer's input, while training.
         backward_tokens: ``[N, P]`` for training only: the backward stack reads these instead
         of ``tokens`` (bilm-tf trains each direction on its own text stream, so truncated
         back-propagation can carry both states across consecutive windows).
-        out: a float32 ``[L, N, 2P]`` to write the layers into (and return) instead of a
-        new tensor. ``packed`` (inference): L + 1 float32 ``[2, N, P]`` buffers reused per
-        batch: the packed input goes into the first (without ``token_rows``), layer j's
-        packed output (residual added) into buffer j. ``canonical=False``: the layers
-        returned are None, the caller reads them from ``packed`` (``plan`` says where).
-        token_rows (inference) ``[N]``: ``tokens`` holds each distinct token once, position
-        i is row ``token_rows[i]``; the first layer's input stays so (``DistinctInput``).
-        ``last_residual=False`` (with ``packed``, when the last layer has a residual): its
-        buffer keeps the layer's own output, the caller adds the buffer before it."""
-        if token_rows is not None and (dropout or backward_tokens is not None):
-            raise ValueError("token_rows is for inference: no dropout, no backward_tokens")
-        if not last_residual and (packed is None or canonical):
-            raise ValueError("last_residual=False needs packed buffers and canonical=False")
+        step: runs the recurrence (``LstmStep``; the reference when None or while autograd
+        records)."""
         initial_state = initial_state or self.zero_state(len(plan.lengths), tokens.device)
-        order = torch.from_numpy(plan.order).to(tokens.device)
-        unsort = torch.argsort(order)  # rank order -> sentence order
-        p = self.config.projection_dim
-        x: LayerInput  # [2, N, P]; per batch, fresh ones would be new pages (mmap threshold)
+        order, unsort = rank_orders(plan, tokens.device)
+        x: torch.Tensor  # [2, N, P]
         if backward_tokens is not None:
             x = torch.stack([tokens[plan.forward_index], backward_tokens[plan.backward_index]])
-        elif token_rows is not None:
-            x = DistinctInput(tokens, token_rows[plan.token_index])
         else:
-            x = packed_input(DistinctInput(tokens, plan.token_index),
-                             None if packed is None else packed[0])
-        layers = (float32_out((self.config.n_layers, plan.n_tokens, 2 * p), tokens, out)
-                  if canonical else None)  # [L, N, 2P]
+            x = packed_input(DistinctInput(tokens, plan.token_index))
+        layers = float32_out((self.config.n_layers, plan.n_tokens, self.config.output_dim),
+                             tokens)  # [L, N, 2P]
         final_state = []
         for index, (layer, (h0, c0)) in enumerate(zip(self.layers, initial_state, strict=True)):
             layer_in = F.dropout(x, dropout, self.training) if dropout else x
-            y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order], step,
-                            None if packed is None else packed[index + 1])  # [2, N, P]
-            if self.config.has_residual(index) and (last_residual or index < len(self.layers) - 1):
+            y, h, c = layer(layer_in, plan, h0[:, order], c0[:, order], step)  # [2, N, P]
+            if self.config.has_residual(index):
                 y += x  # residual between LSTM layers, not into the first one
-            if layers is not None:
-                layers[index, :, :p].index_copy_(0, plan.forward_index, y[0])
-                layers[index, :, p:].index_copy_(0, plan.backward_index, y[1])
+            canonical_rows(layers[index], y, plan)
             final_state.append((h[:, unsort], c[:, unsort]))
             x = y
         return layers, final_state

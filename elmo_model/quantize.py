@@ -1,8 +1,9 @@
-"""The stored int8 rule (``schemas.layers.quantize_int8``, the numpy reference) on torch
-tensors, so a GPU quantizes its layers where they are and copies a quarter of the bytes
-to the host. The same function runs on CPU tensors and gives the same bytes as the
-reference there and on CUDA (tests/pipeline/test_quantize_device.py): a dataset does
-not depend on the device that wrote it.
+"""The stored int8 rule (``schemas.layers``: its docstring states the rule and lists its
+variants; ``quantize_int8`` is the numpy reference) on torch tensors, so a GPU quantizes
+its layers where they are and copies a quarter of the bytes to the host. The same
+function runs on CPU tensors and gives the same bytes as the reference there and on
+CUDA (tests/pipeline/test_quantize_device.py): a dataset does not depend on the device
+that wrote it.
 
 Why each step is written as it is (bit-exactness, not style):
 
@@ -46,14 +47,14 @@ def quantize_int8_packed(packed: list[torch.Tensor], plan: PackPlan, lengths: li
                          last_residual: torch.Tensor | None = None) -> None:
     """A CPU batch's real tokens quantized straight from where the biLM left its layers:
     ``packed`` holds per layer a float32 ``[2, N, P]`` tensor in ``plan``'s packed order
-    (forward, backward; ``BiLM.contextualize(..., canonical=False)``) of sentences
+    (forward, backward; ``PackedRunner.run``'s buffers with ``PackedLayers``) of sentences
     ``lengths`` long between their ``<S>`` and ``</S>`` rows. Sentence ``i``'s rows of
     layer ``k`` go to ``values[k, starts[i]:starts[i] + lengths[i]]`` (int8 ``[k, T, 2P]``)
     and ``scales[k, ...]`` (float32 ``[k, T]``): the bytes of ``quantize_int8_torch`` on
     the canonical layers ``[h_fwd; h_bwd]``, by ``schemas.quantize_kernels.quantize_halves``,
     with no canonical copy of the layers made first. ``last_residual``: a packed layer
-    to add to the last one as it is quantized (``BiLM.contextualize(...,
-    last_residual=False)`` left that residual connection to the caller)."""
+    to add to the last one as it is quantized (``PackedLayers(last_residual=False)``
+    left that residual connection to the caller)."""
     from schemas import quantize_kernels  # numba: imported when int8 layers are written
 
     sizes = np.asarray(lengths, np.int64)

@@ -4,8 +4,6 @@ the same way under Triton's interpreter in ``test_fused_lstm.py``."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -161,29 +159,6 @@ def test_an_embedder_chooses_once_and_keeps_its_step(tiny_model_dir) -> None:
     assert not hasattr(model, "lstm_impl")
 
 
-def test_contextualize_writes_into_a_given_output() -> None:
-    """The embedder hands ``contextualize`` the LSTM rows of its own ``[L + 1, N, 2P]``
-    (no second copy of every layer); the layers are the ones it would have returned."""
-    torch.manual_seed(0)
-    model = BiLM(CONFIG).eval()
-    plan = PackPlan.build(LENGTHS)
-    tokens = torch.randn(plan.n_tokens, CONFIG.projection_dim)
-    with torch.inference_mode():
-        want, want_state = model.contextualize(tokens, plan, step=OnednnStep())
-        mine = torch.full((CONFIG.n_layers + 1, plan.n_tokens, 2 * CONFIG.projection_dim),
-                          float("nan"))
-        got, state = model.contextualize(tokens, plan, step=OnednnStep(), out=mine[1:])
-        assert got.data_ptr() == mine[1].data_ptr()
-        assert torch.equal(mine[1:], want)
-        assert mine[0].isnan().all()  # the row before is the caller's, untouched
-        for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
-            assert torch.equal(h, want_h) and torch.equal(c, want_c)
-        with pytest.raises(ValueError, match=r"out must be float32 \[2, "):
-            model.contextualize(tokens, plan, out=mine[1:].double())
-        with pytest.raises(ValueError, match="out must be float32"):
-            model.contextualize(tokens, plan, out=mine[:1])
-
-
 def test_one_stream_and_two_equal_streams_give_the_same_layers_and_gradients() -> None:
     """Inference gathers both directions' inputs in one go, training stacks two streams;
     with the same text in both they agree, and so do the gradients through the in-place
@@ -225,37 +200,6 @@ def test_a_step_writes_its_output_into_a_given_buffer(name: str) -> None:
                 layer(x, plan, state[0], state[1], make(), mine[:, 1:])
 
 
-@pytest.mark.parametrize("n_layers", [1, 2, 3])
-def test_contextualize_into_the_callers_packed_buffers(n_layers: int) -> None:
-    """With the embedder's reused buffers (``packed``: the packed input, then each LSTM
-    layer's packed output with the residual added) the layers and the state are bitwise
-    those of fresh tensors, at any depth; ``canonical=False`` makes no canonical copy and
-    the buffers hold every layer, in ``plan``'s packed order."""
-    torch.manual_seed(0)
-    config = dataclasses.replace(CONFIG, n_layers=n_layers)
-    model = BiLM(config).eval()
-    plan = PackPlan.build(LENGTHS)
-    tokens = torch.randn(plan.n_tokens, config.projection_dim)
-    forward_at, backward_at = plan.packed_positions()
-    p = config.projection_dim
-    with torch.inference_mode():
-        want, want_state = model.contextualize(tokens, plan, step=OnednnStep())
-        for canonical in (True, False):
-            packed = [torch.full((2, plan.n_tokens, p), float("nan")) for _ in range(n_layers + 1)]
-            got, state = model.contextualize(tokens, plan, step=OnednnStep(), packed=packed,
-                                             canonical=canonical)
-            assert (got is None) != canonical
-            if canonical:
-                assert torch.equal(got, want)
-            assert torch.equal(packed[0][0][forward_at], tokens)
-            assert torch.equal(packed[0][1][backward_at], tokens)
-            for j in range(n_layers):
-                assert torch.equal(packed[j + 1][0][forward_at], want[j, :, :p])
-                assert torch.equal(packed[j + 1][1][backward_at], want[j, :, p:])
-            for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
-                assert torch.equal(h, want_h) and torch.equal(c, want_c)
-
-
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", ["reference", *sorted(FAST_CPU_STEPS)])
 def test_an_input_held_per_distinct_token_runs_as_its_packed_tensor(
@@ -274,54 +218,3 @@ def test_an_input_held_per_distinct_token_runs_as_its_packed_tensor(
     got = run_layer(layer, plan, distinct, state, new_step(), dtype)
     for part, a, b in zip(("output", "final h", "final c"), got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=f"{name} {part}")
-
-
-def test_contextualize_with_token_rows_equals_the_gathered_tokens() -> None:
-    """``token_rows``: ``tokens`` holds each distinct token once; the layers and the state
-    are those of the gathered ``[N, P]`` tokens, the packed buffers' input is left alone,
-    and training's arguments are refused with it."""
-    torch.manual_seed(3)
-    model = BiLM(CONFIG).eval()
-    plan = PackPlan.build(LENGTHS)
-    distinct = torch.randn(9, CONFIG.projection_dim)
-    token_rows = torch.randint(0, 9, (plan.n_tokens,))
-    p = CONFIG.projection_dim
-    with torch.inference_mode():
-        want, want_state = model.contextualize(distinct[token_rows], plan, step=OnednnStep())
-        packed = [torch.full((2, plan.n_tokens, p), float("nan")) for _ in range(3)]
-        got, state = model.contextualize(distinct, plan, step=OnednnStep(), packed=packed,
-                                         token_rows=token_rows)
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-        for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
-            torch.testing.assert_close(h, want_h, atol=1e-6, rtol=1e-6)
-            torch.testing.assert_close(c, want_c, atol=1e-6, rtol=1e-6)
-        assert packed[0].isnan().all()
-    with pytest.raises(ValueError, match="token_rows is for inference"):
-        model.contextualize(distinct, plan, dropout=0.1, token_rows=token_rows)
-
-
-@pytest.mark.parametrize("n_layers", [1, 2, 3])
-def test_the_last_residual_left_to_the_caller(n_layers: int) -> None:
-    """``last_residual=False``: the last layer's buffer holds its own output, and adding
-    the buffer before it gives, bitwise, the layer with its residual; the other layers and
-    the state are untouched. A single layer has no residual: nothing is left out."""
-    torch.manual_seed(4)
-    config = dataclasses.replace(CONFIG, n_layers=n_layers)
-    model = BiLM(config).eval()
-    plan = PackPlan.build(LENGTHS)
-    tokens = torch.randn(plan.n_tokens, config.projection_dim)
-    p = config.projection_dim
-    forward_at, backward_at = plan.packed_positions()
-    with torch.inference_mode():
-        want, want_state = model.contextualize(tokens, plan, step=OnednnStep())
-        packed = [torch.empty(2, plan.n_tokens, p) for _ in range(n_layers + 1)]
-        _, state = model.contextualize(tokens, plan, step=OnednnStep(), packed=packed,
-                                       canonical=False, last_residual=False)
-    last = packed[-1] + packed[-2] if config.has_residual(n_layers - 1) else packed[-1]
-    for j, layer in enumerate([*packed[1:-1], last]):
-        assert torch.equal(layer[0][forward_at], want[j, :, :p])
-        assert torch.equal(layer[1][backward_at], want[j, :, p:])
-    for (h, c), (want_h, want_c) in zip(state, want_state, strict=True):
-        assert torch.equal(h, want_h) and torch.equal(c, want_c)
-    with pytest.raises(ValueError, match="last_residual=False needs packed buffers"):
-        model.contextualize(tokens, plan, last_residual=False)  # would return it canonical
