@@ -14,6 +14,9 @@ left in: its own row is a true neighbour) and measures recall@10 against an exac
 every row's vector, read from the index's vector files in blocks (memory stays flat), and
 the p50 of the default search (keys only). ``lance-pq`` writes the same vectors into a
 LanceDB table with LanceDB's own IVF_PQ index on disk and measures the same queries there.
+``serve`` times any-word searches over HTTP on one kept client (the same sentence, a new
+sentence each time, a new connection each) with the server's CPU a query. To compare two
+trees, put ``PYTHONPATH=TREE`` in front: the server and the CLI's child run from it.
 """
 
 from __future__ import annotations
