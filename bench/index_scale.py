@@ -189,7 +189,8 @@ def cmd_serve(args: argparse.Namespace) -> dict:
     dataset = read_meta(args.index).dataset
     t0 = time.perf_counter()
     server = subprocess.Popen([ELMO, "serve", dataset, "--index", args.index, "--port",
-                               str(args.port), "--no-verify"], stderr=subprocess.DEVNULL)
+                               str(args.port), "--no-verify", *_model_flag(args)],
+                              stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{args.port}/senses/search"
     ask = {"sentence": args.sentence, "word": args.word, "k": 10}
     try:
@@ -227,6 +228,10 @@ def cmd_serve(args: argparse.Namespace) -> dict:
     finally:
         server.terminate()
         server.wait()
+
+
+def _model_flag(args: argparse.Namespace) -> list[str]:
+    return ["--model", args.model] if args.model else []
 
 
 def _new_sentence(args: argparse.Namespace, i: int) -> str:
@@ -367,6 +372,8 @@ def main() -> None:
         each.add_argument("--refine", type=int, default=10)
         each.add_argument("--sub-vectors", type=int, default=64)
         each.add_argument("--port", type=int, default=8391)
+        each.add_argument("--model", metavar="DIR", help="serve, cli: the model directory "
+                          "(default: the dataset's recorded one)")
         each.add_argument("--candidates", default="0",
                           help="search: candidates a result from the lists, comma-separated "
                                "(0: the index's)")
@@ -382,8 +389,8 @@ def main() -> None:
         result = child([ELMO, "index", "build", args.dataset, "--mix", args.mix, "--out",
                         args.out, "--no-progress"])
     elif args.what == "cli":
-        result = {**child([ELMO, "senses", "search", args.sentence,
-                           "--word", args.word, "--index", args.index, "-k", "10"],
+        result = {**child([ELMO, "senses", "search", args.sentence, "--word", args.word,
+                           "--index", args.index, "-k", "10", *_model_flag(args)],
                           quiet=True), "load_average": os.getloadavg()[0]}
     else:
         result = {"open": cmd_open, "search": cmd_search, "lance-pq": cmd_lance_pq,
