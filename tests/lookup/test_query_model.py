@@ -54,3 +54,25 @@ def test_the_cli_checks_its_settings_before_starting_a_model(tmp_path: Path) -> 
 
     with pytest.raises(ElmoUserError, match="at least 1"):
         check_search(0, "forms")
+
+
+def test_a_model_named_after_the_start_gives_the_same_layers(tiny_model_dir: Path) -> None:
+    # `elmo senses search` starts the child first (torch imports there) and names the
+    # model once the index has been opened.
+    options, weights = tiny_model_dir / "options.json", elmo_model.find_weights(tiny_model_dir)
+    here = elmo_model.load(options, weights, mode="stateless", device="auto")
+    with ModelProcess() as model:
+        with pytest.raises(RuntimeError, match="load first"):
+            model.embed(SENTENCES)
+        model.load(options, weights)
+        with pytest.raises(RuntimeError, match="one model"):
+            model.load(options, weights)
+        there = model.embed(SENTENCES)
+    for a, b in zip(there, here.embed(SENTENCES), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_close_before_a_model_is_named_ends_the_child() -> None:
+    model = ModelProcess()
+    model.close()
+    assert not model._process.is_alive()

@@ -191,20 +191,20 @@ class MemoryIvf:
 
     def cosines(self, unit: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Exact cosine of the stored vectors at ``positions`` to ``unit`` (a unit query):
-        every ranking's last step. Many rows (an exact scan) go through torch, which widens
-        float16 several times as fast as numpy; a query's candidates through numpy, since
-        torch's thread pool and faiss's then wait on each other (BENCHMARKS.md, "Compact
-        indexes": thread pools)."""
+        every ranking's last step. A query's candidates, and int8 rows however many, go
+        through numpy; many float16 rows (an exact scan) through torch, which widens
+        float16 several times as fast as numpy. Not int8's: numpy widens those at half
+        torch's CPU, and a CLI search that scans a word's rows then need not import torch
+        (a second of its start; BENCHMARKS.md, issue 46 latency)."""
         import numpy as np
 
-        if len(positions) < RANK_BLOCK_ROWS:
-            candidates = np.asarray(self.vectors[positions], np.float32)
-            # Products summed, not a matrix product: BLAS's threads, for 600 candidates
-            # and more, waited on faiss's (and on a busy machine's other processes):
-            # 100 ms where this takes 1 (BENCHMARKS.md, issue 46).
-            dots = np.einsum("ij,j->i", candidates, unit, optimize=False)
-            return dots / np.maximum(np.sqrt(np.einsum("ij,ij->i", candidates, candidates,
-                                                       optimize=False)), 1e-12)
+        if len(positions) < RANK_BLOCK_ROWS or self.vectors.dtype == np.int8:
+            sims = np.empty(len(positions), np.float32)
+            for start in range(0, len(positions), RANK_BLOCK_ROWS):
+                block = np.asarray(self.vectors[positions[start:start + RANK_BLOCK_ROWS]],
+                                   np.float32)
+                sims[start:start + len(block)] = _block_cosines(block, unit)
+            return sims
         import torch
 
         sims = np.empty(len(positions), np.float32)
@@ -417,3 +417,13 @@ def read_ivf(fs: Any, path: str) -> Any:
         return faiss.read_index(path)
     return faiss.deserialize_index(np.frombuffer(fs.cat(path), np.uint8))
 
+
+def _block_cosines(candidates: np.ndarray, unit: np.ndarray) -> np.ndarray:
+    """Cosine of each float32 row to ``unit``. Products summed, not a matrix product:
+    BLAS's threads, for 600 candidates and more, waited on faiss's (and on a busy
+    machine's other processes): 100 ms where this takes 1 (BENCHMARKS.md, issue 46)."""
+    import numpy as np
+
+    dots = np.einsum("ij,j->i", candidates, unit, optimize=False)
+    return dots / np.maximum(np.sqrt(np.einsum("ij,ij->i", candidates, candidates,
+                                               optimize=False)), 1e-12)

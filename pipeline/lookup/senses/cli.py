@@ -196,16 +196,20 @@ def _highlight() -> tuple[str, str]:
 
 def run_senses_search(args: argparse.Namespace) -> int:
     from elmo_model.errors import ElmoUserError
-    from pipeline.lookup.index.sense_index import SenseIndex
     from pipeline.lookup.senses.query_model import ModelProcess
-    from pipeline.lookup.senses.search import check_search, model_files_for, search_senses
 
-    check_search(args.k, args.match)
     if args.ray_actors is not None and not args.ray_address:
         raise ElmoUserError("--ray-actors needs --ray-address (auto, HOST:PORT or local)")
-    index = SenseIndex(str(_need_index(args)))
-    # The model starts loading in its own process now, while this one opens the index.
-    with ModelProcess(*model_files_for(index.dataset_descriptor(), args.model)) as model:
+    uri = str(_need_index(args))
+    # The model's process starts first (torch imports there meanwhile); this one imports
+    # the index's modules, opens it and names the model's files to load.
+    with ModelProcess() as model:
+        from pipeline.lookup.index.sense_index import SenseIndex
+        from pipeline.lookup.senses.search import check_search, model_files_for, search_senses
+
+        check_search(args.k, args.match)
+        index = SenseIndex(uri)
+        model.load(*model_files_for(index.dataset_descriptor(), args.model))
         if args.ray_address:
             from pipeline.lookup.index.ivf_ray import scatter
 

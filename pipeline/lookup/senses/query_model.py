@@ -1,7 +1,10 @@
-"""The query's model in a process of its own, started before the index is opened (``elmo
-senses search``): importing torch and loading the weights (about 2 of a CLI search's 3.5
-seconds on 2 cores) then overlap the index's own start (the tokenizer, the IVF, the word's
-rows), so that a search waits for the longer of the two instead of their sum.
+"""The query's model in a process of its own, started first thing (``elmo senses search``):
+importing torch (about 1 of a CLI search's CPU seconds, most of its start) and loading the
+weights then overlap this process's own start (its imports, the tokenizer, the index, the
+word's rows), so that a search waits for the longer of the two instead of their sum.
+
+The child starts importing torch at once; the model's files follow (``load``) when the
+index has named them, so the slowest part need not wait for the index to be opened.
 
 The vectors are the in-process embedder's: the same ``elmo_model.load`` and ``embed`` calls
 run in the child, with the same torch settings (the environment is inherited), and come
@@ -15,12 +18,16 @@ from pathlib import Path
 from typing import Any
 
 
-def _serve(conn: Any, options: str, weights: str) -> None:
-    """The child: load, say so (or send the load's error), then embed what comes."""
+def _serve(conn: Any) -> None:
+    """The child: import the loader, then load what ``load`` names (or send the load's
+    error), say so, then embed what comes."""
     try:
-        import elmo_model
+        import elmo_model.api  # torch: the long part, before the files are known
 
-        embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
+        files = _receive(conn)
+        if files is None:
+            return
+        embedder = elmo_model.api.load(*files, mode="stateless", device="auto")
     except BaseException as error:  # sent back: the parent raises it
         conn.send(("error", error))
         return
@@ -40,24 +47,36 @@ def _receive(conn: Any) -> Any:
 
 
 class ModelProcess:
-    """``elmo_model.load(options, weights, mode="stateless")`` in a child process, loading
-    from construction on; ``embed`` as the embedder's. ``close`` (or leaving a ``with``)
+    """``elmo_model.load(options, weights, mode="stateless")`` in a child process, started
+    at construction: given the files then, it loads at once; else it imports torch and
+    waits for ``load``. ``embed`` as the embedder's. ``close`` (or leaving a ``with``)
     ends the child, also while it still loads: a user error found meanwhile does not wait
     for the model."""
 
-    def __init__(self, options: str | Path, weights: str | Path) -> None:
+    def __init__(self, options: str | Path | None = None,
+                 weights: str | Path | None = None) -> None:
         import multiprocessing
 
         # spawn: a fresh interpreter, not a fork of this one's threads and locks.
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, str(options),
-                                                              str(weights)), daemon=True)
+        self._process = context.Process(target=_serve, args=(child,), daemon=True)
         self._process.start()
         child.close()
-        self._ready = False
+        self._loading = self._ready = False
+        if options is not None:
+            self.load(options, weights)
+
+    def load(self, options: str | Path, weights: str | Path | None) -> None:
+        """The model to load (once): ``elmo_model.load``'s first two arguments."""
+        if self._loading:
+            raise RuntimeError("the query's model process loads one model")
+        self._conn.send((str(options), None if weights is None else str(weights)))
+        self._loading = True
 
     def embed(self, sentences: Sequence[Sequence[str]]) -> list[Any]:
+        if not self._loading:
+            raise RuntimeError("ModelProcess.load first: no model was named")
         if not self._ready:
             self._answer()
             self._ready = True
