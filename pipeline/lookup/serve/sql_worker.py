@@ -90,8 +90,7 @@ class SqlWorker:
         self.process: subprocess.Popen | None = None
         self.conn: Connection | None = None
         self.ready = False
-        self.idle_data_mb = 0.0  # the worker's data size when it was ready
-        self.restarts = 0
+        self.served = False  # a worker was ready once: the server has started
         self._start()
 
     def wait_ready(self) -> None:
@@ -99,10 +98,6 @@ class SqlWorker:
         cannot open stops the server with the worker's line)."""
         with self.lock:
             self._ensure_ready()
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
 
     def run(self, query: str, params: dict[str, Any] | None = None) -> bytes:
         reply = self._call(("run", query, params), user=True)
@@ -148,7 +143,6 @@ class SqlWorker:
 
     def _restart(self) -> int | None:
         code = self._stop()
-        self.restarts += 1
         self._start()  # it opens the dataset while the next request is on its way
         return code
 
@@ -168,28 +162,30 @@ class SqlWorker:
                                "server's log")
         if message[0] == "failed":
             self._stop()
-            raise ElmoUserError(message[1])
-        self.ready, self.idle_data_mb = True, message[1]
+            if not self.served:  # the server's start: its one line, paths and all
+                raise ElmoUserError(message[1])
+            print(f"elmo serve: the /sql worker: {message[1]}", file=sys.stderr, flush=True)
+            raise _unavailable("the /sql worker could not open the dataset again; see the "
+                               "server's log")
+        self.ready = self.served = True
 
     def _call(self, request: tuple[Any, ...], user: bool) -> tuple[Any, ...]:
         with self.lock:
             self._ensure_ready()
             assert self.conn is not None
-            limit = self.settings.timeout_s + SQL_KILL_GRACE_S
+            deadline_s = self.settings.timeout_s + SQL_KILL_GRACE_S
             try:
                 self.conn.send(request)
                 # First "started" (its checks done), then the answer within the limit.
                 reply = self.conn.recv() if self.conn.poll(CHECK_WAIT_S) else None
                 if reply is not None and reply[0] == "started":
-                    reply = self.conn.recv() if self.conn.poll(limit) else None
+                    reply = self.conn.recv() if self.conn.poll(deadline_s) else None
             except (EOFError, OSError):
                 code = self._restart()
-                if user:
-                    raise _unavailable(
-                        f"the query stopped the /sql worker ({_how(code)}); this server "
-                        f"gives /sql {self.settings.memory_mb:,} MB of memory "
-                        "(--sql-memory); the worker was started again") from None
-                raise RuntimeError(f"the /sql worker stopped ({_how(code)})") from None
+                bound = f"this server gives /sql {self.settings.memory_mb:,} MB of memory " \
+                    "(--sql-memory); " if user else ""
+                raise _unavailable(f"the query stopped the /sql worker ({_how(code)}); "
+                                   f"{bound}the worker was started again") from None
             if reply is None:  # it did not stop when interrupted
                 self._restart()
                 raise ElmoUserError(f"the query ran longer than {self.settings.timeout_s:g} "
