@@ -124,6 +124,7 @@ def test_hostile_sql_gets_one_line_and_the_server_stays_within_its_bound(server:
     assert peaks.server < idle_server + 64  # the server itself never holds a query's data
     assert max(peaks.workers.values()) < idle_worker + SQL_MEMORY_MB + 64
     assert len(peaks.workers) > 1  # a worker that breached its cap was replaced
+    assert not (REPO / ".tmp").exists()  # DuckDB's spill folder, in the server's directory
 
 
 @pytest.mark.slow

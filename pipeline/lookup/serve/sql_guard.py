@@ -117,7 +117,10 @@ class GuardedSql:
             quoted = "'" + root.replace("'", "''") + "'"  # SET takes no parameters
             self.con.execute(f"SET allowed_directories = [{quoted}]")
         self.con.execute(f"SET memory_limit = '{int(memory_mb) // 2}MB'")
-        self.con.execute("SET max_temp_directory_size = '0B'")  # no spilling to disk
+        # No spilling to disk, and no temporary folder: DuckDB made ``.tmp/`` in the
+        # working directory at a query over its limit, and a killed worker leaves it there.
+        self.con.execute("SET temp_directory = ''")
+        self.con.execute("SET max_temp_directory_size = '0B'")
         self.hidden = _server_paths(self.con, ds)
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET autoinstall_known_extensions = false")
