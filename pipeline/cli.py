@@ -113,6 +113,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Python would otherwise report the failed flush of stdout again at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as error:  # after BrokenPipeError, an OSError too
+        # A full disk is no bug: one line, not a traceback (`elmo embed` says more, what
+        # it stored: embed_cli.run). Every writer writes under temporary names and moves
+        # them whole, so running the same command again finishes.
+        from pipeline.embed_cli import disk_full
+
+        reason = disk_full(error)
+        if reason is None:
+            raise
+        print(f"elmo: error: the disk is full ({reason}): free space and run the same "
+              "command again", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ Any number of writers at once (``elmo senses label`` runs, any code calling
 ``DatasetLock``: taken over when its owner died) from writing its file to deleting the
 old one, so updates are serialized and none is lost. A file in a table's folder that the
 registry does not list was left by a writer killed mid-update: the next update of that
-table deletes it (``elmo dataset verify`` reports it meanwhile).
+table deletes it (``elmo dataset verify`` reports it meanwhile), and any temporary copy
+of the registry itself.
 """
 
 from __future__ import annotations
@@ -164,6 +165,10 @@ def replace_rows(fs: Any, root: str, table: str, key: str, rows: pa.Table) -> di
         for path in unlisted_files(fs, root, registry, [table]):
             with contextlib.suppress(FileNotFoundError):
                 fs.rm(f"{root}/{path}")
+        # A registry's temporary copy, of a writer killed before its move (write_whole's).
+        for path in fs.glob(f"{root}/{DERIVED_FILE}.*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(path)
     return entry
 
 

@@ -70,14 +70,15 @@ class DatasetLock:
             # file atomically and fails if the lock is there. (O_EXCL creates an empty file
             # first, which a competing run could read before the record was in it.)
             draft = f"{self.path}.{self.token}.tmp"
-            with open(draft, "wb") as handle:
-                handle.write(self._record())
             try:
+                with open(draft, "wb") as handle:  # on a full disk too: never left behind
+                    handle.write(self._record())
                 os.link(draft, self.path)
             except FileExistsError:
                 return False
             finally:
-                os.unlink(draft)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(draft)
             return True
         # Object stores have no O_EXCL here: write, then read back to see who won.
         if self.fs.exists(self.path):

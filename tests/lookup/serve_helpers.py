@@ -111,3 +111,40 @@ def running_server(data: Served, *extra: str, log: Path,
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def server_pid(url: str) -> int:
+    """The ``elmo serve`` process listening at ``url`` (found by its ``--port``)."""
+    port = url.rsplit(":", 1)[1].encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and b"--port" in argv and argv[argv.index(b"--port") + 1] == port:
+            return int(proc.name)
+    raise AssertionError(f"no server process at {url}")
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started, from any of its threads."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def memory_mb(pid: int, field: str = "VmRSS") -> float:
+    """A process's ``/proc/PID/status`` memory figure (VmRSS, VmHWM: its peak), in MB; 0
+    once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    if f"{field}:" not in status:  # a zombie has no memory left
+        return 0.0
+    return int(status.split(f"{field}:")[1].split()[0]) / 1024
+

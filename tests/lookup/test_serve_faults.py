@@ -10,13 +10,12 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pyarrow.parquet as pq
 import pytest
 from helpers import REPO, flip_keeping_mtime, layer_page_offset
-from serve_helpers import Served, running_server, served_data
+from serve_helpers import Served, memory_mb, running_server, served_data, server_pid
 
 from schemas.user_cache import cache_dir
 
@@ -144,17 +143,7 @@ def test_the_layer_cache_is_bounded_in_bytes() -> None:
 
 def _server_rss_mb(url: str) -> float:
     """Resident memory of the ``elmo serve`` process listening at ``url``."""
-    port = url.rsplit(":", 1)[1]
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in argv and b"--port" in argv and argv[argv.index(b"--port") + 1] == \
-                port.encode():
-            status = (proc / "status").read_text()
-            return int(status.split("VmRSS:")[1].split()[0]) / 1024
-    raise AssertionError(f"no server process on port {port}")
+    return memory_mb(server_pid(url))
 
 
 @pytest.mark.slow

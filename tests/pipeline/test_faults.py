@@ -258,3 +258,45 @@ def test_a_full_disk_ends_embed_with_one_line_and_a_rerun_finishes(
     from helpers import assert_same_dataset
 
     assert_same_dataset(bigger, tmp_path / "clean")
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_a_derived_writer_with_one_line_and_its_rerun_finishes(
+        built: tuple[Path, str], tmp_path: Path) -> None:
+    """`elmo senses label` on a dataset whose disk has no room left: one line, exit 1, the
+    registry and every table as before, no file left half written; with room again the
+    same command labels the word."""
+    from pipeline.lookup.index.build import build_index
+
+    size_mb = sum(p.stat().st_size for p in built[0].rglob("*") if p.is_file()) // 2**20 + 2
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs",
+                           str(mount)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.fail(f"a full-disk test needs to mount a tmpfs (root): {made.stderr.strip()}")
+    try:
+        ds, index = mount / "ds", str(tmp_path / "ix")
+        shutil.copytree(built[0], ds)
+        build_index(str(ds), "top", index, kind="flat", compact=False)
+        filler = mount / "filler"
+        with open(filler, "wb") as handle, pytest.raises(OSError):
+            while True:  # the disk's last bytes
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        before = sorted(str(p.relative_to(ds)) for p in ds.rglob("*"))
+        full = _elmo("senses", "label", "the", "--index", index, "--k", "2")
+        lines = full.stderr.strip().splitlines()
+        assert full.returncode == 1 and len(lines) == 1, full.stderr
+        assert "the disk is full" in lines[0] and "run the same command again" in lines[0]
+        assert sorted(str(p.relative_to(ds)) for p in ds.rglob("*")) == before
+        tokens = _elmo("sql", str(ds), "SELECT count(*) AS n FROM tokens", "--format", "json")
+        assert tokens.returncode == 0, tokens.stderr
+        filler.unlink()
+        again = _elmo("senses", "label", "the", "--index", index, "--k", "2")
+        assert again.returncode == 0, again.stderr
+        count = _elmo("sql", str(ds), "SELECT count(*) AS n FROM senses WHERE word = 'the'",
+                      "--format", "json")
+        assert count.returncode == 0 and json.loads(count.stdout)["n"] > 0, count.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

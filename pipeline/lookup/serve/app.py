@@ -7,7 +7,6 @@ is the client's to fix, so no traceback ever leaves the server.
 from __future__ import annotations
 
 import hmac
-import math
 import os
 import sys
 import traceback
@@ -20,7 +19,7 @@ from typing import Annotated, Any, Literal
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -48,6 +47,7 @@ from pipeline.lookup.serve.limits import (
     MAX_WORD_CHARS,
 )
 from pipeline.lookup.serve.resources import ServedStore
+from pipeline.lookup.serve.sql_worker import json_ready as _plain
 
 STATIC = Path(__file__).parent / "static"
 Scalar = str | int | float | bool
@@ -107,6 +107,7 @@ def create_app(store: ServedStore, token: str | None = None) -> FastAPI:
         batcher.start()
         yield
         await batcher.stop()
+        store.sql.close()
 
     app = FastAPI(title="elmo-store", lifespan=lifespan,
                   description="ELMo embeddings, sense search and SQL over one dataset.")
@@ -283,23 +284,10 @@ def _add_data_routes(app: FastAPI, store: ServedStore) -> None:
                 "document": store.documents.get(doc_id, {}), "sentences": rows}
 
     @app.post("/sql", summary="one read-only SELECT over the dataset's views")
-    async def sql(body: SqlRequest) -> JSONResponse:
-        result = await run_in_threadpool(store.sql.run, body.query, body.params)
-        return JSONResponse(_plain({"columns": result.columns, "rows": result.rows,
-                                    "truncated": result.truncated}))
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready: NaN and infinities become null, types JSON lacks become text."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, str | int | bool):
-        return value
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return str(value)
+    async def sql(body: SqlRequest) -> Response:
+        # The answer's JSON, written by the SQL worker (sql_worker.py): its bytes only.
+        answer = await run_in_threadpool(store.sql.run, body.query, body.params)
+        return Response(answer, media_type="application/json")
 
 
 def cluster_json(result: Any, store: ServedStore) -> dict[str, Any]:

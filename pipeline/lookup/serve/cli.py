@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from elmo_model.errors import cli_flag
-from pipeline.lookup.serve.limits import SQL_TIMEOUT_S
+from pipeline.lookup.serve.limits import MIN_SQL_MEMORY_MB, SQL_MEMORY_MB, SQL_TIMEOUT_S
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 TOKEN_ENV = "ELMO_SERVE_TOKEN"
@@ -78,6 +78,12 @@ def register(subparsers: Any) -> None:
                         "hits are one process's (docs/index_sizing.md)")
     p.add_argument("--sql-timeout", type=float, default=SQL_TIMEOUT_S, metavar="SECONDS",
                    help=f"stop a /sql query after this long (default {SQL_TIMEOUT_S:g})")
+    p.add_argument("--sql-memory", type=int, default=SQL_MEMORY_MB, metavar="MB",
+                   help="memory a /sql query may take (default %(default)s). /sql runs in a "
+                        "worker process capped at its idle size plus this: a query that "
+                        "needs more gets one line naming the limit and the worker is "
+                        "started again; the server itself never grows with a query. "
+                        f"At least {MIN_SQL_MEMORY_MB}")
     p.add_argument("--no-verify", action="store_true",
                    help="skip checking the dataset's files against its manifest (by "
                         "default at start and before each /sql query, as `elmo sql` does: "
@@ -102,6 +108,9 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ElmoUserError(f"--port must be 0..65535, not {args.port}")
     if not args.sql_timeout > 0:
         raise ElmoUserError("--sql-timeout must be more than 0 seconds")
+    if args.sql_memory < MIN_SQL_MEMORY_MB:
+        raise ElmoUserError(f"--sql-memory must be at least {MIN_SQL_MEMORY_MB} (MB), not "
+                            f"{args.sql_memory}")
     if args.replicas < 1:
         raise ElmoUserError(f"--replicas must be at least 1, not {args.replicas}")
     shard_actors(args)  # checked before the dataset is read
@@ -117,7 +126,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from pipeline.lookup.serve.resources import ServedStore
 
     store = ServedStore.open(args.dataset, args.index, args.model, args.sql_timeout,
-                             check_files=not args.no_verify)
+                             check_files=not args.no_verify, sql_memory_mb=args.sql_memory)
     app = create_app(store, args.token)
     where = f"[{args.host}]" if ":" in args.host else args.host
     print(f"serving {args.dataset} ({len(store.indexes)} index(es)) at "
@@ -136,7 +145,8 @@ def _run_on_ray(args: argparse.Namespace) -> int:
     indexes = [f"{name}={os.path.abspath(uri) if '://' not in uri else uri}"
                for name, uri in map(index_name, args.index)]
     dataset = args.dataset if "://" in args.dataset else os.path.abspath(args.dataset)
-    settings = ReplicaSettings(dataset, indexes, args.model, args.sql_timeout, args.token)
+    settings = ReplicaSettings(dataset, indexes, args.model, args.sql_timeout, args.token,
+                               sql_memory_mb=args.sql_memory)
     scatter, actors = shard_actors(args)
     searchers = deploy(settings, args.ray_address, args.replicas, args.host, args.port,
                        shard_actors=actors, scatter=scatter)

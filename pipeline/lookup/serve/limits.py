@@ -36,6 +36,16 @@ SQL_TIMEOUT_S = 10.0  # a query running longer is interrupted
 SQL_MAX_ROWS = 10_000  # rows returned; the answer says when more were cut
 SQL_MAX_RESULT_BYTES = 32 * 1024 * 1024  # Arrow bytes of those rows; more is refused
 MAX_SQL_CHARS = 20_000
-# DuckDB's memory for /sql (its default is 80% of the machine's): a query needing more
-# stops with one line, and nothing spills to disk.
-SQL_MEMORY_LIMIT = "512MB"
+# Memory a /sql query may take (``elmo serve --sql-memory``): the SQL worker process may
+# grow this far past its idle size (RLIMIT_DATA, sql_worker.py); DuckDB's own buffer
+# manager gets half of it (its default is 80% of the machine's) and spills nothing, so a
+# large join or sort stops there with DuckDB's error, and what DuckDB does not count
+# (huge strings and lists a function builds) meets the process's cap.
+SQL_MEMORY_MB = 1024
+MIN_SQL_MEMORY_MB = 128  # below this the worker cannot run a query and hold its answer
+# The JSON of one /sql answer, written by the worker: all of a /sql answer the server holds.
+SQL_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+# A query that does not stop this long after its time limit interrupted it (or a worker
+# that does not answer) is killed with its worker.
+SQL_KILL_GRACE_S = 5.0
+SQL_WORKER_START_S = 120.0  # a (re)started worker opens the dataset within this

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.serve.limits import SQL_TIMEOUT_S
+from pipeline.lookup.serve.limits import SQL_MEMORY_MB, SQL_TIMEOUT_S
 
 APP_NAME = "elmo-serve"
 # Replicas load the model and open the dataset: tens of seconds; past this, the cluster
@@ -40,6 +40,7 @@ class ReplicaSettings:
     token: str | None = None
     # Index name -> the Ray actors holding its shards (``ivf_ray.RayIvf``; --shard-actors).
     searchers: dict[str, Any] = field(default_factory=dict)
+    sql_memory_mb: int = SQL_MEMORY_MB  # each replica's /sql worker (sql_worker.py)
 
 
 def _replica_class() -> Any:
@@ -55,7 +56,8 @@ def _replica_class() -> Any:
             self.settings = settings
             self.store = ServedStore.open(settings.dataset, settings.indexes,
                                           settings.model_dir, settings.sql_timeout_s,
-                                          settings.searchers)
+                                          settings.searchers,
+                                          sql_memory_mb=settings.sql_memory_mb)
 
         def __serve_build_asgi_app__(self) -> Any:
             from pipeline.lookup.serve.app import create_app

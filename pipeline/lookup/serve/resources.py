@@ -1,5 +1,6 @@
 """What the server holds open for its lifetime: the dataset, its model, its indexes, its
-documents' fields and a guarded SQL connection; and the reads the routes make of them."""
+documents' fields and its SQL worker (a guarded DuckDB connection in a process of its own,
+under a memory cap); and the reads the routes make of them."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from pipeline.lookup.layers.mixes import mix_arrays
 from pipeline.lookup.senses.hits import Hit, hits_from_table
 from pipeline.lookup.senses.search import dataset_tokenizer, model_files_for
 from pipeline.lookup.serve.follow import FollowedIndex
-from pipeline.lookup.serve.limits import SQL_TIMEOUT_S
-from pipeline.lookup.serve.sql_guard import GuardedSql
+from pipeline.lookup.serve.limits import SQL_MEMORY_MB, SQL_TIMEOUT_S
+from pipeline.lookup.serve.sql_worker import SqlWorker, WorkerSettings
 from schemas.dataset import Dataset, open_dataset
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class ServedStore:
     # Each follows its builds: a request is answered from the version last published
     # (follow.py), so an index rebuilt under the server needs no restart.
     indexes: dict[str, FollowedIndex]
-    sql: GuardedSql
+    sql: SqlWorker
     documents: dict[str, dict[str, Any]] = field(default_factory=dict)
     model_options: str = ""
 
@@ -52,36 +53,43 @@ class ServedStore:
     def open(cls, dataset: str, index_specs: list[str], model_dir: str | None = None,
              sql_timeout_s: float = SQL_TIMEOUT_S,
              searchers: dict[str, Any] | None = None,
-             check_files: bool = True) -> ServedStore:
+             check_files: bool = True, sql_memory_mb: int = SQL_MEMORY_MB) -> ServedStore:
         """``searchers``: index name -> the Ray actors that hold that index's shards
         (``ivf_ray.start_searchers``, ``elmo serve --shard-actors``): its searches go
         to them, and this process opens none of its shards. ``check_files``: /sql checks
-        the dataset's files before each query (``GuardedSql``)."""
+        the dataset's files before each query (``GuardedSql``); ``sql_memory_mb``: what
+        a /sql query may take (``sql_worker.py``)."""
         import elmo_model
 
         ds = open_dataset(dataset)
-        indexes: dict[str, FollowedIndex] = {}
-        for spec in index_specs:
-            name, uri = index_name(spec)
-            if name in indexes:
-                raise SettingError("index_specs", lambda flag, name=name: (
-                    f"two indexes are named {name!r}; name them: {flag('index_specs')} "
-                    "NAME=URI"))
-            held = (searchers or {}).get(name)
-            # Ray actors hold the shards of the version they were started on: that index
-            # keeps answering from it.
-            indexes[name] = FollowedIndex(
-                uri, lambda uri, held=held: _open_served(uri, ds, dataset, held),
-                follow=held is None)
-        options, weights = model_files_for(ds.descriptor, model_dir)
-        embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
-        # The documents are read once: for the SQL view's typed fields and for results.
-        documents = DocumentTable(ds)
-        store = cls(dataset, ds, dataset_tokenizer(ds.descriptor), embedder, indexes,
-                    GuardedSql(ds, sql_timeout_s, documents=documents,
-                               check_files=check_files),
-                    model_options=str(options))
-        store.documents = dict(documents.rows())  # doc_id -> source, line, metadata
+        # Started first: it opens the dataset while the model loads here.
+        sql = SqlWorker(WorkerSettings(dataset, sql_timeout_s, sql_memory_mb, check_files))
+        try:
+            indexes: dict[str, FollowedIndex] = {}
+            for spec in index_specs:
+                name, uri = index_name(spec)
+                if name in indexes:
+                    raise SettingError("index_specs", lambda flag, name=name: (
+                        f"two indexes are named {name!r}; name them: {flag('index_specs')} "
+                        "NAME=URI"))
+                held = (searchers or {}).get(name)
+                # Ray actors hold the shards of the version they were started on: that index
+                # keeps answering from it.
+                indexes[name] = FollowedIndex(
+                    uri, lambda uri, held=held: _open_served(uri, ds, dataset, held),
+                    follow=held is None)
+            options, weights = model_files_for(ds.descriptor, model_dir)
+            embedder = elmo_model.load(options, weights, mode="stateless", device="auto")
+            # The documents' fields, read once, go with results (the worker reads its own
+            # for the SQL view's typed fields).
+            documents = DocumentTable(ds)
+            store = cls(dataset, ds, dataset_tokenizer(ds.descriptor), embedder, indexes, sql,
+                        model_options=str(options))
+            store.documents = dict(documents.rows())  # doc_id -> source, line, metadata
+            sql.wait_ready()
+        except BaseException:
+            sql.close()  # a server that does not start leaves no worker behind
+            raise
         return store
 
     def index(self, name: str | None) -> tuple[str, SenseIndex]:

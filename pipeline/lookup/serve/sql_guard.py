@@ -6,7 +6,9 @@ the configuration frozen (no ``SET``), and only single ``SELECT`` statements rea
 DuckDB's own parser says what kind a statement is, so ``COPY``, ``ATTACH``, ``INSTALL``,
 ``LOAD``, ``PRAGMA``, ``CREATE`` and the rest are refused before they run. Each query has
 a time limit (``interrupt``), a row limit, a limit on its result's bytes (counted while
-it streams) and DuckDB's memory is capped (``SQL_MEMORY_LIMIT``, no spilling to disk).
+it streams) and DuckDB's memory is capped (half of ``--sql-memory``, no spilling to
+disk). The server runs this connection in a worker process under a memory cap
+(``sql_worker.py``): what DuckDB does not count cannot grow the server either.
 
 The server's paths stay its own: only the table functions in ``TABLE_FUNCTIONS`` and no
 function that reads settings or the environment may appear (DuckDB's parse tree, from
@@ -28,7 +30,7 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +41,7 @@ from pipeline.lookup.serve.limits import (
     MAX_SQL_CHARS,
     SQL_MAX_RESULT_BYTES,
     SQL_MAX_ROWS,
-    SQL_MEMORY_LIMIT,
+    SQL_MEMORY_MB,
     SQL_TIMEOUT_S,
 )
 from pipeline.lookup.sql import _one_line, checked_damage, connect, derived_views
@@ -67,6 +69,24 @@ MAX_SIZE_ARGUMENT = 1_000_000
 REFUSED_TABLE_PREFIXES = ("duckdb_", "pragma_", "pg_settings")
 
 
+class SqlMemoryError(ElmoUserError):
+    """A query that needed more memory than the server gives /sql."""
+
+
+def memory_message(memory_mb: int) -> str:
+    return (f"the query needed more than the {memory_mb:,} MB of memory this server gives "
+            "/sql (--sql-memory); select fewer rows or columns, or aggregate")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """DuckDB's and Arrow's failed allocations, whatever type they surface as (an Arrow
+    reader reports DuckDB's as an OSError)."""
+    import duckdb
+
+    return isinstance(error, MemoryError | duckdb.OutOfMemoryException) or \
+        "Out of Memory Error" in str(error)
+
+
 @dataclass
 class SqlResult:
     columns: list[str]
@@ -80,12 +100,14 @@ class GuardedSql:
 
     def __init__(self, ds: Dataset, timeout_s: float = SQL_TIMEOUT_S,
                  max_rows: int = SQL_MAX_ROWS, documents: DocumentTable | None = None,
-                 check_files: bool = True) -> None:
+                 check_files: bool = True, memory_mb: int = SQL_MEMORY_MB) -> None:
         """``check_files``: check the dataset's files before each query (False:
-        ``elmo serve --no-verify``)."""
+        ``elmo serve --no-verify``); ``memory_mb``: what a query may take (DuckDB's
+        buffer manager gets half; the worker's cap is the whole, ``sql_worker.py``)."""
         import duckdb
 
         self.ds, self.timeout_s, self.max_rows = ds, timeout_s, max_rows
+        self.memory_mb = memory_mb
         self.known = VerifiedFiles() if check_files else None
         self.con = connect(ds, con=duckdb.connect(), threads=1, documents=documents)
         self.derived_state = self._derived_state({})
@@ -94,8 +116,11 @@ class GuardedSql:
             # Before external access goes off: the views read these files on every query.
             quoted = "'" + root.replace("'", "''") + "'"  # SET takes no parameters
             self.con.execute(f"SET allowed_directories = [{quoted}]")
-        self.con.execute(f"SET memory_limit = '{SQL_MEMORY_LIMIT}'")
-        self.con.execute("SET max_temp_directory_size = '0B'")  # no spilling to disk
+        self.con.execute(f"SET memory_limit = '{int(memory_mb) // 2}MB'")
+        # No spilling to disk, and no temporary folder: DuckDB made ``.tmp/`` in the
+        # working directory at a query over its limit, and a killed worker leaves it there.
+        self.con.execute("SET temp_directory = ''")
+        self.con.execute("SET max_temp_directory_size = '0B'")
         self.hidden = _server_paths(self.con, ds)
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET autoinstall_known_extensions = false")
@@ -163,19 +188,25 @@ class GuardedSql:
             derived_views(self.con, self.ds, damaged)
             self.derived_state = state
 
-    def run(self, query: str, params: dict[str, Any] | None = None) -> SqlResult:
+    def run(self, query: str, params: dict[str, Any] | None = None,
+            started: Callable[[], None] | None = None) -> SqlResult:
+        """``started`` is called once the query passed its checks and starts running
+        (the worker's parent then times it)."""
         try:
-            return self._run(query, params)
+            return self._run(query, params, started)
         except ElmoUserError as error:
-            raise ElmoUserError(self.redact(str(error))) from None
+            raise type(error)(self.redact(str(error))) from None
 
-    def _run(self, query: str, params: dict[str, Any] | None) -> SqlResult:
+    def _run(self, query: str, params: dict[str, Any] | None,
+             started: Callable[[], None] | None) -> SqlResult:
         import duckdb
         import pyarrow as pa
 
         with self.lock:
             self.check(query)
             self._follow_files()
+            if started is not None:
+                started()
             timer = threading.Timer(self.timeout_s, self.con.interrupt)
             timer.start()
             try:
@@ -187,11 +218,9 @@ class GuardedSql:
             except duckdb.InterruptException:
                 raise ElmoUserError(f"the query ran longer than {self.timeout_s:g} s and was "
                                     "stopped; add a LIMIT or a WHERE") from None
-            except duckdb.OutOfMemoryException:
-                raise ElmoUserError(f"the query needs more than the {SQL_MEMORY_LIMIT} this "
-                                    "server gives one query; select fewer rows or columns, "
-                                    "or aggregate") from None
-            except (duckdb.Error, pa.ArrowException) as error:
+            except (duckdb.Error, pa.ArrowException, OSError, MemoryError) as error:
+                if is_out_of_memory(error):
+                    raise SqlMemoryError(memory_message(self.memory_mb)) from None
                 raise ElmoUserError(_one_line(error)) from None
             finally:
                 timer.cancel()
