@@ -15,7 +15,9 @@ in the same encodings pyarrow chose, which every engine reads:
   4-byte length; the definition levels, one RLE run of the leaf's maximum (no nulls);
   then ``RLE_DICTIONARY`` values: bit width 8 and one bit-packed run whose bytes are
   the indices ``q + 127`` themselves;
-* each page compressed on its own, its CRC-32 (of the bytes as stored) in its header.
+* each page compressed on its own (by default not at all: a row's ``dim`` bytes then lie
+  in the file as they are, for a sense index to read in place), its CRC-32 (of the
+  bytes as stored) in its header.
 
 ``encode_chunk`` returns the pages' bytes and the chunk's ``ColumnMetaData`` (as a Thrift
 struct, ``schemas.thrift_compact``) for ``schemas.parquet_assembly`` to place in a file.
@@ -59,7 +61,7 @@ INDEX_BIT_WIDTH = 8  # 255 dictionary entries
 class ChunkCodec:
     """The compression of an int8 chunk's pages: a pyarrow codec name and level."""
 
-    name: str = "zstd"
+    name: str = "uncompressed"  # what ``elmo`` writes: a row's bytes readable in place
     level: int | None = None
 
     def __post_init__(self) -> None:
@@ -71,9 +73,10 @@ class ChunkCodec:
         return CODEC_IDS[self.name]
 
     def compress(self, data: Any) -> Any:
-        """``data`` compressed (a buffer), or ``data`` itself when uncompressed."""
+        """``data`` compressed (a buffer), or a copy of it when uncompressed: the caller
+        lays every page out in one reused buffer, so the page must not point into it."""
         if self.name == "uncompressed":
-            return data
+            return bytes(memoryview(data))
         return _pyarrow_codec(self.name, self.level).compress(data, asbytes=False)
 
 

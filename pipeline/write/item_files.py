@@ -43,7 +43,9 @@ if TYPE_CHECKING:
 
 ROW_GROUP_BYTES = 64 << 20  # ~64 MB row groups: large scans for DuckDB/LanceDB, bounded RAM
 PAGE_BYTES = 1 << 20  # int8 data pages of whole rows, about pyarrow's default page size
-INT8_CODEC = ChunkCodec("zstd")  # BENCHMARKS.md, "int8 layer pages": size and speed
+# Uncompressed since 2026-11-29: zstd saved ~10% on int8 layers, and plain pages let a
+# sense index read its rows in place (docs/dataset_format.md, "Compact index").
+INT8_CODEC = ChunkCodec()
 # Who encodes int8 layer pages: "assembled" (schemas.int8_column_chunk, the default) or
 # "pyarrow" (the reference: pyarrow writes every column; tests compare the two).
 ENCODERS = ("assembled", "pyarrow")

@@ -28,6 +28,7 @@ from pipeline.lookup.index.ivf_shards import (
     VECTORS_FILE,
     ShardedIvf,
 )
+from pipeline.lookup.index.row_vectors import IN_PLACE_FILES, VECTOR_ROWS_FILE
 from pipeline.lookup.index.sense_index import SenseIndex, read_meta
 from pipeline.lookup.layers.mixes import iter_mixed
 from schemas.dataset import open_dataset
@@ -94,16 +95,19 @@ def test_holds_codes_and_keys_its_vectors_beside_it(built: Path) -> None:
     for shard in held["shards"].values():
         folder = built / "ix" / IVF_DIR / shard["folder"]
         assert sorted(p.name for p in folder.iterdir()) == sorted([*SHARD_FILES,
+                                                                    *IN_PLACE_FILES,
                                                                     SENTENCES_FILE])
     columns = index.table.schema.names
     assert "vector" not in columns and "row" in columns
     # The table has no vector index of LanceDB's: the IVF beside it is the only one.
     assert not any(ix.columns == ["vector"] for ix in index.table.list_indices())
-    # The vectors it re-ranks with: one byte a value (at 32 dims the rows and codes
-    # outweigh them; docs/index_sizing.md gives the bytes a row by part).
-    vector_bytes = sum((built / "ix" / IVF_DIR / s["folder"] / VECTORS_FILE).stat().st_size
-                       for s in held["shards"].values())
-    assert ROWS * DIM <= vector_bytes < ROWS * DIM + 1024 * len(held["shards"])
+    # The vectors it re-ranks with are the dataset's own int8 pages, read in place: an
+    # 8-byte offset a row, no copy (docs/index_sizing.md gives the bytes a row by part).
+    offset_bytes = sum((built / "ix" / IVF_DIR / s["folder"] / VECTOR_ROWS_FILE).stat()
+                       .st_size for s in held["shards"].values())
+    assert ROWS * 8 <= offset_bytes < ROWS * 8 + 1024 * len(held["shards"])
+    assert not any((built / "ix" / IVF_DIR / s["folder"] / VECTORS_FILE).exists()
+                   for s in held["shards"].values())
 
 
 @pytest.mark.slow
@@ -314,7 +318,7 @@ def test_stored_on_s3(built: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyP
     for shard in held["shards"].values():
         folder = f"compact-bucket/ix/_ivf/{shard['folder']}"
         assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(folder, detail=False)) \
-            == sorted([*SHARD_FILES, SENTENCES_FILE])
+            == sorted([*SHARD_FILES, *IN_PLACE_FILES, SENTENCES_FILE])
     # The build's local copy is gone; the search's lives as long as its IVF.
     assert list(temp.iterdir()) == []
     remote = ShardedIvf.load(fs, "compact-bucket/ix", held, "`elmo index build`")
@@ -364,14 +368,16 @@ def test_served_compact_index(tmp_path_factory: pytest.TempPathFactory, tmp_path
 
 @pytest.mark.slow
 def test_a_moved_dataset_is_one_error_naming_the_fix(built: Path, tmp_path: Path) -> None:
-    """A compact index whose dataset moved searches by vector as before, and says where it
-    looked and how to fix it for what embeds a query (the dataset's model)."""
+    """A compact index whose dataset moved says where it looked and how to fix it: for
+    what embeds a query (the dataset's model), and for a search, whose re-rank reads the
+    dataset's own int8 pages in place."""
     ds, out = tmp_path / "ds", tmp_path / "ix"
     shutil.copytree(built / "ds", ds)
     build_index(str(ds), "top", str(out))
     ds.rename(tmp_path / "moved")
     fix = r"put the dataset back there, or build the index again .*--rebuild"
-    # Its vectors are its own: a search by vector needs no dataset.
-    assert SenseIndex(str(out)).search(np.ones(DIM, np.float32), k=1).num_rows == 1
+    with pytest.raises(ElmoUserError, match=r"dataset file .*main.parquet is not readable "
+                                            r"\(moved or removed\).*elmo index build"):
+        SenseIndex(str(out)).search(np.ones(DIM, np.float32), k=1)
     with pytest.raises(ElmoUserError, match=rf"built from {ds}, which is not readable.*{fix}"):
         SenseIndex(str(out)).dataset_descriptor()

@@ -31,6 +31,7 @@ from pipeline.lookup.index.ivf_shards import (
     ShardedIvf,
 )
 from pipeline.lookup.index.meta import INDEX_META
+from pipeline.lookup.index.row_vectors import VECTOR_ROWS_FILE
 from pipeline.lookup.index.sense_index import SenseIndex, read_meta
 from pipeline.lookup.layers.mixes import iter_mixed
 from schemas.dataset import open_dataset
@@ -66,16 +67,18 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def test_shards_hold_the_datasets_int8_vectors(built: Path, truth: tuple) -> None:
     """Each shard's vectors are int8, one byte a value, and point where the dataset's do
-    (for an int8 dataset and one layer: the same values)."""
+    (for an int8 dataset and one layer: the dataset's own values, read in place: the
+    shard holds a byte offset a row, not a copy)."""
     index = SenseIndex(str(built / "ix"))
     record = index.meta.ivf
     assert record is not None and record["format"] == SHARDS_FORMAT and record["rows"] == ROWS
     ivf = index._compact_ivf()
     assert isinstance(ivf, ShardedIvf) and ivf.vectors.dtype == np.int8
     for shard in record["shards"].values():
-        stored = np.load(built / "ix" / IVF_DIR / shard["folder"] / VECTORS_FILE,
-                         mmap_mode="r")
-        assert stored.dtype == np.int8 and stored.shape == (shard["rows"], DIM)
+        folder = built / "ix" / IVF_DIR / shard["folder"]
+        assert not (folder / VECTORS_FILE).exists()
+        offsets = np.load(folder / VECTOR_ROWS_FILE, mmap_mode="r")
+        assert offsets.dtype == np.int64 and offsets.shape == (shard["rows"],)
     keys, vectors = truth
     rows = ivf.take_rows(list(KEYS), np.arange(ROWS))
     found = {key: i for i, key in enumerate(keys)}

@@ -61,12 +61,16 @@ def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
     assert held["recall_at_10"] >= 0.95
     for shard in held["shards"].values():
         folder = built / "ix" / IVF_DIR / shard["folder"]
+        # a float16 dataset: its vectors are an int8 copy in the shard (row_vectors)
         assert sorted(p.name for p in folder.iterdir()) == sorted([*SHARD_FILES,
+                                                                    VECTORS_FILE,
                                                                     SENTENCES_FILE])
     ivf = index.ivf()
     assert isinstance(ivf, ShardedIvf)
-    # Opening it read no vectors and no codes: the vectors are mapped, the codes wait.
-    assert all(isinstance(m, np.memmap) for m in ivf.vectors.maps)
+    # Opening it read no vectors and no codes: the vectors are mapped per read, the
+    # codes wait.
+    assert all(f.path.endswith(VECTORS_FILE) and f.offsets is None
+               for f in ivf.vectors.files)
     assert ivf._index is None
     ivf.search(np.ones((1, DIM), np.float32), 3)
     # What it holds per row: the code, faiss's id, the sketch.

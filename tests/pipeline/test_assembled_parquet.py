@@ -173,6 +173,9 @@ def test_many_pages_in_a_row_group_and_their_size(tmp_path: Path,
         kind, encoding = header[1][1], (header[7][1] if 7 in header else header[5][1])[2][1]
         pages[kind, encoding] = pages.get((kind, encoding), 0) + 1
     assert pages == {(DICTIONARY_PAGE, PLAIN): 1, (DATA_PAGE, RLE_DICTIONARY): 30}  # 10 rows a page
+    # Each page its own bytes (uncompressed pages, the default, once shared one buffer).
+    assert pq.read_table(path, page_checksum_verification=True).equals(
+        pq.read_table(files["pyarrow"].folder / "tokens.parquet"))
     # The footer's encoding_stats (which pyarrow does not show) count the same pages.
     footer_size = int.from_bytes(data[-8:-4], "little")
     footer, _ = read_struct(data, len(data) - 8 - footer_size)

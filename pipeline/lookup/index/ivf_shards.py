@@ -41,6 +41,11 @@ from pipeline.lookup.index.ivf_search import (
     add_to_lists,
     size_lists,
 )
+from pipeline.lookup.index.row_vectors import (  # VECTORS_FILE: re-exported
+    COPY_FILES,
+    IN_PLACE_FILES,
+    VECTORS_FILE,  # noqa: F401
+)
 from pipeline.lookup.index.shard_files import ShardRows, ShardVectors
 
 if TYPE_CHECKING:
@@ -57,10 +62,11 @@ PLANES_FILE = "sketch_planes.npz"
 CODES_FILE = "codes.npy"
 LISTS_FILE = "lists.npy"
 SKETCH_FILE = "sketch.npy"
-VECTORS_FILE = "vectors.npy"
 ROWS_FILE = "rows.arrow"
 SENTENCES_FILE = "sentences.arrow"
-SHARD_FILES = (CODES_FILE, LISTS_FILE, SKETCH_FILE, VECTORS_FILE, ROWS_FILE)
+# Every shard's files; beside them its vectors' (``row_vectors``): a copy, or in place.
+SHARD_FILES = (CODES_FILE, LISTS_FILE, SKETCH_FILE, ROWS_FILE)
+VECTOR_FILES = (*COPY_FILES, *IN_PLACE_FILES)
 TRAIN_FILES = (TRAIN_FILE, PLANES_FILE)
 # Bytes of product-quantized code a row (residuals of the coarse centroid): what a process
 # holds per row, with faiss's id and the sketch. Rougher than the vectors: a query takes
@@ -96,8 +102,13 @@ def as_shard_vectors(vectors: np.ndarray) -> np.ndarray:
 def shard_missing(fs: Any, base: str, shard: dict[str, Any]) -> str | None:
     """The first file of ``shard`` (a record of ``ivf["shards"]``) missing in its folder
     under ``base`` (the index's ``_ivf``), or None."""
+    folder = f"{base}/{shard['folder']}"
     for name in SHARD_FILES:
-        if not fs.exists(f"{base}/{shard['folder']}/{name}"):
+        if not fs.exists(f"{folder}/{name}"):
+            return name
+    vectors = IN_PLACE_FILES if fs.exists(f"{folder}/{IN_PLACE_FILES[1]}") else COPY_FILES
+    for name in vectors:
+        if not fs.exists(f"{folder}/{name}"):
             return name
     return None
 
@@ -115,7 +126,7 @@ class ShardedIvf(MemoryIvf):
         self.keys = list(shards)
         rows = [int(shards[k]["rows"]) for k in self.keys]
         self.dim = int(record["dim"])
-        self.vectors = ShardVectors([f"{f}/{VECTORS_FILE}" for f in folders], rows, self.dim)
+        self.vectors = ShardVectors.of_folders(folders, rows, self.dim)
         self.offsets = self.vectors.offsets
         self.rows = ShardRows([f"{f}/{ROWS_FILE}" for f in folders], self.offsets)
         self.folders = list(folders)
@@ -339,7 +350,8 @@ def _local_copy(fs: Any, base: str, record: dict[str, Any], cache: str | None) -
 
     local = cache or tempfile.mkdtemp(prefix="elmo-ivf-")
     wanted = [(record["train"], TRAIN_FILES)] + \
-        [(s["folder"], (*SHARD_FILES, SENTENCES_FILE)) for s in record["shards"].values()]
+        [(s["folder"], (*SHARD_FILES, *VECTOR_FILES, SENTENCES_FILE))
+         for s in record["shards"].values()]
     for folder, files in wanted:
         os.makedirs(f"{local}/{folder}", exist_ok=True)
         for name in files:

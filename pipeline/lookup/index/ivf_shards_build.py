@@ -53,7 +53,7 @@ from pipeline.lookup.index.ivf_shards import (
     SHARDS_FORMAT,
     TRAIN_FILE,
     TRAIN_FILES,
-    VECTORS_FILE,
+    VECTOR_FILES,
     ShardedIvf,
     _local_copy,
     is_sharded,
@@ -330,7 +330,7 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
         if not local:
             for folder in made:
                 names = TRAIN_FILES if folder.startswith("t-") \
-                    else (*SHARD_FILES, SENTENCES_FILE)
+                    else (*SHARD_FILES, *VECTOR_FILES, SENTENCES_FILE)
                 for name in names:
                     if os.path.exists(f"{base}/{folder}/{name}"):
                         fs.put_file(f"{base}/{folder}/{name}",
@@ -373,8 +373,8 @@ def _train_or_keep(previous: dict[str, Any] | None, base: str, shards: dict[str,
     take = train_rows_for(rows, lists, codes)
     folder = f"t-{uuid.uuid4().hex[:12]}"
     made.append(folder)
-    vectors = ShardVectors([f"{base}/{s['folder']}/{VECTORS_FILE}" for s in shards.values()],
-                           [s["rows"] for s in shards.values()], dim)
+    vectors = ShardVectors.of_folders([f"{base}/{s['folder']}" for s in shards.values()],
+                                      [s["rows"] for s in shards.values()], dim)
     with rows_bar(take, show_progress) as bar:
         bar.set_description("index: read the training sample", refresh=False)
         sample = sample_rows(vectors, rows, take, np.random.default_rng(0), bar.update)

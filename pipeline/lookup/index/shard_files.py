@@ -11,25 +11,53 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
+    from pipeline.lookup.index.row_vectors import RowFile
+
 SHARD_VECTOR_DTYPE = "int8"
+# String columns of rows.arrow stored as dictionary codes: a document's id repeats for
+# each of its tokens (23 bytes a row at austen's ids, 4 as a code) and a shard holds one
+# part (8 bytes a row, 1 as a code). ``ShardRows.take`` gives them back as strings.
+DICTIONARY_COLUMNS = ("doc_id", "part")
+
+
+def with_dictionary_codes(rows: pa.Table) -> pa.Table:
+    """``rows`` with ``DICTIONARY_COLUMNS`` as dictionary codes of the narrowest integer
+    type: one dictionary a column, shared by the file's batches."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for name in DICTIONARY_COLUMNS:
+        if name not in rows.column_names or not pa.types.is_string(rows.schema.field(
+                name).type):
+            continue
+        coded = pc.dictionary_encode(rows.column(name).combine_chunks())
+        size = len(coded.dictionary)
+        width = pa.int8() if size < 1 << 7 else pa.int16() if size < 1 << 15 else pa.int32()
+        coded = coded.cast(pa.dictionary(width, pa.string()))
+        rows = rows.set_column(rows.column_names.index(name), name, coded)
+    return rows
 
 
 class ShardVectors:
-    """The vectors of every shard as one ``[n, dim]`` array by position, read with plain
-    reads: through the maps, the kernel mapped each touched page's whole folio (264 rows
-    added 440 MB to a CLI search's RSS at 2.1M rows; BENCHMARKS.md)."""
+    """The int8 vectors of every shard as one ``[n, dim]`` array by position, whatever
+    holds them (``row_vectors.RowFile``: the shard's copy or the dataset's own pages)."""
 
-    def __init__(self, paths: Sequence[str], rows: Sequence[int], dim: int) -> None:
+    def __init__(self, files: Sequence[RowFile], dim: int) -> None:
         import numpy as np
 
-        self.paths = list(paths)
-        self.offsets = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
-        self.maps = [np.load(p, mmap_mode="r") for p in self.paths]
-        for path, mapped, n in zip(self.paths, self.maps, rows, strict=True):
-            if mapped.shape != (n, dim):
-                raise ValueError(f"{path}: {mapped.shape}, expected {(n, dim)}")
-        self.dtype = self.maps[0].dtype if self.maps else np.dtype(SHARD_VECTOR_DTYPE)
+        self.files = list(files)
+        self.offsets = np.concatenate([[0], np.cumsum([f.rows for f in self.files],
+                                                      dtype=np.int64)])
+        self.dtype = np.dtype(SHARD_VECTOR_DTYPE)
         self.shape = (int(self.offsets[-1]), dim)
+
+    @classmethod
+    def of_folders(cls, folders: Sequence[str], rows: Sequence[int], dim: int
+                   ) -> ShardVectors:
+        from pipeline.lookup.index.row_vectors import open_row_file
+
+        return cls([open_row_file(f, n, dim) for f, n in zip(folders, rows, strict=True)],
+                   dim)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -50,47 +78,42 @@ class ShardVectors:
         return out
 
     def read_rows(self, positions: np.ndarray) -> np.ndarray:
-        """The rows at ``positions`` (ascending), gathered through a map of each shard's
-        file made for this call and unmapped after it: as fast as a standing map (a
-        ``pread`` a row cost 3x), and the pages it touched leave the process's RSS with
-        the map (they stay in the page cache, shared)."""
+        """The rows at ``positions`` (ascending), gathered through a map of each file
+        made for this call and unmapped after it: as fast as a standing map (a ``pread``
+        a row cost 3x), and the pages it touched leave the process's RSS with the map
+        (they stay in the page cache, shared). A view of the map whose rows start at
+        every byte takes each row at its offset in one gather, copy and pages alike."""
         import mmap
 
         import numpy as np
+        from numpy.lib.stride_tricks import as_strided
 
-        out = np.empty((len(positions), self.shape[1]), self.dtype)
+        dim = self.shape[1]
+        out = np.empty((len(positions), dim), np.uint8)
         shard = np.searchsorted(self.offsets, positions, side="right") - 1
         for s in np.unique(shard).tolist():
             mine = np.flatnonzero(shard == s)
-            rows = int(self.offsets[s + 1] - self.offsets[s])
-            with open(self.paths[s], "rb") as handle, \
+            file = self.files[s]
+            at = file.byte_offsets(positions[mine] - self.offsets[s], dim)
+            with open(file.path, "rb") as handle, \
                     mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                stored = np.frombuffer(mapped, self.dtype, rows * self.shape[1],
-                                       self.maps[s].offset).reshape(rows, self.shape[1])
-                out[mine] = stored[positions[mine] - self.offsets[s]]
-                del stored  # the map closes only once no array points into it
-        return out
+                flat = np.frombuffer(mapped, np.uint8)
+                if len(at) and int(at.max()) + dim > len(flat):
+                    raise ValueError(f"{file.path}: shorter than its rows' offsets")
+                by_byte = as_strided(flat, (max(0, len(flat) - dim + 1), dim), (1, 1),
+                                     writeable=False)
+                out[mine] = by_byte[at]
+                del flat, by_byte  # the map closes only once no array points into it
+            if file.bias:
+                out[mine] -= np.uint8(file.bias)  # index q + 127 -> q, mod 256
+        return out.view(self.dtype)
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop`` read from the files (not through the maps)."""
+        """Rows ``start:stop``."""
         import numpy as np
 
         stop = min(stop, len(self))
-        out = np.empty((max(0, stop - start), self.shape[1]), self.dtype)
-        row_bytes = self.shape[1] * self.dtype.itemsize
-        done = 0
-        while start + done < stop:
-            at = start + done
-            s = int(np.searchsorted(self.offsets, at, side="right") - 1)
-            local = at - int(self.offsets[s])
-            take = min(stop, int(self.offsets[s + 1])) - at
-            offset = self.maps[s].offset  # the .npy header's bytes
-            with open(self.paths[s], "rb") as handle:
-                handle.seek(offset + local * row_bytes)
-                out[done:done + take] = np.fromfile(handle, self.dtype, take * self.shape[1]
-                                                    ).reshape(take, self.shape[1])
-            done += take
-        return out
+        return self.read_rows(np.arange(start, max(start, stop), dtype=np.int64))
 
 
 class ShardRows:
@@ -118,8 +141,8 @@ class ShardRows:
             order.append(mine)
         if not pieces:
             first = self.tables[0].select(list(columns)) if self.tables else pa.table({})
-            return first.slice(0, 0)
-        taken = pa.concat_tables(pieces).combine_chunks()
+            return _decoded(first.slice(0, 0))
+        taken = pa.concat_tables([_decoded(p) for p in pieces]).combine_chunks()
         back = np.empty(len(positions), np.int64)
         back[np.concatenate(order)] = np.arange(len(positions))
         return taken.take(pa.array(back))
@@ -139,3 +162,13 @@ class ShardRows:
                                 .to_numpy()) + self.offsets[s]
                  for s, t in enumerate(self.tables)]
         return np.concatenate(found) if found else np.empty(0, np.int64)
+
+
+def _decoded(rows: pa.Table) -> pa.Table:
+    """``rows`` with dictionary-coded columns as their values (a result's few rows)."""
+    import pyarrow as pa
+
+    for i, field in enumerate(rows.schema):
+        if pa.types.is_dictionary(field.type):
+            rows = rows.set_column(i, field.name, rows.column(i).cast(field.type.value_type))
+    return rows

@@ -25,11 +25,13 @@ from pipeline.lookup.index.ivf_shards import (
     SENTENCES_FILE,
     SKETCH_FILE,
     TRAIN_FILE,
+    VECTOR_FILES,
     VECTORS_FILE,
     as_shard_vectors,
 )
+from pipeline.lookup.index.row_vectors import write_in_place
 from pipeline.lookup.index.sentences import SENTENCE_KEY
-from pipeline.lookup.index.shard_files import SHARD_VECTOR_DTYPE
+from pipeline.lookup.index.shard_files import SHARD_VECTOR_DTYPE, with_dictionary_codes
 from pipeline.lookup.layers.vectors import unit_vectors
 
 if TYPE_CHECKING:
@@ -81,16 +83,20 @@ def _write_arrow(path: str, rows: pa.Table) -> None:
 
 def write_shard(folder: str, ds: Dataset, mix: Any, path: str, rows: pa.Table,
                 on_rows: Callable[[int], Any]) -> None:
-    """A shard's ``rows.arrow`` and ``vectors.npy``: ``rows`` (one tokens file's index rows,
-    sorted by ``row``) and their vectors mixed on read from ``path``, a batch at a time,
-    stored as int8 (``as_shard_vectors``)."""
+    """A shard's ``rows.arrow`` and its vectors: ``rows`` (one tokens file's index rows,
+    sorted by ``row``) and where their int8 vectors lie in ``path`` where it allows
+    (``row_vectors.write_in_place``), else ``vectors.npy``: the vectors mixed on read
+    from ``path``, a batch at a time, stored as int8 (``as_shard_vectors``)."""
     import numpy as np
 
     from pipeline.lookup.layers.mixes import iter_mixed
 
     os.makedirs(folder, exist_ok=True)
-    _write_arrow(f"{folder}/{ROWS_FILE}", rows)
+    _write_arrow(f"{folder}/{ROWS_FILE}", with_dictionary_codes(rows))
     wanted = rows.column("row").to_numpy()
+    if write_in_place(folder, ds, mix, path, wanted):
+        on_rows(len(wanted))
+        return
     dim = ds.descriptor.dim
     with open(f"{folder}/{VECTORS_FILE}", "wb") as handle:
         np.lib.format.write_array_header_1_0(handle, {
@@ -137,10 +143,10 @@ def encode(train_folder: str, source: str, folder: str, rows: int, dim: int,
         planes, mean = stored["planes"], stored["mean"]
     os.makedirs(folder, exist_ok=True)
     if source != folder:
-        for name in (VECTORS_FILE, ROWS_FILE, SENTENCES_FILE):
-            if name != SENTENCES_FILE or os.path.exists(f"{source}/{name}"):
+        for name in (*VECTOR_FILES, ROWS_FILE, SENTENCES_FILE):
+            if name == ROWS_FILE or os.path.exists(f"{source}/{name}"):
                 _link(f"{source}/{name}", f"{folder}/{name}")
-    vectors = ShardVectors([f"{folder}/{VECTORS_FILE}"], [rows], dim)
+    vectors = ShardVectors.of_folders([folder], [rows], dim)
     coarse = index.coarse_code_size()
     codes = np.empty((rows, index.code_size), np.uint8)
     lists = np.empty(rows, np.int32)
