@@ -29,7 +29,7 @@ from pipeline.lookup.index.build import build_index, finish_index
 
 # The index's own building blocks: how a token file becomes index rows, which rows a
 # shard owns, and how LanceDB is opened.
-from pipeline.lookup.index.meta import LAYOUT, STEMMER, TABLE, lance_options, read_meta
+from pipeline.lookup.index.meta import TABLE, lance_options, read_meta, stale_rows
 from pipeline.lookup.index.publish import one_build_at_a_time, start_build
 from pipeline.lookup.index.rows import BuildSummary, IndexTables, documents_of, shard_filter
 from pipeline.lookup.index.shard_work import ShardRunner
@@ -161,8 +161,9 @@ def _refresh_index(dataset: str, mix: str, index_uri: str, add_files: Sequence[s
     the_mix = ds.mix(mix)
     meta = read_meta(index_uri, storage_options)
     db = lancedb.connect(index_uri, storage_options=lance_options(storage_options))
-    if (meta is None or meta.stemmer != STEMMER or meta.doc_fields is None
-            or meta.layout < LAYOUT or not meta.the_mix().same_vectors(the_mix)
+    # An index of an older generation (``stale_rows``) is built again by ``build_index``.
+    if (meta is None or stale_rows(meta) is not None
+            or not meta.the_mix().same_vectors(the_mix)
             or (compact is not None and meta.compact != compact)
             or TABLE not in db.list_tables().tables
             # a refresh stopped half way is discarded; an index unreadable is made anew

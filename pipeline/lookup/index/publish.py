@@ -137,6 +137,14 @@ def start_build(db: Any, meta: IndexMeta, uri: str,
         if progress:
             progress(f"{uri}: {problem}: building it anew")
         return False
+    restore_published(db, meta, uri, progress)
+    return True
+
+
+def restore_published(db: Any, meta: IndexMeta, uri: str,
+                      progress: Callable[[str], None] | None = None) -> None:
+    """The tables of the index of ``meta`` (readable: ``damage``) back at the versions its
+    JSON names, discarding what a stopped build wrote since."""
     for name, version in published_versions(meta).items():
         table = db.open_table(name)
         if table.version != version:
@@ -144,7 +152,6 @@ def start_build(db: Any, meta: IndexMeta, uri: str,
                 progress(f"{uri}: discarding what a stopped build wrote to {name!r} "
                          f"(version {table.version}; back to {version})")
             table.restore(version)
-    return True
 
 
 def cleanup_age(table: Any, keep: int | None, drop_all: bool = False) -> timedelta:

@@ -180,7 +180,7 @@ def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
         raise SettingError("score", lambda name: (
             f"{name('score')} must be one of {', '.join(SCORES)}, not {score!r}"))
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
-    column = "token_stem" if ix.has_stems else "token_lower"
+    column = "token_stem"
     wanted = [w.strip() for w in words if w.strip()] if words is not None else None
     if wanted:
         ix.require_indexed(wanted, column)
@@ -227,9 +227,8 @@ def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
 
 def _read_keys(ix: SenseIndex, column: str, where: str | None) -> pa.Table:
     """Pass 1: every row's word, lowercase form, document key and row id (no vectors)."""
-    # The sentence's key and the token's place in it tell repeated contexts apart (an
-    # index of layout 1 holds the text itself in every row).
-    context = ["sent_idx", "tok_idx"] + (["sentence"] if ix.meta.layout < 2 else [])
+    # The sentence's key and the token's place in it tell repeated contexts apart.
+    context = ["sent_idx", "tok_idx"]
     query = ix.table.search().select([column, "token_lower", "doc_id", "part", "shard",
                                       *context])
     if where is not None:
@@ -334,7 +333,7 @@ def _vector_batches(ix: SenseIndex, plan: _Plan, column: str) -> Any:
     """Pass 2: ``(row ids, float32 vectors)`` of (at least) the planned uses."""
     import pyarrow as pa
 
-    ivf = ix._compact_ivf() if ix.meta.compact else None
+    ivf = ix.ivf() if ix.meta.compact else None
     # A full index's rows carry their vectors; a sharded compact index's carry the keys of
     # its vector files' rows.
     selected = ["vector"] if ivf is None else ["part", "shard", "row"]
