@@ -171,6 +171,14 @@ def lance_options(storage_options: dict | None) -> dict[str, str] | None:
     return {k: str(v) for k, v in storage_options.items()} if storage_options else None
 
 
+def build_command(meta: IndexMeta, uri: str, then: str = "") -> str:
+    """The ``elmo index build`` of the index of ``meta`` at ``uri`` (its dataset and mix),
+    quoted, with ``then`` (``--rebuild``, ...) after it: what error messages name as the
+    fix."""
+    return f"`elmo index build {meta.dataset} --mix {meta.mix_name} --out {uri}" \
+        f"{' ' + then if then else ''}`"
+
+
 def moved_dataset_fix(mix_name: str, uri: str) -> str:
     """What to do when the dataset of the index at ``uri`` is not where the index says."""
     return (f"put the dataset back there, or build the index again from where it is now "

@@ -29,7 +29,14 @@ from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.ivf_build import drop_other_folders
 from pipeline.lookup.index.ivf_shards import is_sharded
 from pipeline.lookup.index.ivf_shards_build import ivf_folders
-from pipeline.lookup.index.meta import INDEX_META, TABLE, WORD_COUNTS, IndexMeta, read_meta
+from pipeline.lookup.index.meta import (
+    INDEX_META,
+    TABLE,
+    WORD_COUNTS,
+    IndexMeta,
+    build_command,
+    read_meta,
+)
 from pipeline.lookup.index.sentences import SENTENCES_TABLE
 from pipeline.lookup.index.words import SELECTED_WORDS
 from schemas.dataset import open_fs, write_bytes_atomic
@@ -104,7 +111,7 @@ def published_versions(meta: IndexMeta) -> dict[str, int]:
 
 
 def rebuild_command(meta: IndexMeta, uri: str) -> str:
-    return f"`elmo index build {meta.dataset} --mix {meta.mix_name} --out {uri} --rebuild`"
+    return build_command(meta, uri, "--rebuild")
 
 
 def damage(db: Any, meta: IndexMeta) -> str | None:

@@ -58,6 +58,7 @@ from pipeline.lookup.index.meta import (
     RESULT_COLUMNS,
     STEMMER,
     WORD_COUNTS,
+    build_command,
     lance_options,
     moved_dataset_fix,
     read_meta,
@@ -154,10 +155,10 @@ class SenseIndex:
                 f"{held.get('format')}; this version reads {SHARDS_FORMAT}): "
                 f"{self.build_command()} makes it again in the current one")
 
-    def build_command(self) -> str:
-        """The build that brings this index up to date (and its IVF with it)."""
-        return f"`elmo index build {self.meta.dataset} --mix {self.meta.mix_name} --out " \
-            f"{self.uri}`"
+    def build_command(self, then: str = "") -> str:
+        """The build that brings this index up to date (and its IVF with it), ``then``:
+        further flags."""
+        return build_command(self.meta, self.uri, then)
 
     def search_with(self, ivf: Any) -> None:
         """Answer this compact index's searches with ``ivf`` (``ivf_ray.RayIvf``)."""
@@ -214,8 +215,7 @@ class SenseIndex:
             return
         raise ElmoUserError(
             f"{' / '.join(words)} is not in this index: it holds {selection.describe()}; "
-            f"rebuild it with the word (`elmo index build {self.meta.dataset} --mix "
-            f"{self.meta.mix_name} --out {self.uri} --rebuild --words ...`)")
+            f"rebuild it with the word ({self.build_command('--rebuild --words ...')})")
 
     @property
     def has_stems(self) -> bool:
@@ -267,8 +267,7 @@ class SenseIndex:
     def fields_where(self, filters: Sequence[FieldFilter]) -> str | None:
         """A Lance predicate for document-field ``filters`` (``doc_fields.fields_where``)."""
         return fields_where(filters, self.indexed_fields(), self.documents, MAX_JOIN_IDS,
-                            f"`elmo index build {self.meta.dataset} --out {self.uri} "
-                            "--rebuild`")
+                            self.build_command("--rebuild"))
 
     def search(self, vector: np.ndarray, k: int = 10, words: Sequence[str] | None = None,
                exact: bool = False, columns: Sequence[str] = RESULT_COLUMNS,

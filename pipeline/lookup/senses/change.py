@@ -348,8 +348,7 @@ def _vector_batches(ix: SenseIndex, plan: _Plan, column: str) -> Any:
             positions = ivf.positions_of_keys(pa.Table.from_batches([batch]))
             if len(positions) != len(rowids):
                 raise ElmoUserError(f"{ix.uri}: the compact index's vector files miss rows of "
-                                    f"its table; `elmo index build {ix.meta.dataset} --mix "
-                                    f"{ix.meta.mix_name} --out {ix.uri}` makes them again")
+                                    f"its table; {ix.build_command()} makes them again")
             yield rowids, ivf.vectors[positions].astype(np.float32)
             continue
         vectors = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
