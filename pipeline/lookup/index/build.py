@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError
-from pipeline.lookup.doc_fields import field_kinds, indexable_fields, read_documents
+from pipeline.lookup.doc_fields import field_kinds, indexable_fields, quote, read_documents
 from pipeline.lookup.index.build_plan import (
     BuildPlan,
     BuildSettings,
@@ -68,6 +68,8 @@ from schemas.mix_specs import Mix
 
 if TYPE_CHECKING:
     from pipeline.lookup.index.shard_work import ShardRunner
+
+DELETE_BATCH_IDS = 500  # doc ids per delete (a job's refresh): bounds the filter text
 
 
 def _has_vector_index(table: Any) -> bool:
@@ -167,11 +169,14 @@ def execute_build(plan: BuildPlan, settings: BuildSettings, ds: Dataset, db: Any
     # A new index overwrites the tables (a new LanceDB version): the published one stays
     # readable at its versions until this build's commit (``publish``).
     tables = IndexTables(db, overwrite=plan.creates)
+    for start in range(0, len(plan.delete_docs), DELETE_BATCH_IDS):
+        batch = plan.delete_docs[start:start + DELETE_BATCH_IDS]
+        tables.delete(f"doc_id IN ({', '.join(quote(i) for i in batch)})")
     for key in plan.delete:
         tables.delete(shard_filter(key))
         meta.indexed.remove(key)
         summary.removed_files += 1
-    total = file_rows(ds, [path for _, path in plan.add])
+    total = file_rows(ds, [path for _, path in plan.add]) if show_progress else 0
     if progress and plan.add and not meta.selection().everything:
         progress(f"keeping {meta.selection().describe()}")
     with rows_bar(total, show_progress) as bar:
@@ -182,7 +187,8 @@ def execute_build(plan: BuildPlan, settings: BuildSettings, ds: Dataset, db: Any
             n_rows = tables.add_file(ds, plan.mix, path, key, sentence_files.get(key),
                                      documents_of(ds, key, document_files, documents), meta,
                                      selected, summary, bar.update)
-            meta.indexed.append(key)
+            if key not in meta.indexed:
+                meta.indexed.append(key)
             if progress and not show_progress:
                 progress(f"{key}: {n_rows} rows")
     if tables.tokens is None:

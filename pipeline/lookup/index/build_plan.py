@@ -87,9 +87,11 @@ class PublishedIndex:
 class BuildPlan:
     """What a build does: ``extends`` the published index of this metadata (None: creates
     one, tables overwritten, its fields and words settled now), of which kind (``compact``,
-    ``kind``), with which words (``words``: a new index's), dropping the rows of the files
-    ``delete`` and adding those of ``add`` (key, path); ``kept``: files already indexed.
-    ``why_new``: why a published index is built anew (None: none was, or it is kept)."""
+    ``kind``), with which words (``words``: a new index's), dropping the rows of the
+    documents ``delete_docs`` (a job's refresh) and of the files ``delete``, and adding
+    those of ``add`` (key, path; a file already indexed is added again whole); ``kept``:
+    files already indexed and left as they are. ``why_new``: why a published index is
+    built anew (None: none was, or it is kept)."""
 
     out: str
     mix: Mix
@@ -101,6 +103,7 @@ class BuildPlan:
     delete: tuple[str, ...]
     add: tuple[tuple[str, str], ...]
     kept: int
+    delete_docs: tuple[str, ...] = ()
 
     @property
     def creates(self) -> bool:
@@ -116,7 +119,8 @@ class BuildPlan:
         if self.creates:
             lines.append(f"holding {self.words.describe()}")
         lines.append(f"add {len(self.add)} files, remove {len(self.delete)}, keep "
-                     f"{self.kept}")
+                     f"{self.kept}" + (f"; remove the rows of {len(self.delete_docs)} "
+                                       "documents" if self.delete_docs else ""))
         return lines
 
 
