@@ -61,6 +61,12 @@ class IndexBackend(Protocol):
     def sentence_texts(self) -> Any:
         """Where it reads sentence texts from, when not the sentences table (None)."""
 
+    # The columns of a token row that find its vector (``vectors_of``).
+    vector_columns: tuple[str, ...]
+
+    def vectors_of(self, rows: pa.RecordBatch | pa.Table) -> np.ndarray:
+        """The float32 ``[n, dim]`` vectors of ``rows`` (of ``vector_columns``)."""
+
 
 def backend_for(index: SenseIndex) -> IndexBackend:
     """The backend of an index, by the kind it was built as."""
@@ -70,6 +76,8 @@ def backend_for(index: SenseIndex) -> IndexBackend:
 class LanceBackend:
     """A full index: LanceDB's vector search (graph, or exact for a small filter), or the
     in-memory IVF without a filter when the index has one."""
+
+    vector_columns = ("vector",)  # the rows hold their vectors
 
     def __init__(self, index: SenseIndex) -> None:
         self.index = index
@@ -126,10 +134,19 @@ class LanceBackend:
     def sentence_texts(self) -> Any:
         return None
 
+    def vectors_of(self, rows: pa.RecordBatch | pa.Table) -> np.ndarray:
+        import numpy as np
+
+        vectors = rows.column("vector").flatten().to_numpy(zero_copy_only=False)
+        return vectors.reshape(rows.num_rows, -1).astype(np.float32)
+
 
 class ShardBackend:
     """A compact index: its IVF in shards answers every search; LanceDB only picks the
     rows of a further filter (``where``)."""
+
+    # The rows hold the keys of their vectors' rows in the IVF's files.
+    vector_columns = ("part", "shard", "row")
 
     def __init__(self, index: SenseIndex) -> None:
         self.index = index
@@ -215,6 +232,19 @@ class ShardBackend:
     def sentence_texts(self) -> Any:
         """The shards' sentence files (mapped: no LanceDB)."""
         return ShardSentences.of(self.ivf().folders, SENTENCES_FILE)
+
+    def vectors_of(self, rows: pa.RecordBatch | pa.Table) -> np.ndarray:
+        import numpy as np
+        import pyarrow as pa
+
+        ivf = self.ivf()
+        table = pa.Table.from_batches([rows]) if isinstance(rows, pa.RecordBatch) else rows
+        positions = ivf.positions_of_keys(table)
+        if len(positions) != rows.num_rows:
+            raise ElmoUserError(f"{self.index.uri}: the compact index's vector files miss "
+                                f"rows of its table; {self.index.build_command()} makes them "
+                                "again")
+        return ivf.vectors[positions].astype(np.float32)
 
 
 class RayShardBackend(ShardBackend):

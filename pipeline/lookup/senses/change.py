@@ -331,28 +331,15 @@ def _check_wanted(wanted: list[str], column: str, vocab: list[str], uses: np.nda
 
 def _vector_batches(ix: SenseIndex, plan: _Plan, column: str) -> Any:
     """Pass 2: ``(row ids, float32 vectors)`` of (at least) the planned uses."""
-    import pyarrow as pa
-
-    ivf = ix.ivf() if ix.meta.compact else None
-    # A full index's rows carry their vectors; a sharded compact index's carry the keys of
-    # its vector files' rows.
-    selected = ["vector"] if ivf is None else ["part", "shard", "row"]
-    query = ix.table.search().select(selected).with_row_id(True)
+    # The columns of a row that find its vector (its own, or the keys of a compact index's).
+    backend = ix.backend
+    query = ix.table.search().select(list(backend.vector_columns)).with_row_id(True)
     if len(plan.words) <= MAX_FILTER_WORDS:
         query = query.where(token_filter(plan.words, "token_lower") if column == "token_lower"
                             else f"token_stem IN ({', '.join(_quoted(plan.words))})")
     for batch in query.limit(max(1, ix.table.count_rows())).to_batches(
             batch_size=READ_BATCH_ROWS):
-        rowids = batch.column("_rowid").to_numpy()
-        if ivf is not None:
-            positions = ivf.positions_of_keys(pa.Table.from_batches([batch]))
-            if len(positions) != len(rowids):
-                raise ElmoUserError(f"{ix.uri}: the compact index's vector files miss rows of "
-                                    f"its table; {ix.build_command()} makes them again")
-            yield rowids, ivf.vectors[positions].astype(np.float32)
-            continue
-        vectors = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
-        yield rowids, vectors.reshape(batch.num_rows, -1).astype(np.float32)
+        yield batch.column("_rowid").to_numpy(), backend.vectors_of(batch)
 
 
 def _quoted(words: Sequence[str]) -> list[str]:
