@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-    from pipeline.lookup.index.sense_index import SenseIndex
+    from pipeline.lookup.index.meta import IndexMeta
 
 Then = Callable[["pa.Table"], "pa.Table"] | None
 
@@ -37,6 +37,22 @@ def both(first: str | None, second: str | None) -> str | None:
     given = [w for w in (first, second) if w]
     return " AND ".join(f"({w})" for w in given) if len(given) > 1 \
         else given[0] if given else None
+
+
+class OpenedIndex(Protocol):
+    """What a backend uses of the index it serves (``sense_index.SenseIndex``)."""
+
+    uri: str
+    storage_options: dict | None
+    meta: IndexMeta
+    use_ivf: bool  # False: a full index's every search goes to LanceDB
+
+    @property
+    def table(self) -> Any: ...
+
+    def word_rows(self, words: Sequence[str], column: str = "token_lower") -> int: ...
+
+    def build_command(self, then: str = "") -> str: ...
 
 
 class IndexBackend(Protocol):
@@ -68,7 +84,7 @@ class IndexBackend(Protocol):
         """The float32 ``[n, dim]`` vectors of ``rows`` (of ``vector_columns``)."""
 
 
-def backend_for(index: SenseIndex) -> IndexBackend:
+def backend_for(index: OpenedIndex) -> IndexBackend:
     """The backend of an index, by the kind it was built as."""
     return ShardBackend(index) if index.meta.compact else LanceBackend(index)
 
@@ -79,7 +95,7 @@ class LanceBackend:
 
     vector_columns = ("vector",)  # the rows hold their vectors
 
-    def __init__(self, index: SenseIndex) -> None:
+    def __init__(self, index: OpenedIndex) -> None:
         self.index = index
         self._ivf: MemoryIvf | None = None
         self._tried = False
@@ -148,7 +164,7 @@ class ShardBackend:
     # The rows hold the keys of their vectors' rows in the IVF's files.
     vector_columns = ("part", "shard", "row")
 
-    def __init__(self, index: SenseIndex) -> None:
+    def __init__(self, index: OpenedIndex) -> None:
         self.index = index
         self._ivf: Any = None
         self._positions: tuple[tuple[str, tuple[str, ...]], np.ndarray] | None = None
@@ -251,7 +267,7 @@ class RayShardBackend(ShardBackend):
     """A compact index whose shards Ray actors hold (``ivf_ray.RayIvf``): the rows of a
     word come from LanceDB, their vectors from the actors by key."""
 
-    def __init__(self, index: SenseIndex, ivf: Any) -> None:
+    def __init__(self, index: OpenedIndex, ivf: Any) -> None:
         super().__init__(index)
         self._ivf = ivf
 
