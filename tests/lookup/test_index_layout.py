@@ -120,7 +120,9 @@ def _as_layout_1(index: str, old: str) -> None:
 
 
 def test_an_index_of_the_layout_before_is_refused_and_rebuilt_by_a_build(
-        dataset: Path, tmp_path: Path) -> None:
+        dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import cli
+
     new, old = str(tmp_path / "new"), str(tmp_path / "old")
     build_index(str(dataset), "top", new, kind="flat", compact=False)
     _as_layout_1(new, old)
@@ -131,6 +133,8 @@ def test_an_index_of_the_layout_before_is_refused_and_rebuilt_by_a_build(
     assert "\n" not in message and "sentence text in every row" in message
     assert f"`elmo index build {dataset.resolve()} --mix top --out {old}`" in message
     assert SenseIndex(old, any_layout=True).meta.layout == 1
+    monkeypatch.setattr(cli, "REGISTRARS", ("pipeline.lookup.cli",))
+    assert cli.main(["index", "info", old]) == 0
     said: list[str] = []
     build_index(str(dataset), "top", old, kind="flat", compact=False, progress=said.append)
     assert any("sentence text in every row: rebuilding" in line for line in said)

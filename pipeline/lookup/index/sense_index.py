@@ -259,8 +259,9 @@ class SenseIndex:
 
     def indexed_fields(self) -> dict[str, str]:
         """Document fields this index's rows hold (name -> kind), filtered by LanceDB."""
-        if self.meta.stored_fields() is None:
-            # Compact: fields joined by doc_id.
+        if self.meta.stored_fields() is None or self.meta.doc_fields is None:
+            # Compact (fields joined by doc_id), or described by `elmo index info` though
+            # built before document fields were stored.
             return {"doc_id": "string"}
         return {**dict.fromkeys(INDEX_FIELDS, "string"), **self.meta.doc_fields}
 
