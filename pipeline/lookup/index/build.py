@@ -7,6 +7,7 @@ token files mixed on read, joined to their sentences and documents, added to Lan
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 import warnings
@@ -148,7 +149,7 @@ def execute_build(plan: BuildPlan, settings: BuildSettings, ds: Dataset, db: Any
     document_files = dict(ds.shard_files("documents"))
     documents: dict[str, tuple[list[str], list[dict[str, Any]]]] = {}
     if plan.extends is not None:
-        meta = plan.extends
+        meta = copy.deepcopy(plan.extends)  # the plan stays as it was made
         restore_published(db, meta, out, progress)
     else:
         # Which metadata fields become columns is settled when the index is created.
