@@ -7,11 +7,12 @@ The commit is the atomic write of ``_elmo_index.json``: it names the LanceDB tab
 out (``open_tables``), so rows a build adds, deletes or overwrites (``--rebuild``
 overwrites the tables: a new version, the old ones still readable) are seen by no one
 until the JSON names them. A build starts by putting the tables back at the versions the
-JSON names (``start_build``: a stopped build's later versions are discarded) or, when
-those cannot be found, by building the index anew; it ends by writing the JSON
-(``publish``), after which it removes what neither this build nor the one before it
-names (``clean_up``). The build before is kept so that a reader that opened it (a server
-between two requests, a search under way) finishes on it: it goes at the next build.
+JSON names (``restore_published``: a stopped build's later versions are discarded) or,
+when those cannot be found (``damage``, in its plan), by building the index anew; it
+ends by writing the JSON (``publish``), after which it removes what neither this build
+nor the one before it names (``clean_up``). The build before is kept so that a reader
+that opened it (a server between two requests, a search under way) finishes on it: it
+goes at the next build.
 """
 
 from __future__ import annotations
@@ -132,20 +133,6 @@ def damage(db: Any, meta: IndexMeta) -> str | None:
             return (f"its table holds {rows} rows where its metadata counts {meta.rows} (a "
                     "build was stopped half way)")
     return None
-
-
-def start_build(db: Any, meta: IndexMeta, uri: str,
-                progress: Callable[[str], None] | None = None) -> bool:
-    """Before a build changes the index of ``meta`` (as published): its tables back at the
-    versions the JSON names, discarding what a stopped build wrote. False when the index
-    cannot be read back (``damage``): the caller builds it anew."""
-    problem = damage(db, meta)
-    if problem is not None:
-        if progress:
-            progress(f"{uri}: {problem}: building it anew")
-        return False
-    restore_published(db, meta, uri, progress)
-    return True
 
 
 def restore_published(db: Any, meta: IndexMeta, uri: str,
