@@ -24,28 +24,22 @@ from typing import Any
 from elmo_model.errors import ElmoUserError
 from jobs.spec import JobSpec
 from jobs.state import jobs_root
-from pipeline.lookup.doc_fields import quote
-from pipeline.lookup.index.build import build_index, finish_index
-
-# The index's own building blocks: how a token file becomes index rows, which rows a
-# shard owns, and how LanceDB is opened.
-from pipeline.lookup.index.meta import LAYOUT, STEMMER, TABLE, lance_options, read_meta
-from pipeline.lookup.index.publish import one_build_at_a_time, start_build
-from pipeline.lookup.index.rows import BuildSummary, IndexTables, documents_of, shard_filter
+from pipeline.lookup.index.build import build_index, execute_build
+from pipeline.lookup.index.build_plan import BuildPlan, BuildSettings, PublishedIndex
+from pipeline.lookup.index.meta import lance_options, stale_rows
+from pipeline.lookup.index.publish import one_build_at_a_time
+from pipeline.lookup.index.rows import BuildSummary
 from pipeline.lookup.index.shard_work import ShardRunner
-from pipeline.lookup.index.words import read_selected
 from schemas.dataset import (
     Dataset,
     ShardFile,
     list_files,
     open_dataset,
-    open_fs,
     read_json,
     write_bytes_atomic,
 )
 
 INDEX_STATE_DIR = "index"
-DELETE_BATCH_IDS = 500  # doc ids per delete: bounds the filter text
 
 
 def _state_path(root: str, mix: str) -> str:
@@ -157,45 +151,36 @@ def _refresh_index(dataset: str, mix: str, index_uri: str, add_files: Sequence[s
     os.environ.setdefault("LANCEDB_LOG", "error")  # as build_index: no k-means warnings
     import lancedb
 
+    settings = BuildSettings(dataset, mix, index_uri, storage_options=storage_options,
+                             compact=compact)
     ds = open_dataset(dataset, storage_options)
-    the_mix = ds.mix(mix)
-    meta = read_meta(index_uri, storage_options)
     db = lancedb.connect(index_uri, storage_options=lance_options(storage_options))
-    if (meta is None or meta.stemmer != STEMMER or meta.doc_fields is None
-            or meta.layout < LAYOUT or not meta.the_mix().same_vectors(the_mix)
-            or (compact is not None and meta.compact != compact)
-            or TABLE not in db.list_tables().tables
-            # a refresh stopped half way is discarded; an index unreadable is made anew
-            or not start_build(db, meta, index_uri)):
+    plan = plan_refresh(settings, ds, PublishedIndex.read(index_uri, storage_options, db),
+                        add_files, remove_doc_ids)
+    if plan is None:
         return build_index(dataset, mix, index_uri, storage_options=storage_options,
                            compact=compact, shard_runner=tasks)
+    return execute_build(plan, settings, ds, db, shard_runner=tasks)
+
+
+def plan_refresh(settings: BuildSettings, ds: Dataset, published: PublishedIndex,
+                 add_files: Sequence[str], remove_doc_ids: Sequence[str]) -> BuildPlan | None:
+    """The plan of a refresh: the rows of ``remove_doc_ids`` and of the files no longer
+    live deleted, the token files ``add_files`` (live files of the dataset, as paths or
+    URIs) added whole, nothing else; the words the index was created with are kept, never
+    re-resolved (index_words). None where ``build_index`` builds it instead: no index,
+    one of an older generation (``stale_rows``), of another mix or kind, or that cannot
+    be read back (a refresh stopped half way is discarded by the build either way)."""
+    meta, the_mix = published.meta, ds.mix(settings.mix)
+    if (meta is None or not published.has_table or published.damage is not None
+            or stale_rows(meta) is not None or not meta.the_mix().same_vectors(the_mix)
+            or (settings.compact is not None and meta.compact != settings.compact)):
+        return None
     live = ds.shard_files("tokens")
-    adding = _named_files(ds, live, add_files)
-    tables = IndexTables(db)
-    summary = BuildSummary(out=index_uri)
-    ids = sorted(set(remove_doc_ids))
-    for start in range(0, len(ids), DELETE_BATCH_IDS):
-        batch = ids[start:start + DELETE_BATCH_IDS]
-        tables.delete(f"doc_id IN ({', '.join(quote(i) for i in batch)})")
     live_keys = {f.key for f in live}
-    for key in [k for k in meta.indexed if k not in live_keys]:
-        tables.delete(shard_filter(key))  # whatever the doc ids missed of a file gone
-        meta.indexed.remove(key)
-        summary.removed_files += 1
-    sentences = {f.key: f.path for f in ds.shard_files("sentences")}
-    document_files = {f.key: f.path for f in ds.shard_files("documents")}
-    documents: dict[str, Any] = {}
-    # The words the index was created with, never re-resolved here (index_words).
-    fs, root = open_fs(index_uri, storage_options)
-    selected = None if meta.selection().everything else read_selected(fs, root,
-                                                                     meta.selected_file)
-    for file in adding:
-        # Rows a killed refresh added without recording them go first: no row twice.
-        tables.delete(shard_filter(file.key))
-        tables.add_file(ds, the_mix, file.path, file.key, sentences.get(file.key),
-                        documents_of(ds, file.key, document_files, documents), meta,
-                        selected, summary)
-        if file.key not in meta.indexed:
-            meta.indexed.append(file.key)
-    return finish_index(tables, meta, summary, index_uri, storage_options,
-                        shard_runner=tasks)
+    return BuildPlan(out=settings.out, mix=the_mix, compact=meta.compact, kind=meta.kind,
+                     extends=meta, why_new=None, words=meta.selection(),
+                     # whatever the doc ids miss of a file gone
+                     delete=tuple(k for k in meta.indexed if k not in live_keys),
+                     add=tuple((f.key, f.path) for f in _named_files(ds, live, add_files)),
+                     kept=0, delete_docs=tuple(sorted(set(remove_doc_ids))))

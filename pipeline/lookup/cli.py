@@ -308,7 +308,6 @@ def _index_build_flag(setting: str) -> str:
 
 
 def run_index_build(args: argparse.Namespace) -> int:
-    from elmo_model.errors import ElmoUserError
     from pipeline.lookup.index.build import build_index
     from pipeline.lookup.index.meta import SearchParams
     from pipeline.lookup.index.words import WordSelection, parse_words
@@ -316,9 +315,7 @@ def run_index_build(args: argparse.Namespace) -> int:
     search = None
     given = {"nprobes": args.nprobes, "ef": args.ef, "refine_factor": args.refine_factor}
     if any(value is not None for value in given.values()):
-        for name, value in given.items():
-            if value is not None and value < 1:
-                raise ElmoUserError(f"--{name.replace('_', '-')} must be at least 1")
+        # Checked with the other settings (``BuildSettings``), said with these flags.
         search = SearchParams(**{k: v for k, v in given.items() if v is not None})
     words = WordSelection(parse_words(args.words), args.min_count, args.max_count)
     summary = build_index(args.dataset, args.mix, args.out, kind=args.index or "auto",

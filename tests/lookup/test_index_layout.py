@@ -1,6 +1,6 @@
 """The sense index's layout 2 on a real embedded dataset: float16 vectors, each sentence's
 text once (fetched by key for the hits), a word selection kept by later builds and job
-refreshes, progress on stderr, and indexes of the layout before still answering."""
+refreshes, progress on stderr, and an index of the layout before refused, then rebuilt."""
 
 from __future__ import annotations
 
@@ -119,25 +119,35 @@ def _as_layout_1(index: str, old: str) -> None:
     (Path(old) / INDEX_META).write_text(json.dumps(meta))
 
 
-def test_an_index_of_the_layout_before_answers_and_is_rebuilt_by_a_build(
-        dataset: Path, tmp_path: Path) -> None:
+def test_an_index_of_the_layout_before_is_refused_and_rebuilt_by_a_build(
+        dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import cli
+
     new, old = str(tmp_path / "new"), str(tmp_path / "old")
     build_index(str(dataset), "top", new, kind="flat", compact=False)
     _as_layout_1(new, old)
-    ix_old, ix_new = SenseIndex(old), SenseIndex(new)
-    assert ix_old.meta.layout == 1 and ix_old.sentences is None
-    query = np.array(ix_new.table.search().limit(1).to_arrow()["vector"][0].as_py(), np.float32)
-    got_old = nearest_distinct(ix_old, query, k=4, words=["bank"])
-    got_new = nearest_distinct(ix_new, query, k=4, words=["bank"])
-    # The same answers: float16 rounding moves the similarities, not the order.
-    assert [(h.doc_id, h.sent_idx, h.tok_idx, h.sentence, h.start, h.end) for h in got_old] \
-        == [(h.doc_id, h.sent_idx, h.tok_idx, h.sentence, h.start, h.end) for h in got_new]
-    assert np.allclose([h.similarity for h in got_old], [h.similarity for h in got_new],
-                       atol=2e-3)
+    # Refused when opened, in one line naming the build; described still (index info).
+    with pytest.raises(ElmoUserError) as raised:
+        SenseIndex(old)
+    message = str(raised.value)
+    assert "\n" not in message and "sentence text in every row" in message
+    assert f"`elmo index build {dataset.resolve()} --mix top --out {old}`" in message
+    assert SenseIndex(old, any_layout=True).meta.layout == 1
+    monkeypatch.setattr(cli, "REGISTRARS", ("pipeline.lookup.cli",))
+    assert cli.main(["index", "info", old]) == 0
     said: list[str] = []
     build_index(str(dataset), "top", old, kind="flat", compact=False, progress=said.append)
     assert any("sentence text in every row: rebuilding" in line for line in said)
     assert SenseIndex(old).meta.layout == 2
+    ix_old, ix_new = SenseIndex(old), SenseIndex(new)
+    query = np.array(ix_new.table.search().limit(1).to_arrow()["vector"][0].as_py(), np.float32)
+    got_old = nearest_distinct(ix_old, query, k=4, words=["bank"])
+    got_new = nearest_distinct(ix_new, query, k=4, words=["bank"])
+    # The rebuilt index answers as one built new.
+    assert [(h.doc_id, h.sent_idx, h.tok_idx, h.sentence, h.start, h.end) for h in got_old] \
+        == [(h.doc_id, h.sent_idx, h.tok_idx, h.sentence, h.start, h.end) for h in got_new]
+    assert np.allclose([h.similarity for h in got_old], [h.similarity for h in got_new],
+                       atol=2e-3)
 
 
 def test_word_selection_is_recorded_refused_kept_and_rebuilt(

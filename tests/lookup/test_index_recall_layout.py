@@ -72,7 +72,7 @@ def test_shards_hold_the_datasets_int8_vectors(built: Path, truth: tuple) -> Non
     index = SenseIndex(str(built / "ix"))
     record = index.meta.ivf
     assert record is not None and record["format"] == SHARDS_FORMAT and record["rows"] == ROWS
-    ivf = index._compact_ivf()
+    ivf = index.ivf()
     assert isinstance(ivf, ShardedIvf) and ivf.vectors.dtype == np.int8
     for shard in record["shards"].values():
         folder = built / "ix" / IVF_DIR / shard["folder"]

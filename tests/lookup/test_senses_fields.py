@@ -298,7 +298,7 @@ def test_assignments_cover_repeated_and_unsampled_occurrences(index: str) -> Non
     assert np.isin(table.column("cluster").to_numpy(), [1, 2]).all()
 
 
-def test_index_built_before_document_fields_joins_them_then_rebuilds(
+def test_index_built_before_document_fields_is_refused_then_rebuilt(
         dataset: Path, index: str, tmp_path: Path) -> None:
     import shutil
 
@@ -311,19 +311,21 @@ def test_index_built_before_document_fields_joins_them_then_rebuilds(
     meta = json.loads((old / INDEX_META).read_text())
     del meta["doc_fields"]  # what an index written before document fields records
     (old / INDEX_META).write_text(json.dumps(meta))
-    ix = SenseIndex(str(old))
-    assert ix.meta.doc_fields is None and ix.indexed_fields() == {"doc_id": "string"}
-    # Every field is then matched on the documents table: same answers, same fields.
-    assert ix.fields_where(as_filters("year=2000..2010")).startswith("(doc_id IN (")
-    hits = search_senses(ix, "The bank lent him money.", "bank", k=100,
-                         filters={"year": {">=": 2000, "<=": 2010}, "president": "Barack Obama"})
-    assert {h.doc_id for h in hits} == _ids(year=2009)
-    assert all(h.fields["president"] == "Barack Obama" for h in hits)
+    # An older storage generation: refused when opened, in one line naming the build.
+    with pytest.raises(ElmoUserError) as raised:
+        search_senses(str(old), "The bank lent him money.", "bank", k=100)
+    message = str(raised.value)
+    assert "\n" not in message and "without document fields" in message
+    assert "elmo index build " in message and f"--out {old}`" in message
     lines: list[str] = []
     build_index(str(dataset), "top", str(old), kind="flat", compact=False, progress=lines.append)
     assert f"{old} was built without document fields: rebuilding it" in lines
     assert SenseIndex(str(old)).meta.doc_fields == {"president": "string", "sense": "string",
                                                    "year": "int"}
+    hits = search_senses(str(old), "The bank lent him money.", "bank", k=100,
+                         filters={"year": {">=": 2000, "<=": 2010}, "president": "Barack Obama"})
+    assert {h.doc_id for h in hits} == _ids(year=2009)
+    assert all(h.fields["president"] == "Barack Obama" for h in hits)
 
 
 def test_case_centring_keeps_what_tells_lowercase_words_apart() -> None:

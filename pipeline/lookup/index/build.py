@@ -7,28 +7,32 @@ token files mixed on read, joined to their sentences and documents, added to Lan
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from elmo_model.errors import ElmoUserError, SettingError
-from pipeline.lookup.doc_fields import field_kinds, indexable_fields, read_documents
+from elmo_model.errors import ElmoUserError
+from pipeline.lookup.doc_fields import field_kinds, indexable_fields, quote, read_documents
+from pipeline.lookup.index.build_plan import (
+    BuildPlan,
+    BuildSettings,
+    PublishedIndex,
+    plan_build,
+)
 from pipeline.lookup.index.ivf_build import RETRAIN_GROWTH, build_ivf
 from pipeline.lookup.index.ivf_search import current, present
 from pipeline.lookup.index.ivf_shards_build import build_shards, shards_current
 from pipeline.lookup.index.meta import (
     COMPACT_LAYOUT,
     HNSW_MIN_ROWS,
-    INDEX_KINDS,
     LAYOUT,
-    NEW_INDEX_COMPACT,
     SCALAR_COLUMNS,
     STEMMER,
     TABLE,
     VECTOR_DTYPE,
-    VECTOR_DTYPES,
     WORD_COUNTS,
     IndexMeta,
     SearchParams,
@@ -42,7 +46,7 @@ from pipeline.lookup.index.publish import (
     one_build_at_a_time,
     publish,
     published_versions,
-    start_build,
+    restore_published,
 )
 from pipeline.lookup.index.rows import (
     BuildSummary,
@@ -66,6 +70,8 @@ from schemas.mix_specs import Mix
 if TYPE_CHECKING:
     from pipeline.lookup.index.shard_work import ShardRunner
 
+DELETE_BATCH_IDS = 500  # doc ids per delete (a job's refresh): bounds the filter text
+
 
 def _has_vector_index(table: Any) -> bool:
     return any(getattr(ix, "columns", None) == ["vector"] for ix in table.list_indices())
@@ -83,43 +89,6 @@ def _create_vector_index(table: Any, meta: IndexMeta) -> None:
         ef_construction=meta.ef_construction), replace=True)
     meta.num_partitions = partitions
     meta.trained_rows = rows
-
-
-def reusable_meta(ds: Dataset, the_mix: Mix, out: str, meta: IndexMeta | None,
-                  progress: Callable[[str], None] | None, compact: bool | None = None
-                  ) -> IndexMeta | None:
-    """``meta`` (the metadata of the index at ``out``, as read) if new rows can be added to
-    it; None when it must be built again (its rows lack word stems or document fields, or
-    are of the layout before LAYOUT). An index of another model or mix is refused: the user
-    chooses ``--rebuild`` or another ``--out``, and so is ``compact`` (True or False) where
-    the index is the other kind."""
-    if meta is None:
-        return None
-    if meta.model_fingerprint != ds.descriptor.model_fingerprint:
-        raise SettingError("rebuild", lambda n: f"{out} indexes a dataset of another "
-                           f"model; use {n('rebuild=True')} or another {n('out')}")
-    if compact is not None and meta.compact != compact:
-        raise SettingError("rebuild", lambda n: (
-            f"{out} is {'' if meta.compact else 'not '}a compact index; to build it "
-            f"{'' if compact else 'not '}compact add {n('rebuild=True')} (or use another "
-            f"{n('out')})"))
-    if not meta.the_mix().same_vectors(the_mix):
-        raise SettingError("rebuild", lambda n: (
-            f"{out} holds mix {meta.mix_name!r} ({meta.the_mix().describe()}); asked for "
-            f"{the_mix.describe()}: use {n('rebuild=True')} or another {n('out')}"))
-    # Rows of an older kind cannot take new ones (searches by word form need token_stem,
-    # filters the document fields, and layout 1 rows carry their sentence's text), so
-    # the index is built again.
-    for stale, why in ((meta.stemmer != STEMMER, f"without {STEMMER} word stems"),
-                       (meta.doc_fields is None, "without document fields"),
-                       (meta.layout < LAYOUT, "with the sentence text in every row"),
-                       (meta.compact and meta.layout < COMPACT_LAYOUT,
-                        "with its documents' fields in every row")):
-        if stale:
-            if progress:
-                progress(f"{out} was built {why}: rebuilding it")
-            return None
-    return meta
 
 
 def new_meta(ds: Dataset, dataset: str, the_mix: Mix, kind: str, words: WordSelection,
@@ -149,106 +118,85 @@ def build_index(dataset: str, mix: str | Mix, out: str, kind: str = "auto",
                 words: WordSelection | None = None, show_progress: bool = False,
                 vector_dtype: str = VECTOR_DTYPE, compact: bool | None = None,
                 shard_runner: ShardRunner | None = None) -> BuildSummary:
-    """Create or extend the index at ``out`` with the dataset's committed shard files.
-    ``words``: which words a new index holds (an existing one keeps its own selection);
-    ``show_progress``: bars and phase lines on stderr; ``compact``: the index keeps no
-    vectors (``index_vectors``) or keeps them (False: LanceDB's HNSW, tunable with ``kind``
-    and ``search``); None: as the index at ``out`` was made, or compact for a new one.
-    ``shard_runner``: what runs a compact index's per-shard work (``build_shards``)."""
+    """Create or extend the index at ``out`` with the dataset's committed shard files:
+    ``BuildSettings`` of the arguments (what they mean is said there), planned
+    (``plan_build``) and carried out (``execute_build``). ``progress``: a line per step;
+    ``show_progress``: bars and phase lines on stderr; ``shard_runner``: what runs a
+    compact index's per-shard work (``build_shards``)."""
+    settings = BuildSettings(dataset, mix, out, kind=kind, rebuild=rebuild, search=search,
+                             storage_options=storage_options, words=words,
+                             vector_dtype=vector_dtype, compact=compact)
     # LanceDB logs k-means "empty cluster" warnings to stderr unless told otherwise.
     os.environ.setdefault("LANCEDB_LOG", "error")
     import lancedb
 
-    if kind not in INDEX_KINDS:
-        raise SettingError("kind", lambda n: f"{n('kind')} must be one of "
-                           f"{', '.join(INDEX_KINDS)}")
-    if vector_dtype not in VECTOR_DTYPES:
-        raise ElmoUserError(f"vector dtype must be one of {', '.join(VECTOR_DTYPES)}")
     ds = open_dataset(dataset, storage_options)
-    if ds.descriptor.n_output_layers < 1:
-        raise ElmoUserError(f"{dataset} stores no layers to index")
-    the_mix = ds.mix(mix)
-    made = read_meta(out, storage_options)
-    if compact is None:
-        # --rebuild keeps the kind too: only --full / --compact change it.
-        compact = made.compact if made is not None else NEW_INDEX_COMPACT
-    _refuse_tuning_a_compact_index(compact, kind, search, made, rebuild)
     db = lancedb.connect(out, storage_options=lance_options(storage_options))
-    exists = TABLE in db.list_tables().tables
-    meta = None if rebuild or not exists else reusable_meta(ds, the_mix, out, made, progress,
-                                                            compact)
-    if meta is not None and not start_build(db, meta, out, progress):
-        meta = None  # the published index cannot be read back: it is built anew
-    if meta is not None and words is not None and not words.everything \
-            and words.to_json() != meta.words:
-        raise SettingError("rebuild", lambda n: (
-            f"{out} holds {meta.selection().describe()}; to index {words.describe()} add "
-            f"{n('rebuild=True')} (or use another {n('out')})"))
+    plan = plan_build(settings, ds, PublishedIndex.read(out, storage_options, db))
+    return execute_build(plan, settings, ds, db, progress, show_progress, shard_runner)
+
+
+def execute_build(plan: BuildPlan, settings: BuildSettings, ds: Dataset, db: Any,
+                  progress: Callable[[str], None] | None = None, show_progress: bool = False,
+                  shard_runner: ShardRunner | None = None) -> BuildSummary:
+    """Carry ``plan`` out on the LanceDB database ``db`` of the index: the published
+    tables back at their versions (or overwritten by a new index), the planned files'
+    rows deleted and added, then ``finish_index``, whose ``publish`` is the commit."""
+    out, storage_options = plan.out, settings.storage_options
+    if plan.why_new and progress:
+        progress(plan.why_new)
+    fs, root = open_fs(out, storage_options)
     document_files = dict(ds.shard_files("documents"))
     documents: dict[str, tuple[list[str], list[dict[str, Any]]]] = {}
-    fs, root = open_fs(out, storage_options)
-    created = meta is None
-    if meta is None:
+    if plan.extends is not None:
+        meta = copy.deepcopy(plan.extends)  # the plan stays as it was made
+        restore_published(db, meta, out, progress)
+    else:
         # Which metadata fields become columns is settled when the index is created.
         documents = {key: read_documents(ds, path) for key, path in document_files.items()}
-        words = words or WordSelection()
-        meta = new_meta(ds, dataset, the_mix, kind, words, vector_dtype, documents,
-                        compact)
-        selected_words = resolve(words, ds)
+        meta = new_meta(ds, settings.dataset, plan.mix, plan.kind, plan.words,
+                        settings.vector_dtype, documents, plan.compact)
+        selected_words = resolve(plan.words, ds)
         if selected_words is not None:
             meta.selected_file = build_file(SELECTED_WORDS)
             write_selected(fs, root, selected_words, meta.selected_file)
-    meta.kind = kind
-    if search is not None:
-        meta.search, meta.search_auto = search, False
+    meta.kind = plan.kind
+    if settings.search is not None:
+        meta.search, meta.search_auto = settings.search, False
     selected = None if meta.selection().everything else read_selected(fs, root,
                                                                      meta.selected_file)
-    summary = BuildSummary(out=out)
-    files = ds.shard_files("tokens")
+    summary = BuildSummary(out=out, skipped_files=plan.kept)
     sentence_files = dict(ds.shard_files("sentences"))
-    keys_now = {key for key, _ in files}
     # A new index overwrites the tables (a new LanceDB version): the published one stays
     # readable at its versions until this build's commit (``publish``).
-    tables = IndexTables(db, overwrite=created)
-    # Rows of shard files that are no longer committed (a part deleted, or a shard
-    # re-embedded under a new run id) leave the index; this keeps it equal to the
-    # dataset's committed view without a rebuild.
-    for key in [k for k in meta.indexed if k not in keys_now]:
+    tables = IndexTables(db, overwrite=plan.creates)
+    for start in range(0, len(plan.delete_docs), DELETE_BATCH_IDS):
+        batch = plan.delete_docs[start:start + DELETE_BATCH_IDS]
+        tables.delete(f"doc_id IN ({', '.join(quote(i) for i in batch)})")
+    for key in plan.delete:
         tables.delete(shard_filter(key))
         meta.indexed.remove(key)
         summary.removed_files += 1
-    indexed = set(meta.indexed)
-    adding = [(key, path) for key, path in files if key not in indexed]
-    summary.skipped_files = len(files) - len(adding)
-    total = file_rows(ds, [path for _, path in adding])
-    if progress and adding and not meta.selection().everything:
+    total = file_rows(ds, [path for _, path in plan.add]) if show_progress else 0
+    if progress and plan.add and not meta.selection().everything:
         progress(f"keeping {meta.selection().describe()}")
     with rows_bar(total, show_progress) as bar:
-        for key, path in adding:
+        for key, path in plan.add:
             # A run killed after an add but before its metadata write leaves rows that no
             # metadata lists: drop them, so that a row is never held twice.
             tables.delete(shard_filter(key))
-            n_rows = tables.add_file(ds, the_mix, path, key, sentence_files.get(key),
+            n_rows = tables.add_file(ds, plan.mix, path, key, sentence_files.get(key),
                                      documents_of(ds, key, document_files, documents), meta,
                                      selected, summary, bar.update)
-            meta.indexed.append(key)
+            if key not in meta.indexed:
+                meta.indexed.append(key)
             if progress and not show_progress:
                 progress(f"{key}: {n_rows} rows")
     if tables.tokens is None:
-        raise ElmoUserError(f"{dataset} has no committed token rows to index"
+        raise ElmoUserError(f"{settings.dataset} has no committed token rows to index"
                             + ("" if selected is None else f" of {meta.selection().describe()}"))
     return finish_index(tables, meta, summary, out, storage_options, show_progress,
-                        fresh=created, shard_runner=shard_runner)
-
-
-def _refuse_tuning_a_compact_index(compact: bool, kind: str, search: SearchParams | None,
-                                   made: IndexMeta | None, rebuild: bool) -> None:
-    if compact and (kind != "auto" or search is not None):
-        both = made is not None and made.compact and not rebuild
-        raise SettingError("compact", lambda n: (
-            f"{n('kind and search')} tune a full index (LanceDB's HNSW); add "
-            f"{n('compact=False')}{' ' + n('rebuild=True') if both else ''}, or leave them "
-            "out: a compact index measures its own probes"))
+                        fresh=plan.creates, shard_runner=shard_runner)
 
 
 def _scalar_indexes(table: Any, columns: tuple[str, ...]) -> None:

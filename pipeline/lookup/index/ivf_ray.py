@@ -357,8 +357,7 @@ def start_searchers(index: SenseIndex, address: str, actors: int | None = None) 
         raise SettingError("ray_actors", lambda name: (
             f"{name('ray_actors')} must be at least 1, not {actors}"))
     record = index.meta.ivf
-    rebuild = f"`elmo index build {index.meta.dataset} --mix {index.meta.mix_name} " \
-              f"--out {index.uri}`"
+    rebuild = index.build_command()
     if not index.meta.compact or not is_sharded(record):
         raise ElmoUserError(f"{index.uri} is not a compact index in shards, which Ray "
                             f"actors search; {rebuild} makes one (add --rebuild for a "

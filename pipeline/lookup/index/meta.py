@@ -142,6 +142,22 @@ class IndexMeta:
         return WordSelection.from_json(self.words)
 
 
+def stale_rows(meta: IndexMeta) -> str | None:
+    """How the index of ``meta`` was built if its rows are of a storage generation before
+    the current one (this version neither extends nor searches it: a build makes it again),
+    else None. Searches by word form need ``token_stem``, filters the document fields;
+    layout 1 rows carry their sentence's text, a compact index's before layout 3 its
+    documents' fields."""
+    for stale, why in ((meta.stemmer != STEMMER, f"without {STEMMER} word stems"),
+                       (meta.doc_fields is None, "without document fields"),
+                       (meta.layout < LAYOUT, "with the sentence text in every row"),
+                       (meta.compact and meta.layout < COMPACT_LAYOUT,
+                        "with its documents' fields in every row")):
+        if stale:
+            return why
+    return None
+
+
 def read_meta(out: str, storage_options: dict | None = None) -> IndexMeta | None:
     fs, root = open_fs(out, storage_options)
     try:
@@ -153,6 +169,14 @@ def read_meta(out: str, storage_options: dict | None = None) -> IndexMeta | None
 
 def lance_options(storage_options: dict | None) -> dict[str, str] | None:
     return {k: str(v) for k, v in storage_options.items()} if storage_options else None
+
+
+def build_command(meta: IndexMeta, uri: str, then: str = "") -> str:
+    """The ``elmo index build`` of the index of ``meta`` at ``uri`` (its dataset and mix),
+    quoted, with ``then`` (``--rebuild``, ...) after it: what error messages name as the
+    fix."""
+    return f"`elmo index build {meta.dataset} --mix {meta.mix_name} --out {uri}" \
+        f"{' ' + then if then else ''}`"
 
 
 def moved_dataset_fix(mix_name: str, uri: str) -> str:

@@ -7,11 +7,12 @@ The commit is the atomic write of ``_elmo_index.json``: it names the LanceDB tab
 out (``open_tables``), so rows a build adds, deletes or overwrites (``--rebuild``
 overwrites the tables: a new version, the old ones still readable) are seen by no one
 until the JSON names them. A build starts by putting the tables back at the versions the
-JSON names (``start_build``: a stopped build's later versions are discarded) or, when
-those cannot be found, by building the index anew; it ends by writing the JSON
-(``publish``), after which it removes what neither this build nor the one before it
-names (``clean_up``). The build before is kept so that a reader that opened it (a server
-between two requests, a search under way) finishes on it: it goes at the next build.
+JSON names (``restore_published``: a stopped build's later versions are discarded) or,
+when those cannot be found (``damage``, in its plan), by building the index anew; it
+ends by writing the JSON (``publish``), after which it removes what neither this build
+nor the one before it names (``clean_up``). The build before is kept so that a reader
+that opened it (a server between two requests, a search under way) finishes on it: it
+goes at the next build.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ from elmo_model.errors import ElmoUserError
 from pipeline.lookup.index.ivf_build import drop_other_folders
 from pipeline.lookup.index.ivf_shards import is_sharded
 from pipeline.lookup.index.ivf_shards_build import ivf_folders
-from pipeline.lookup.index.meta import INDEX_META, TABLE, WORD_COUNTS, IndexMeta, read_meta
+from pipeline.lookup.index.meta import (
+    INDEX_META,
+    TABLE,
+    WORD_COUNTS,
+    IndexMeta,
+    build_command,
+    read_meta,
+)
 from pipeline.lookup.index.sentences import SENTENCES_TABLE
 from pipeline.lookup.index.words import SELECTED_WORDS
 from schemas.dataset import open_fs, write_bytes_atomic
@@ -104,7 +112,7 @@ def published_versions(meta: IndexMeta) -> dict[str, int]:
 
 
 def rebuild_command(meta: IndexMeta, uri: str) -> str:
-    return f"`elmo index build {meta.dataset} --mix {meta.mix_name} --out {uri} --rebuild`"
+    return build_command(meta, uri, "--rebuild")
 
 
 def damage(db: Any, meta: IndexMeta) -> str | None:
@@ -127,16 +135,10 @@ def damage(db: Any, meta: IndexMeta) -> str | None:
     return None
 
 
-def start_build(db: Any, meta: IndexMeta, uri: str,
-                progress: Callable[[str], None] | None = None) -> bool:
-    """Before a build changes the index of ``meta`` (as published): its tables back at the
-    versions the JSON names, discarding what a stopped build wrote. False when the index
-    cannot be read back (``damage``): the caller builds it anew."""
-    problem = damage(db, meta)
-    if problem is not None:
-        if progress:
-            progress(f"{uri}: {problem}: building it anew")
-        return False
+def restore_published(db: Any, meta: IndexMeta, uri: str,
+                      progress: Callable[[str], None] | None = None) -> None:
+    """The tables of the index of ``meta`` (readable: ``damage``) back at the versions its
+    JSON names, discarding what a stopped build wrote since."""
     for name, version in published_versions(meta).items():
         table = db.open_table(name)
         if table.version != version:
@@ -144,7 +146,6 @@ def start_build(db: Any, meta: IndexMeta, uri: str,
                 progress(f"{uri}: discarding what a stopped build wrote to {name!r} "
                          f"(version {table.version}; back to {version})")
             table.restore(version)
-    return True
 
 
 def cleanup_age(table: Any, keep: int | None, drop_all: bool = False) -> timedelta:

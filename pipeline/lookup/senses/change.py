@@ -180,7 +180,7 @@ def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
         raise SettingError("score", lambda name: (
             f"{name('score')} must be one of {', '.join(SCORES)}, not {score!r}"))
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
-    column = "token_stem" if ix.has_stems else "token_lower"
+    column = "token_stem"
     wanted = [w.strip() for w in words if w.strip()] if words is not None else None
     if wanted:
         ix.require_indexed(wanted, column)
@@ -227,9 +227,8 @@ def word_changes(index: str | SenseIndex, by: str, bin: float | None = None, *,
 
 def _read_keys(ix: SenseIndex, column: str, where: str | None) -> pa.Table:
     """Pass 1: every row's word, lowercase form, document key and row id (no vectors)."""
-    # The sentence's key and the token's place in it tell repeated contexts apart (an
-    # index of layout 1 holds the text itself in every row).
-    context = ["sent_idx", "tok_idx"] + (["sentence"] if ix.meta.layout < 2 else [])
+    # The sentence's key and the token's place in it tell repeated contexts apart.
+    context = ["sent_idx", "tok_idx"]
     query = ix.table.search().select([column, "token_lower", "doc_id", "part", "shard",
                                       *context])
     if where is not None:
@@ -332,29 +331,15 @@ def _check_wanted(wanted: list[str], column: str, vocab: list[str], uses: np.nda
 
 def _vector_batches(ix: SenseIndex, plan: _Plan, column: str) -> Any:
     """Pass 2: ``(row ids, float32 vectors)`` of (at least) the planned uses."""
-    import pyarrow as pa
-
-    ivf = ix._compact_ivf() if ix.meta.compact else None
-    # A full index's rows carry their vectors; a sharded compact index's carry the keys of
-    # its vector files' rows.
-    selected = ["vector"] if ivf is None else ["part", "shard", "row"]
-    query = ix.table.search().select(selected).with_row_id(True)
+    # The columns of a row that find its vector (its own, or the keys of a compact index's).
+    backend = ix.backend
+    query = ix.table.search().select(list(backend.vector_columns)).with_row_id(True)
     if len(plan.words) <= MAX_FILTER_WORDS:
         query = query.where(token_filter(plan.words, "token_lower") if column == "token_lower"
                             else f"token_stem IN ({', '.join(_quoted(plan.words))})")
     for batch in query.limit(max(1, ix.table.count_rows())).to_batches(
             batch_size=READ_BATCH_ROWS):
-        rowids = batch.column("_rowid").to_numpy()
-        if ivf is not None:
-            positions = ivf.positions_of_keys(pa.Table.from_batches([batch]))
-            if len(positions) != len(rowids):
-                raise ElmoUserError(f"{ix.uri}: the compact index's vector files miss rows of "
-                                    f"its table; `elmo index build {ix.meta.dataset} --mix "
-                                    f"{ix.meta.mix_name} --out {ix.uri}` makes them again")
-            yield rowids, ivf.vectors[positions].astype(np.float32)
-            continue
-        vectors = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
-        yield rowids, vectors.reshape(batch.num_rows, -1).astype(np.float32)
+        yield batch.column("_rowid").to_numpy(), backend.vectors_of(batch)
 
 
 def _quoted(words: Sequence[str]) -> list[str]:

@@ -115,12 +115,10 @@ def index_texts(ix: SenseIndex) -> pa.Table | None:
 
 def word_forms(ix: SenseIndex, word: str) -> list[str]:
     """The lowercase forms in the index that share ``word``'s stem (``word`` itself
-    first), or ``[word]`` when the index has no stems."""
+    first)."""
     from pipeline.lookup.index.words import stem_words, token_filter
 
     lower = word.lower()
-    if not ix.has_stems:
-        return [lower]
     stem = stem_words([lower])[0]
     counts = ix.word_counts.table()
     if counts is not None and {"token_lower", "token_stem"} <= set(counts.column_names):

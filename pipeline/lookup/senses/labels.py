@@ -77,9 +77,8 @@ def label_words(index: str | SenseIndex, words: Sequence[str], k: int | str = "a
     model = ds.descriptor.model_fingerprint
     if model != ix.meta.model_fingerprint:
         raise ElmoUserError(f"{ix.meta.dataset} now holds another model's vectors than the "
-                            f"index {ix.uri}; rebuild the index first (`elmo index build "
-                            f"{ix.meta.dataset} --mix {ix.meta.mix_name} --out {ix.uri} "
-                            "--rebuild`)")
+                            f"index {ix.uri}; rebuild the index first "
+                            f"({ix.build_command('--rebuild')})")
     # Every word first: one that cannot be clustered stops the run before any write.
     clustered = [(word, cluster_senses(ix, [word], k=k, examples=0, centre=centre,
                                        seed=seed)) for word in dict.fromkeys(names)]

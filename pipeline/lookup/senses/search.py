@@ -197,8 +197,6 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
     (``doc_fields.as_filters``)."""
     check_search(k, match)
     ix = index if isinstance(index, SenseIndex) else SenseIndex(index)
-    if match == "forms":
-        ix.require_stems()  # before the model loads: the fix is a rebuild
     conditions = as_filters(filters)
     # Before the model loads too: an unknown field is a typo to fix.
     where = ix.fields_where(conditions) if conditions else None
@@ -206,9 +204,8 @@ def search_senses(index: str | SenseIndex, sentence: str, word: str, k: int = 10
     query = locate_word(sentence, word, occurrence,
                         tokenizer=dataset_tokenizer(descriptor))
     words = None if match == "any" else [query.word]
-    if ix.finds_words_in_shards(words, where):
-        # The word's rows and their IVF now: the CLI's model is still loading meanwhile.
-        ix.word_positions(words, "token_stem" if match == "forms" else "token_lower")
+    # The word's rows and their IVF now: the CLI's model is still loading meanwhile.
+    ix.prepare_search(words, "token_stem" if match == "forms" else "token_lower", where)
     vector = embed_query(ix, query, model_dir, embedder, descriptor)
     return nearest_distinct(ix, vector, k, words=words, forms=match == "forms", exact=exact,
                             where=where)

@@ -191,8 +191,6 @@ def _add_sense_routes(app: FastAPI, store: ServedStore, batcher: Batcher) -> Non
     @app.post("/senses/search", summary="uses of a word nearest in meaning to a sentence's")
     async def senses_search(body: SearchRequest) -> JSONResponse:
         name, ix = store.index(body.index)
-        if not body.any_word:
-            ix.require_stems()
         query = locate_word(body.sentence, body.word, body.occurrence,
                             tokenizer=store.tokenizer)
         # Document-field filters become the index's prefilter, as for `elmo senses search
