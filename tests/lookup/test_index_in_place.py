@@ -34,7 +34,7 @@ def _shard_folders(ix: Path) -> list[Path]:
 
 
 def _all_vectors(ix: Path) -> np.ndarray:
-    ivf = SenseIndex(str(ix))._compact_ivf()
+    ivf = SenseIndex(str(ix)).ivf()
     assert isinstance(ivf, ShardedIvf)
     return ivf.vectors[np.arange(len(ivf.vectors))]
 
@@ -66,7 +66,7 @@ def test_in_place_rows_equal_the_copy_bit_for_bit(built: Path) -> None:
     assert np.array_equal(in_place, copy)
     picks = np.random.default_rng(3).choice(ROWS, 40, replace=False)
     positions = np.sort(picks)
-    assert np.array_equal(SenseIndex(str(built / "ix"))._compact_ivf().vectors[picks],
+    assert np.array_equal(SenseIndex(str(built / "ix")).ivf().vectors[picks],
                           copy[picks])
     for query in copy[positions[:5]].astype(np.float32):
         a = SenseIndex(str(built / "ix")).search(query, k=10, columns=KEYS)
