@@ -61,3 +61,33 @@ def test_small_cpu_calls_run_on_one_thread(two_torch_threads: None) -> None:
     assert torch.get_num_threads() == 2
     with threads_for_call(torch.device("cpu"), ONE_THREAD_MAX_TOKENS + 1):
         assert torch.get_num_threads() == 2
+
+
+def _assert_positions_equal_embed(embedder: object) -> None:
+    from elmo_model.query_position import position_layers
+
+    for sentence in [["light"], *_sentences(5, seed=3)]:
+        want = embedder.embed([sentence])[0]  # type: ignore[attr-defined]
+        for position in range(len(sentence)):
+            got = position_layers(embedder, sentence, position)  # type: ignore[arg-type]
+            assert got.dtype == np.float32 and np.array_equal(got, want[:, position])
+
+
+@pytest.mark.slow
+def test_default_model_one_position_equals_the_whole_sentence() -> None:
+    """Each direction run only as far as the token (the default model starts from its
+    stored warm state): every position's layers are the whole sentence's, bit for bit."""
+    from elmo_model.api import default_model_dir, load_model_dir
+
+    _assert_positions_equal_embed(load_model_dir(default_model_dir()))
+
+
+def test_small_model_one_position_equals_the_whole_sentence(tiny_model_dir: Path) -> None:
+    from elmo_model.api import load_model_dir
+    from elmo_model.errors import ElmoUserError
+    from elmo_model.query_position import position_layers
+
+    embedder = load_model_dir(tiny_model_dir)
+    _assert_positions_equal_embed(embedder)
+    with pytest.raises(ElmoUserError, match="outside a sentence of 2 tokens"):
+        position_layers(embedder, ["a", "b"], 2)
