@@ -238,6 +238,9 @@ def _new_sentence(args: argparse.Namespace, i: int) -> str:
     """A sentence not asked before (numbered), holding ``--word`` among corpus words."""
     words = QUERY_TEXT.split(" ")
     start = (7 * i) % (len(words) - 8)
+    if args.word_at == "middle":  # the query token mid-sentence, as a reader's usually is
+        before, after = " ".join(words[start:start + 4]), " ".join(words[start + 4:start + 8])
+        return f"{before} {args.word} {after} {i}"
     return f"{args.word} {' '.join(words[start:start + 8])} {i}"
 
 
@@ -372,6 +375,8 @@ def main() -> None:
         each.add_argument("--refine", type=int, default=10)
         each.add_argument("--sub-vectors", type=int, default=64)
         each.add_argument("--port", type=int, default=8391)
+        each.add_argument("--word-at", choices=("start", "middle"), default="start",
+                          help="serve: where --word sits in each new sentence")
         each.add_argument("--model", metavar="DIR", help="serve, cli: the model directory "
                           "(default: the dataset's recorded one)")
         each.add_argument("--candidates", default="0",

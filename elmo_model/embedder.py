@@ -27,6 +27,7 @@ from elmo_model.lstm_steps import choose_step
 from elmo_model.model import BiLM, BiLMConfig, LstmState, LstmStep, PackPlan, reference_step
 from elmo_model.pack_plan import DistinctInput, packed_input, stateless_batches
 from elmo_model.packed_runner import CanonicalLayers, PackedLayers, PackedRunner
+from elmo_model.steps.onednn import threads_for_call
 
 if TYPE_CHECKING:
     from elmo_model.quantize import TypeQuantizer
@@ -381,8 +382,9 @@ class ElmoEmbedder:
     def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
         """All layers for each tokenized sentence, ``[L + 1, n, 2P]`` float32 each."""
         results: list[np.ndarray | None] = [None] * len(sentences)
-        with self._one_call:
-            for batch in self._batches(sentences):
+        batches = self._batches(sentences)  # refuses a malformed argument before it is read
+        with self._one_call, threads_for_call(self.device, sum(len(s) + 2 for s in sentences)):
+            for batch in batches:
                 for i, vectors in zip(batch, self._run_batch([sentences[i] for i in batch]),
                                       strict=True):
                     results[i] = vectors

@@ -245,7 +245,7 @@ def _never_one_row(product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
+def one_thread() -> Iterator[None]:
     """torch on one thread inside: its element-wise kernels cut a tensor into one piece per
     thread, and each piece's last few elements go through a scalar loop whose sigmoid
     rounds differently from the vector loop's; with the cuts where the row count puts
@@ -261,6 +261,24 @@ def _one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+# A CPU call of at most this many tokens (a query sentence or a few: the server's and the
+# CLI's search) runs on one torch thread. Its per-step products have a row or a few, bound by
+# reading the weights, not by arithmetic: a second thread adds a barrier a product, and on a
+# busy machine each barrier waits for a descheduled thread (the default model, one 17-token
+# sentence at load ~8 on 2 cores: 26 ms CPU on one thread, 190 on two; BENCHMARKS.md, "a
+# query's forward pass"). The bytes are the same at any thread count
+# (tests/model/test_query_forward.py).
+ONE_THREAD_MAX_TOKENS = 256
+
+
+def threads_for_call(device: torch.device, n_tokens: int
+                     ) -> contextlib.AbstractContextManager[None]:
+    """``one_thread()`` for a small CPU call (``ONE_THREAD_MAX_TOKENS``), else nothing."""
+    if device.type == "cpu" and n_tokens <= ONE_THREAD_MAX_TOKENS:
+        return one_thread()
+    return contextlib.nullcontext()
 
 
 def _recurrence(layer: BiLstmLayer, x: LayerInput, plan: PackPlan, h: torch.Tensor,
@@ -285,7 +303,7 @@ def _recurrence(layer: BiLstmLayer, x: LayerInput, plan: PackPlan, h: torch.Tens
                 h_k = h_k[:n]
             start = plan.offsets[t]
             gates = _never_one_row(direction.gates, h_k, pre[start : start + n])  # [n, 4D]
-            with _one_thread():
+            with one_thread():
                 cell = cell_update_(gates, c[k, :n], flat_cell[: n * d].view(n, d),
                                     layer.cell_clip)
             rows = out[k, start : start + n]  # h_k is read from here at the next step

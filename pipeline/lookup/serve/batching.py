@@ -8,7 +8,8 @@ runs at a time on one worker thread: the model and LanceDB already use the cores
 two batches at once would only make each slower.
 
 In a batch, every sentence (embed requests and sense-search queries alike) goes to one
-``embedder.embed`` call, less those whose layers are still kept (``LayerCache``). A search
+``embedder.embed`` call, less those whose layers are still kept (``LayerCache``); a search
+alone in its batch runs only its token's part of the biLM (``LayerCache.position``). A search
 for a word with few rows is answered in this process over its cached rows
 (``exact.ExactSearch``, below ``EXACT_CANDIDATE_VALUES``); the others are grouped by what
 LanceDB must be told once per call (index, word filter, rows fetched) and each group is
@@ -141,8 +142,12 @@ class Batcher:
         self.stats.jobs += len(jobs)
         self.stats.largest = max(self.stats.largest, len(jobs))
         sentences = [s for job in jobs for s in job.sentences]
+        alone = None  # a lone search's token layers: its position's alone (LayerCache.position)
         try:
-            layers = self.layers.embed(sentences)
+            if len(jobs) == 1 and isinstance(jobs[0], SearchJob):
+                alone, layers = self.layers.position(jobs[0].query), []
+            else:
+                layers = self.layers.embed(sentences)
         except Exception as error:  # every job of the batch gets it
             return [(False, error)] * len(jobs)
         outcomes: list[tuple[bool, Any]] = [(False, RuntimeError("not run"))] * len(jobs)
@@ -158,8 +163,8 @@ class Batcher:
             try:
                 if id(job.index) not in mixes:
                     mixes[id(job.index)] = job.index.mix
-                vector = query_vector(mine[0][:, job.query.position, :], mixes[id(job.index)],
-                                      self.descriptor)
+                token_layers = mine[0][:, job.query.position, :] if alone is None else alone
+                vector = query_vector(token_layers, mixes[id(job.index)], self.descriptor)
             except Exception as error:
                 outcomes[i] = (False, error)
                 continue
@@ -196,6 +201,8 @@ class LayerCache:
                  max_bytes: int = LAYER_CACHE_BYTES) -> None:
         self.embedder, self.size, self.max_bytes = embedder, size, max_bytes
         self.kept: OrderedDict[tuple[str, ...], np.ndarray] = OrderedDict()
+        # a sentence's one token's layers, [L+1, 2P], by (sentence, position)
+        self.positions: OrderedDict[tuple[tuple[str, ...], int], np.ndarray] = OrderedDict()
         self.bytes = 0  # of the arrays kept
 
     def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
@@ -210,9 +217,36 @@ class LayerCache:
         for key in keys:
             self.kept.move_to_end(key)
             out.append(self.kept[key])
-        while self.kept and (len(self.kept) > self.size or self.bytes > self.max_bytes):
-            self.bytes -= self.kept.popitem(last=False)[1].nbytes
+        self._bound()
         return out
+
+    def position(self, query: QueryToken) -> np.ndarray:
+        """The ``[L+1, 2P]`` layers of the query's token. A lone search's new sentence runs
+        each direction of the biLM only as far as that token (``position_layers``: the
+        same bits, about half the recurrence for a middle word), and only they are kept."""
+        key = tuple(query.tokens)
+        if key in self.kept:
+            self.kept.move_to_end(key)
+            return self.kept[key][:, query.position]
+        token_key = (key, query.position)
+        if token_key not in self.positions:
+            from elmo_model.embedder import ElmoEmbedder  # torch: the model has loaded it
+            from elmo_model.query_position import position_layers
+
+            if not (isinstance(self.embedder, ElmoEmbedder) and self.embedder.mode == "stateless"):
+                return self.embed([query.tokens])[0][:, query.position]
+            layers = position_layers(self.embedder, query.tokens, query.position)
+            self.positions[token_key] = layers
+            self.bytes += layers.nbytes
+        self.positions.move_to_end(token_key)
+        layers = self.positions[token_key]
+        self._bound()
+        return layers
+
+    def _bound(self) -> None:
+        for kept in (self.kept, self.positions):
+            while kept and (len(kept) > self.size or self.bytes > self.max_bytes):
+                self.bytes -= kept.popitem(last=False)[1].nbytes
 
 
 def search_group(jobs: list[SearchJob], vectors: np.ndarray) -> list[list[Hit]]:
