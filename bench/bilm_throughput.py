@@ -183,7 +183,7 @@ def main() -> None:
         print(f"\nthreads={threads}: the fp32 step is {embedders['fp32'].lstm_step}")
         for embedder in embedders.values():
             if embedder.cache is not None:
-                with torch.inference_mode(), embedder._autocast():
+                with torch.inference_mode(), embedder.autocast():
                     for i in range(0, len(history), 256):
                         embedder.cache.lookup(
                             model, [t for s in history[i : i + 256] for t in s], embedder.device,

@@ -234,7 +234,7 @@ class ElmoEmbedder:
         self._carried: LstmState | None = None  # stateful mode: per row, grown on demand
         self._copier = HostCopier(self.device)
         self._workspace = Workspace(self.device)
-        self._one_call = threading.Lock()  # the workspace serves one call at a time
+        self.call_lock = threading.Lock()  # the workspace serves one call at a time
 
     @property
     def config(self) -> BiLMConfig:
@@ -244,12 +244,12 @@ class ElmoEmbedder:
         """Forget the carried state (stateful mode): the next batch starts from zeros."""
         self._carried = None
 
-    def _autocast(self):
+    def autocast(self):
         if self.dtype == "float32":
             return nullcontext()
         return torch.autocast(self.device.type, dtype=_DTYPES[self.dtype])
 
-    def _token_vectors(self, tokens: list[str]
+    def token_vectors(self, tokens: list[str]
                        ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
         """The distinct tokens of ``tokens`` (in order of first occurrence), their vectors
         ``[U, P]`` (from the cache, in the workspace) and each token's row among them
@@ -264,7 +264,7 @@ class ElmoEmbedder:
         return distinct, self.cache.lookup(self.model, distinct, self.device, self.step,
                                            out), rows
 
-    def _initial_state(self, batch_size: int) -> LstmState | None:
+    def start_state(self, batch_size: int) -> LstmState | None:
         if self.mode == "stateful":
             if self._carried is None:
                 self._carried = self.model.zero_state(batch_size, self.device)
@@ -289,8 +289,8 @@ class ElmoEmbedder:
         flat = [t for s in sentences for t in (BOS_TOKEN, *s, EOS_TOKEN)]
         plan = PackPlan.build(np.array([len(s) + 2 for s in sentences]), self.device)
         n_layers, width = self.config.n_layers, self.config.projection_dim
-        with self._autocast():
-            distinct, vectors, token_rows = self._token_vectors(flat)  # [U, P], [N]
+        with self.autocast():
+            distinct, vectors, token_rows = self.token_vectors(flat)  # [U, P], [N]
             packed = [self._workspace.get(f"packed {j}", (2, plan.n_tokens, width))
                       for j in range(n_layers + 1)]
             # [L + 1, N, 2P]: layer 0 is [x; x]; the LSTM layers are written into the rest
@@ -301,7 +301,7 @@ class ElmoEmbedder:
             output = CanonicalLayers(layers[1:]) if layers is not None else PackedLayers(
                 last_residual=False)
             _, final_state = PackedRunner(self.model, self.step).run(
-                vectors, plan, packed, self._initial_state(len(sentences)), token_rows, output)
+                vectors, plan, packed, self.start_state(len(sentences)), token_rows, output)
         if self.mode == "stateful":
             assert self._carried is not None
             for (h, c), (fh, fc) in zip(self._carried, final_state, strict=True):
@@ -383,7 +383,7 @@ class ElmoEmbedder:
         """All layers for each tokenized sentence, ``[L + 1, n, 2P]`` float32 each."""
         results: list[np.ndarray | None] = [None] * len(sentences)
         batches = self._batches(sentences)  # refuses a malformed argument before it is read
-        with self._one_call, threads_for_call(self.device, sum(len(s) + 2 for s in sentences)):
+        with self.call_lock, threads_for_call(self.device, sum(len(s) + 2 for s in sentences)):
             for batch in batches:
                 for i, vectors in zip(batch, self._run_batch([sentences[i] for i in batch]),
                                       strict=True):
@@ -402,12 +402,12 @@ class ElmoEmbedder:
         from elmo_model.quantize import TypeQuantizer  # imports pyarrow: only when asked
 
         if not self._copier.cuda:
-            with self._one_call:
+            with self.call_lock:
                 return self._quantize_on_cpu(sentences,
                                              TypeQuantizer() if layer_0_per_type else None)
         host: list[HostBatch] = []
         where: list[tuple[int, int, int]] = [(0, 0, 0)] * len(sentences)
-        with self._one_call:
+        with self.call_lock:
             for batch in self._batches(sentences):
                 start = 0
                 for i in batch:

@@ -41,9 +41,9 @@ def position_layers(embedder: ElmoEmbedder, tokens: list[str], position: int
     steps = max(forward_length, backward_length)
     out = np.empty((embedder.config.n_layers + 1, 2 * width), np.float32)
     flat = [BOS_TOKEN, *tokens, EOS_TOKEN]
-    with (embedder._one_call, threads_for_call(embedder.device, 2 * steps),
-          embedder._autocast()):
-        _, vectors, rows = embedder._token_vectors(flat)  # [U, P], [N]
+    with (embedder.call_lock, threads_for_call(embedder.device, 2 * steps),
+          embedder.autocast()):
+        _, vectors, rows = embedder.token_vectors(flat)  # [U, P], [N]
         forward = rows[: at + 1]
         backward = rows[at:].flip(0)  # </S>, tn-1, ..., ti
         # [2, steps, P]: each part padded with its own last row (its outputs go unread)
@@ -51,7 +51,7 @@ def position_layers(embedder: ElmoEmbedder, tokens: list[str], position: int
         x = vectors.index_select(0, x.reshape(-1)).view(2, steps, width)
         out[0, :width] = out[0, width:] = vectors[rows[at]].cpu().numpy()
         plan = PackPlan.build(np.array([steps]), embedder.device)
-        state = embedder._initial_state(1) or model.zero_state(1, embedder.device)
+        state = embedder.start_state(1) or model.zero_state(1, embedder.device)
         for index, (layer, (h0, c0)) in enumerate(zip(model.layers, state, strict=True)):
             y, _, _ = layer(x, plan, h0, c0, embedder.step)
             if model.config.has_residual(index):
