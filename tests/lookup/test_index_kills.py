@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import REPO, uncommit_shard_1
+from kill_hook import ON_PATH
 from synthetic_dataset import write_synthetic
 
 from elmo_model.errors import ElmoUserError
@@ -34,25 +35,15 @@ KEYS = ["doc_id", "sent_idx", "tok_idx"]
 # Runs one build in a process of its own that kills itself (SIGKILL: no cleanup of any
 # kind runs) at a phase boundary: right after the n-th call of one of the build's steps
 # returns ("after"), or as it is called ("before"), as the embed and job tests do.
-KILLER = textwrap.dedent("""
-    import json, os, signal, sys
+KILLER = ON_PATH + textwrap.dedent("""
+    import json, sys
+    from kill_hook import kill_at
     from pipeline.lookup.index import build, publish, rows
     from jobs import index_refresh
 
     where, name, when, nth, call = sys.argv[1:6]
     module = {"build": build, "publish": publish, "rows": rows.IndexTables}[where]
-    real, calls = getattr(module, name), [0]
-
-    def killed(*args, **kwargs):
-        calls[0] += 1
-        if when == "before" and calls[0] == int(nth):
-            os.kill(os.getpid(), signal.SIGKILL)
-        out = real(*args, **kwargs)
-        if when == "after" and calls[0] == int(nth):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return out
-
-    setattr(module, name, killed)
+    kill_at(module, name, when, int(nth))
     call = json.loads(call)
     if call.pop("refresh", False):
         index_refresh.refresh_index(**call)

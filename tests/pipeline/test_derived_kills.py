@@ -20,13 +20,15 @@ from typing import Any
 
 import pytest
 from helpers import REPO
+from kill_hook import ON_PATH
 from test_faults import _copy, _elmo, built  # noqa: F401 (built: the fixture)
 
 # Runs one `elmo` command in a process that kills itself (SIGKILL: nothing is cleaned up)
 # right after the n-th call of a step returns ("after") or as it is called ("before"), as
 # the embed and index kill tests do. ``match``: only calls whose arguments name it count.
-KILLER = textwrap.dedent("""
-    import json, os, signal, sys
+KILLER = ON_PATH + textwrap.dedent("""
+    import json, os, sys
+    from kill_hook import kill_at
     from pipeline import cli
     from pipeline.lookup.pooled import store
     from pipeline.lookup.senses import labels
@@ -35,20 +37,7 @@ KILLER = textwrap.dedent("""
     where, name, when, nth, match, argv = sys.argv[1:7]
     owner = {"labels": labels, "store": store, "files": files, "os": os,
              "derived": derived_tables, "lock": lock.DatasetLock}[where]
-    real, calls = getattr(owner, name), [0]
-
-    def killed(*args, **kwargs):
-        if match and not any(match in str(a) for a in args):
-            return real(*args, **kwargs)
-        calls[0] += 1
-        if when == "before" and calls[0] == int(nth):
-            os.kill(os.getpid(), signal.SIGKILL)
-        out = real(*args, **kwargs)
-        if when == "after" and calls[0] == int(nth):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return out
-
-    setattr(owner, name, killed)
+    kill_at(owner, name, when, int(nth), match)
     cli.main(json.loads(argv))
     sys.exit(3)  # the hook never fired
 """)
