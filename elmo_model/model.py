@@ -396,9 +396,10 @@ class BiLM(VersionedWeights):
         Returns the LSTM layers ``[L, N, 2P]`` (canonical order; ``[..., :P]`` forward) and
         the state after each sentence's last token, per direction, in sentence order.
         dropout: on each layer's input, while training.
-        backward_tokens: ``[N, P]`` for training only: the backward stack reads these instead
-        of ``tokens`` (bilm-tf trains each direction on its own text stream, so truncated
-        back-propagation can carry both states across consecutive windows).
+        backward_tokens: ``[N, P]``: the backward stack reads these instead of ``tokens``
+        (bilm-tf trains each direction on its own text stream, so truncated
+        back-propagation can carry both states across consecutive windows; a query's one
+        position runs each direction over its own part: ``query_position``).
         step: runs the recurrence (``LstmStep``; the reference when None or while autograd
         records)."""
         initial_state = initial_state or self.zero_state(len(plan.lengths), tokens.device)

@@ -5,8 +5,9 @@ LSTM's output there depends only on ``<S> t0 .. ti`` and the backward one's only
 ``</S> tn-1 .. ti`` (read backwards), at every layer: the two directions never meet
 before the output. So each direction runs over its own part: both parts packed as one
 sequence of ``max`` of their lengths, the shorter part padded at its end (steps after the
-position's, whose outputs are not read). For a middle word that is about half the
-steps of the whole sentence.
+position's, whose outputs are not read), through the reference forward pass
+(``BiLM.contextualize``, the backward stack reading its own tokens). For a middle word
+that is about half the steps of the whole sentence.
 
 The vectors are the embedder's for the same sentence bit for bit (each direction's row
 at a step is what the whole sentence's run gives there: the same step, the same maps,
@@ -44,21 +45,16 @@ def position_layers(embedder: ElmoEmbedder, tokens: list[str], position: int
     with (embedder.call_lock, threads_for_call(embedder.device, 2 * steps),
           embedder.autocast()):
         _, vectors, rows = embedder.token_vectors(flat)  # [U, P], [N]
-        forward = rows[: at + 1]
-        backward = rows[at:].flip(0)  # </S>, tn-1, ..., ti
-        # [2, steps, P]: each part padded with its own last row (its outputs go unread)
-        x = torch.stack([_padded(forward, steps), _padded(backward, steps)])
-        x = vectors.index_select(0, x.reshape(-1)).view(2, steps, width)
+        forward = _padded(rows[: at + 1], steps)  # <S>, t0, ..., ti
+        # in canonical order: the backward stack reads it reversed, </S>, tn-1, ..., ti
+        backward = _padded(rows[at:].flip(0), steps).flip(0)
         out[0, :width] = out[0, width:] = vectors[rows[at]].cpu().numpy()
         plan = PackPlan.build(np.array([steps]), embedder.device)
-        state = embedder.start_state(1) or model.zero_state(1, embedder.device)
-        for index, (layer, (h0, c0)) in enumerate(zip(model.layers, state, strict=True)):
-            y, _, _ = layer(x, plan, h0, c0, embedder.step)
-            if model.config.has_residual(index):
-                y += x  # as PackedRunner.run: residual between LSTM layers
-            out[index + 1, :width] = y[0, forward_length - 1].cpu().numpy()
-            out[index + 1, width:] = y[1, backward_length - 1].cpu().numpy()
-            x = y
+        layers, _ = model.contextualize(vectors[forward], plan, embedder.start_state(1),
+                                        backward_tokens=vectors[backward],
+                                        step=embedder.step)  # [L, steps, 2P]
+        out[1:, :width] = layers[:, forward_length - 1, :width].cpu().numpy()
+        out[1:, width:] = layers[:, steps - backward_length, width:].cpu().numpy()
     return out
 
 
