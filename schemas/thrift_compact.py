@@ -144,7 +144,9 @@ def encode_struct(fields: Struct) -> bytes:
 # --------------------------------------------------------------------------- decode
 
 
-def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """An unsigned LEB128 varint at ``pos`` (Thrift's, and the run headers of Parquet's
+    RLE/bit-packed hybrid): (value, the position after it)."""
     value = shift = 0
     while True:
         if pos >= len(buf):
@@ -167,12 +169,12 @@ def _read_bare(buf: bytes | memoryview, pos: int, kind: int) -> tuple[Any, int]:
     if kind == I8:
         return _struct.unpack_from("<b", buf, pos)[0], pos + 1
     if kind in (I16, I32, I64):
-        raw, pos = _read_varint(buf, pos)
+        raw, pos = read_varint(buf, pos)
         return _unzigzag(raw), pos
     if kind == DOUBLE:
         return _struct.unpack_from("<d", buf, pos)[0], pos + 8
     if kind == BINARY:
-        size, pos = _read_varint(buf, pos)
+        size, pos = read_varint(buf, pos)
         if pos + size > len(buf):
             raise ThriftError("truncated binary")
         return bytes(buf[pos:pos + size]), pos + size
@@ -181,7 +183,7 @@ def _read_bare(buf: bytes | memoryview, pos: int, kind: int) -> tuple[Any, int]:
         pos += 1
         size, element = header >> 4, header & 0x0F
         if size == 15:
-            size, pos = _read_varint(buf, pos)
+            size, pos = read_varint(buf, pos)
         element = BOOL if element == _BOOL_FALSE else element
         items = []
         for _ in range(size):
@@ -189,7 +191,7 @@ def _read_bare(buf: bytes | memoryview, pos: int, kind: int) -> tuple[Any, int]:
             items.append(item)
         return (element, items), pos
     if kind == MAP:
-        size, pos = _read_varint(buf, pos)
+        size, pos = read_varint(buf, pos)
         key_kind = value_kind = 0
         if size:
             key_kind, value_kind = buf[pos] >> 4, buf[pos] & 0x0F
@@ -220,7 +222,7 @@ def read_struct(buf: bytes | memoryview, pos: int = 0) -> tuple[Struct, int]:
         if delta:
             field_id += delta
         else:
-            raw, pos = _read_varint(buf, pos)
+            raw, pos = read_varint(buf, pos)
             field_id = _unzigzag(raw)
         if kind in (BOOL, _BOOL_FALSE):
             fields[field_id] = (BOOL, kind == BOOL)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from elmo_model.errors import ElmoUserError
+from schemas.int8_limits import INDEX_OFFSET  # a dictionary index is q + 127
 
 if TYPE_CHECKING:
     from schemas.dataset import Dataset
@@ -133,13 +134,10 @@ def write_in_place(folder: str, ds: Dataset, mix: Mix, path: str,
     offsets = value_offsets[page] + (wanted - first_rows[page]) * dim
     np.save(f"{folder}/{VECTOR_ROWS_FILE}", offsets.astype(np.int64))
     source = {"path": os.path.abspath(path), "column": column, "dim": dim,
-              "bias": _INDEX_BIAS, "identity": file_identity(path)}
+              "bias": INDEX_OFFSET, "identity": file_identity(path)}
     with open(f"{folder}/{VECTOR_SOURCE_FILE}", "w") as handle:
         json.dump(source, handle)
     return True
-
-
-_INDEX_BIAS = 127  # a dictionary index is q + 127 (schemas.int8_column_chunk)
 
 
 def uncompressed_row_pages(path: str, column: str
@@ -180,17 +178,17 @@ def _chunk_pages(handle: Any, chunk: Any, layout: Any, row: int, first_rows: lis
                  offsets: list[int]) -> bool:
     """Append each data page's first row and values' file offset of one column chunk;
     False where the layout is not the in-place one."""
-    from pipeline.lookup.layers.int8 import _HEADER_FIELDS
+    from pipeline.lookup.layers.int8 import INT8_PAGE_HEADER_FIELDS
     from pipeline.lookup.layers.parquet import data_page_values, page_bodies
     from schemas.int8_column_chunk import DICTIONARY_VALUES, INDEX_BIT_WIDTH
-    from schemas.thrift_compact import DICTIONARY_PAGE, RLE_DICTIONARY
+    from schemas.thrift_compact import DICTIONARY_PAGE, RLE_DICTIONARY, read_varint
 
     start = chunk.dictionary_page_offset or chunk.data_page_offset
     handle.seek(start)
     data = handle.read(chunk.total_compressed_size)
     base = np.frombuffer(data, np.uint8).__array_interface__["data"][0]
     seen = 0
-    for header, body in page_bodies(data, start, _HEADER_FIELDS):
+    for header, body in page_bodies(data, start, INT8_PAGE_HEADER_FIELDS):
         if header.get(1) == DICTIONARY_PAGE:
             if not np.array_equal(np.frombuffer(body, "<i4"), DICTIONARY_VALUES):
                 return False
@@ -199,22 +197,10 @@ def _chunk_pages(handle: Any, chunk: Any, layout: Any, row: int, first_rows: lis
         raw = np.frombuffer(values, np.uint8)
         if levels % layout.dim or len(raw) < 2 or raw[0] != INDEX_BIT_WIDTH:
             return False
-        run, width = _varint(raw, 1)
+        run, width = read_varint(memoryview(raw), 1)
         if not run & 1 or (run >> 1) * 8 < levels or len(raw) < width + levels:
             return False  # not one bit-packed run over the page's values
         first_rows.append(row + seen // layout.dim)
         offsets.append(start + raw.__array_interface__["data"][0] - base + width)
         seen += levels
     return seen == chunk.num_values
-
-
-def _varint(raw: np.ndarray, pos: int) -> tuple[int, int]:
-    """A ULEB128 varint at ``pos``: (value, the position after it)."""
-    value = shift = 0
-    while True:
-        byte = int(raw[pos])
-        value |= (byte & 0x7F) << shift
-        pos += 1
-        if not byte & 0x80:
-            return value, pos
-        shift += 7

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 _DICTIONARY_ENCODINGS = (RLE_DICTIONARY, PLAIN_DICTIONARY)  # of a data page's indices
 # PageHeader field 7: DictionaryPageHeader (num_values, encoding).
-_HEADER_FIELDS: dict[int, Any] = {**PAGE_HEADER_FIELDS, 7: {1: True, 2: True}}
+INT8_PAGE_HEADER_FIELDS: dict[int, Any] = {**PAGE_HEADER_FIELDS, 7: {1: True, 2: True}}
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def _read_chunk(source: Any, chunk: pq.ColumnChunkMetaData, rows: int, column: I
         raise UnsupportedLayoutError("short read")
     table: np.ndarray | None = None
     filled = 0
-    for header, body in page_bodies(data, start, _HEADER_FIELDS):
+    for header, body in page_bodies(data, start, INT8_PAGE_HEADER_FIELDS):
         if header.get(1) == DICTIONARY_PAGE:
             table = _dictionary(body, codec, header.get(2, -1), header.get(7, {}))
             continue
