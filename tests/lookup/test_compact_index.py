@@ -28,6 +28,7 @@ from pipeline.lookup.index.ivf_shards import (
     VECTORS_FILE,
     ShardedIvf,
 )
+from pipeline.lookup.index.projection import VALUES_PER_CODE_BYTE
 from pipeline.lookup.index.row_vectors import IN_PLACE_FILES, VECTOR_ROWS_FILE
 from pipeline.lookup.index.sense_index import SenseIndex, read_meta
 from pipeline.lookup.layers.mixes import iter_mixed
@@ -89,7 +90,9 @@ def test_holds_codes_and_keys_its_vectors_beside_it(built: Path) -> None:
     assert meta.compact and meta.built == "ivf" and meta.rows == ROWS >= PQ_MIN_ROWS
     held = meta.ivf
     assert held is not None and held["format"] == SHARDS_FORMAT
-    assert held["codes"] == f"PQ{min(DIM, CODE_BYTES)}"
+    # Two projected values a code byte (a width under DIM_STEP keeps every direction).
+    assert held["projected_dim"] == DIM
+    assert held["codes"] == f"PQ{min(DIM // VALUES_PER_CODE_BYTE, CODE_BYTES)}"
     # Reached, or the point after which more probes gain nothing (CALIBRATION_PLATEAU).
     assert held["recall_at_10"] >= 0.95
     for shard in held["shards"].values():
@@ -223,7 +226,8 @@ def test_grown_past_scalar_codes_it_trains_product_codes(built: Path, tmp_path: 
     record.write_bytes(kept)
     build_index(str(ds), "top", str(ix))
     again = SenseIndex(str(ix)).meta.ivf
-    assert again["rows"] == ROWS and again["codes"] == f"PQ{min(DIM, CODE_BYTES)}"
+    assert again["rows"] == ROWS
+    assert again["codes"] == f"PQ{min(DIM // VALUES_PER_CODE_BYTE, CODE_BYTES)}"
     assert again["trained_rows"] == ROWS
 
 

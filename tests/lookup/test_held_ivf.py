@@ -29,8 +29,9 @@ from pipeline.lookup.index.ivf_build import (
     probe_steps,
     trained_index,
 )
-from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch, MemoryIvf
+from pipeline.lookup.index.ivf_search import IVF_DIR, IvfSearch, MemoryIvf, Sketch
 from pipeline.lookup.index.lance_search import VectorSearch
+from pipeline.lookup.index.projection import inverted
 from pipeline.lookup.index.sense_index import INDEX_META, SenseIndex
 from pipeline.lookup.layers.vectors import unit_vectors
 
@@ -192,8 +193,8 @@ def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
     rng = np.random.default_rng(0)
     nprobe, recall, queries = calibrate(ivf, rng)
     assert queries == 500 and recall >= CALIBRATION_RECALL
-    steps = probe_steps(ivf.index.nlist)
-    assert nprobe in steps and steps[-1] == ivf.index.nlist == 77
+    steps = probe_steps(inverted(ivf.index).nlist)
+    assert nprobe in steps and steps[-1] == inverted(ivf.index).nlist == 77
     if nprobe > steps[0]:  # one step fewer does not reach it
         fewer = steps[steps.index(nprobe) - 1]
         picks = np.sort(np.random.default_rng(0).choice(6000, 500, replace=False))
@@ -206,7 +207,7 @@ def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
     # Probing every list with its own row left out gives the exact answer.
     picks = np.arange(0, 6000, 97)
     q = unit_vectors(ivf.vectors[picks])
-    found, _ = ivf.search(q, 10, nprobe=ivf.index.nlist, leave_out=picks)
+    found, _ = ivf.search(q, 10, nprobe=inverted(ivf.index).nlist, leave_out=picks)
     truth = exact_nearest(ivf.vectors, q, 10, picks)
     assert np.mean([len(set(f) & set(t)) for f, t in zip(found, truth, strict=True)]) >= 9.9
     assert not np.any(found == picks[:, None])
@@ -216,6 +217,47 @@ def test_calibration_keeps_the_fewest_probes_that_reach_the_recall(
         alone = ivf.search(q, 10, nprobe=nprobe, leave_out=picks)
         reused = ivf.search(q, 10, nprobe=nprobe, leave_out=picks, sketched=sketched)
         assert np.array_equal(alone[0], reused[0]) and np.array_equal(alone[1], reused[1])
+
+
+def test_calibration_leaves_the_sketches_out_only_where_the_lists_reach_the_recall(
+        built: tuple[Path, dict]) -> None:
+    """``sketches_optional``: lists that reach the recall alone leave the sketches out (a
+    search then never scans them); lists that cannot keep them."""
+    import faiss
+    import fsspec
+
+    root, _ = built
+    held = SenseIndex(str(root / "ix")).meta.ivf
+    fs = fsspec.filesystem("file")
+    ivf = MemoryIvf.load(fs, str(root / "ix" / IVF_DIR / held["folder"]), held["nprobe"])
+    _, recall, _ = calibrate(ivf, np.random.default_rng(0), sketches_optional=True)
+    assert recall >= CALIBRATION_RECALL and not ivf.scan_sketches
+    ivf.sketch = None  # a search that scanned the sketches would fail here
+    ivf.search(unit_vectors(ivf.vectors[:3]), 10)
+
+    # Lists of other rows' codes (each position holds a random vector): their candidates
+    # are chance, so only the sketches can reach the recall.
+    vectors = np.asarray(ivf.vectors, np.float32)
+    dim = vectors.shape[1]
+    other = unit_vectors(np.random.default_rng(5).standard_normal(vectors.shape)
+                         .astype(np.float32))
+    lists = faiss.index_factory(dim, "IVF16,SQ8", faiss.METRIC_INNER_PRODUCT)
+    lists.train(other)
+    lists.add(other)
+    unit = unit_vectors(vectors)
+    planes = Sketch.planes_for(dim)
+    mean = unit.mean(axis=0)
+    chance = MemoryIvf(lists, ivf.vectors, Sketch(planes, mean, Sketch.encode(unit, planes,
+                                                                             mean)),
+                       ivf.rows, 1)
+    _, with_sketches, _ = calibrate(chance, np.random.default_rng(0), sketches_optional=True)
+    assert chance.scan_sketches and with_sketches > 0.5
+    picks = np.arange(0, 6000, 60)
+    truth = exact_nearest(ivf.vectors, unit[picks], 10, picks)
+    found, _ = chance.search(unit[picks], 10, nprobe=16, leave_out=picks,
+                             sketched=[np.empty(0, np.int64)] * len(picks))
+    alone = np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth, strict=True)])
+    assert alone < 0.2 < with_sketches - alone
 
 
 @pytest.mark.parametrize("rows", [70_000, EXACT_BLOCK_ROWS + 3])

@@ -26,6 +26,7 @@ from pipeline.lookup.index.ivf_shards import (
     VECTORS_FILE,
     ShardedIvf,
 )
+from pipeline.lookup.index.projection import VALUES_PER_CODE_BYTE, inverted
 from pipeline.lookup.index.sense_index import SenseIndex, read_meta
 
 DIM = 64
@@ -56,7 +57,9 @@ def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
     index = SenseIndex(str(built / "ix"))
     held = index.meta.ivf
     assert held["format"] == SHARDS_FORMAT and list(held["shards"]) == index.meta.indexed
-    assert held["codes"] == f"PQ{min(CODE_BYTES, DIM)}" and held["rows"] == ROWS
+    # DIM is one DIM_STEP: every direction kept, two values a code byte.
+    assert held["projected_dim"] == DIM and held["rows"] == ROWS
+    assert held["codes"] == f"PQ{min(CODE_BYTES, DIM // VALUES_PER_CODE_BYTE)}"
     assert sum(s["rows"] for s in held["shards"].values()) == ROWS
     assert held["recall_at_10"] >= 0.95
     for shard in held["shards"].values():
@@ -74,7 +77,7 @@ def test_one_shard_per_file_codes_held_vectors_mapped(built: Path) -> None:
     assert ivf._index is None
     ivf.search(np.ones((1, DIM), np.float32), 3)
     # What it holds per row: the code, faiss's id, the sketch.
-    assert ivf.index.code_size + 8 + ivf.sketch.code_bytes <= MEMORY_BYTES_PER_ROW
+    assert inverted(ivf.index).code_size + 8 + ivf.sketch.code_bytes <= MEMORY_BYTES_PER_ROW
 
 
 @pytest.mark.slow
@@ -214,9 +217,14 @@ def test_training_reports_each_round_and_trains_as_faiss(tmp_path: Path) -> None
     for codes in ("PQ16", "SQ8"):
         steps: list[int] = []
         mine = sample.copy()  # train overwrites it with its residuals (no copy of its own)
-        train(str(tmp_path / codes), mine, 20, codes, steps.append)
+        # The identity projection: the IVF behind it trains on the sample as given.
+        train(str(tmp_path / codes), mine, 20, codes, np.eye(32, dtype=np.float32),
+              sample.mean(axis=0), steps.append)
         assert sum(steps) == train_steps(codes, 32) >= 10
-        ours = faiss.read_index(str(tmp_path / codes / TRAIN_FILE))
+        stored = faiss.read_index(str(tmp_path / codes / TRAIN_FILE))
+        transform = faiss.downcast_VectorTransform(stored.chain.at(0))
+        assert np.array_equal(faiss.vector_to_array(transform.A), np.eye(32).ravel())
+        ours = inverted(stored)
         theirs = faiss.index_factory(32, f"IVF20,{codes}", faiss.METRIC_INNER_PRODUCT)
         theirs.cp.min_points_per_centroid = 1
         if codes.startswith("PQ"):  # as ``train`` sets them

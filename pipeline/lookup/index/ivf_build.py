@@ -38,6 +38,7 @@ from pipeline.lookup.index.ivf_search import (
     Sketch,
     read_ivf,
 )
+from pipeline.lookup.index.projection import inverted
 from pipeline.lookup.layers.vectors import unit_vectors
 
 if TYPE_CHECKING:
@@ -219,33 +220,59 @@ def _trained(vectors: np.ndarray, rows: int, dim: int, lists: int,
 
 def calibrate(ivf: MemoryIvf, rng: np.random.Generator,
               on_rows: Callable[[int], Any] | None = None,
-              candidates: Sequence[int] = ()) -> tuple[int, float, int]:
+              candidates: Sequence[int] = (), sketches_optional: bool = False
+              ) -> tuple[int, float, int]:
     """The fewest probes whose recall@10 reaches CALIBRATION_RECALL on stored rows used as
     queries (each left out of its own answer): ``(nprobe, recall, queries)``;
     ``on_rows``: told the rows the exact scan has done (progress). ``candidates``: counts
     of candidates a result to take from the lists, fewest first (product codes rank them
     too roughly for a fixed count to hold the exact neighbours as rows grow): the first
-    whose probes reach it, else the one that reached most, is left in ``ivf.candidates``."""
+    whose probes reach it, else the one that reached most, is left in ``ivf.candidates``.
+    ``sketches_optional``: the lists alone are measured first, and where they reach it
+    ``ivf.scan_sketches`` is left False (``ivf_search.sketches_needed``)."""
     import numpy as np
 
     rows = len(ivf.vectors)
     k = min(CALIBRATION_K, rows - 1)
-    lists = ivf.index.nlist
-    if k < 1 or lists == 1:
-        return lists, 1.0, 0
+    if k < 1:
+        return inverted(ivf.index).nlist, 1.0, 0
     picks = np.sort(rng.choice(rows, min(rows, CALIBRATION_QUERIES), replace=False))
     queries = unit_vectors(ivf.vectors[picks])
+    # The exact scan before the codes load (a compact index loads them on first use): a
+    # build's peak is then the larger of the two, not their sum (BENCHMARKS.md, issue 46).
     truth = exact_nearest(ivf.vectors, queries, k, picks, on_rows)
+    lists = inverted(ivf.index).nlist
+    if lists == 1:
+        return lists, 1.0, 0
 
-    sketched = ivf.sketch_candidates(queries, k, picks)  # the same at every probe count
+    def recall_with(sketched: list[np.ndarray]) -> Callable[[int], float]:
+        def recall(nprobe: int) -> float:
+            found, _ = ivf.search(queries, k, nprobe=nprobe, leave_out=picks,
+                                  sketched=sketched)
+            return float(np.mean([len(set(f) & set(t)) / k
+                                  for f, t in zip(found, truth, strict=True)]))
+        return recall
 
-    def recall(nprobe: int) -> float:
-        found, _ = ivf.search(queries, k, nprobe=nprobe, leave_out=picks, sketched=sketched)
-        return float(np.mean([len(set(f) & set(t)) / k for f, t in zip(found, truth,
-                                                                       strict=True)]))
+    counts = candidates or (ivf.candidates,)
+    if sketches_optional:
+        none = [np.empty(0, np.int64)] * len(picks)
+        count, nprobe, reached = _fewest_candidates(ivf, recall_with(none), counts, lists)
+        if reached >= CALIBRATION_RECALL:
+            ivf.candidates, ivf.scan_sketches = count, False
+            return nprobe, reached, len(picks)
+    # The sketches' candidates are the same at every probe count: scanned once.
+    sketched = ivf.sketch_candidates(queries, k, picks)
+    count, nprobe, reached = _fewest_candidates(ivf, recall_with(sketched), counts, lists)
+    ivf.candidates, ivf.scan_sketches = count, True
+    return nprobe, reached, len(picks)
 
-    best: tuple[int, int, float] | None = None  # candidates, probes, recall
-    for count in candidates or (ivf.candidates,):
+
+def _fewest_candidates(ivf: MemoryIvf, recall: Callable[[int], float],
+                       counts: Sequence[int], lists: int) -> tuple[int, int, float]:
+    """The first of ``counts`` (candidates a result) whose fewest probes reach
+    CALIBRATION_RECALL, else the one that reached most: ``(count, nprobe, recall)``."""
+    best: tuple[int, int, float] | None = None
+    for count in counts:
         ivf.candidates = count
         # More candidates need no fewer probes: start from the last count's.
         nprobe, reached = _fewest_probes(recall, lists, best[1] if best else 1)
@@ -254,8 +281,7 @@ def calibrate(ivf: MemoryIvf, rng: np.random.Generator,
         if reached >= CALIBRATION_RECALL:
             break
     assert best is not None
-    ivf.candidates = best[0]
-    return best[1], best[2], len(picks)
+    return best
 
 
 def _fewest_probes(recall: Callable[[int], float], lists: int, least: int = 1

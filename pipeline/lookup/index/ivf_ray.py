@@ -31,7 +31,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from elmo_model.errors import ElmoUserError, SettingError
-from pipeline.lookup.index.ivf_search import CANDIDATES_PER_RESULT, EXACT_FILTER_ROWS
+from pipeline.lookup.index.ivf_search import (
+    CANDIDATES_PER_RESULT,
+    EXACT_FILTER_ROWS,
+    sketches_needed,
+)
 from pipeline.lookup.index.ivf_shards import ShardedIvf, candidates_of, is_sharded
 from pipeline.lookup.ray_work import connect
 
@@ -162,10 +166,13 @@ class ShardSearcher:
             params = faiss.SearchParametersIVF(nprobe=nprobe, sel=sel)
             far, found = self.ivf.index.search(unit[i:i + 1], min(want, rows), params=params)
             scan = faiss.SearchParameters(sel=sel) if sel is not None else None
-            bits, near = self.ivf.sketch.scan.search(
-                self.ivf.sketch.encode(unit[i:i + 1], self.ivf.sketch.planes,
-                                       self.ivf.sketch.mean),
-                min(sketched, rows), params=scan)
+            if sketched:
+                bits, near = self.ivf.sketch.scan.search(
+                    self.ivf.sketch.encode(unit[i:i + 1], self.ivf.sketch.planes,
+                                           self.ivf.sketch.mean),
+                    min(sketched, rows), params=scan)
+            else:  # the build left the sketches out (``sketches_needed``)
+                bits, near = np.empty((1, 0), np.int32), np.empty((1, 0), np.int64)
             out.append(tuple(x for f, d in ((found[0], far[0]), (near[0], bits[0]))
                              for x in (d[f >= 0], self.to_whole(f[f >= 0]))))
         return out
@@ -218,6 +225,7 @@ class RayIvf:
         self.dim, self.rows = int(record["dim"]), int(record["rows"])
         self.nprobe, self.lists = int(record["nprobe"]), int(record["lists"])
         self.candidates = candidates_of(record)
+        self.scan_sketches = sketches_needed(record)
         self.nodes = list(nodes)  # the node of each actor
 
     def holds(self, columns: Sequence[str]) -> bool:
@@ -277,7 +285,7 @@ class RayIvf:
         import ray
 
         want = min(rows, max(k, self.candidates * k))
-        sketched = min(rows, max(k, CANDIDATES_PER_RESULT * k))
+        sketched = min(rows, max(k, CANDIDATES_PER_RESULT * k)) if self.scan_sketches else 0
         chosen: dict[int, np.ndarray] = {}
         pending, nprobe = np.arange(len(unit)), self.nprobe
         while len(pending):

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipeline.lookup.index.projection import inverted
 from pipeline.lookup.layers.vectors import unit_vectors
 
 if TYPE_CHECKING:
@@ -58,6 +59,15 @@ EXACT_FILTER_ROWS = 20_000
 RANK_BLOCK_ROWS = 8_192  # rows widened to float32 at a time: they stay in cache
 
 
+def sketches_needed(record: dict[str, Any]) -> bool:
+    """Whether a search of the IVF ``record`` describes takes candidates from the sketches
+    as well as the lists: a compact index's build leaves them out where its lists alone
+    reached the recall it calibrates to (``ivf_build.calibrate``). Their scan reads every
+    row's sketch: 7 of 12 ms a query at 2.1M rows once the codes ranked well (BENCHMARKS.md,
+    "issue 46: codes in the rows' principal directions")."""
+    return bool(record.get("sketches", True))
+
+
 def current(ivf: dict[str, Any] | None, table_version: int) -> bool:
     """Whether ``ivf`` (``IndexMeta.ivf``) describes an IVF of this format made from the
     table at ``table_version``."""
@@ -79,13 +89,14 @@ class MemoryIvf:
         self.index, self.vectors, self.sketch = index, vectors, sketch
         # A query's probed lists are scanned on every core; queries come one at a time
         # (``search``; BENCHMARKS.md, "Where the milliseconds went").
-        self.index.parallel_mode = 1
+        inverted(index).parallel_mode = 1
         # One chunk: taking rows from a chunked table costs many times more.
         self.rows = rows.combine_chunks()
         self.nprobe = nprobe
         self.dim = vectors.shape[1]
-        self.candidates = PQ_CANDIDATES_PER_RESULT if hasattr(index, "pq") \
+        self.candidates = PQ_CANDIDATES_PER_RESULT if hasattr(inverted(index), "pq") \
             else CANDIDATES_PER_RESULT
+        self.scan_sketches = True  # ``sketches_needed``
 
     @classmethod
     def load(cls, fs: Any, folder: str, nprobe: int) -> MemoryIvf:
@@ -176,13 +187,16 @@ class MemoryIvf:
             _, found = self.index.search(unit, want, params=params)
             # The probed lists hold fewer rows than asked for (a large k, or a filter that
             # leaves few in them): probe more.
-            if nprobe >= self.index.nlist or int((found >= 0).sum()) >= enough:
+            lists = inverted(self.index).nlist
+            if nprobe >= lists or int((found >= 0).sum()) >= enough:
                 break
-            nprobe = min(self.index.nlist, 4 * nprobe)
+            nprobe = min(lists, 4 * nprobe)
         # ... and the rows of the nearest sketches; a row found both ways counts once.
-        if sketched is None:
+        if sketched is None and self.scan_sketches:
             sketched = self.sketch.nearest(unit, self._sketched_count(rows, k, bool(extra)),
                                            sel)[0]
+        elif sketched is None:
+            sketched = np.empty(0, np.int64)
         found = np.unique(np.concatenate([found[0], sketched]))
         found = found[(found >= 0) & (found != (-1 if leave_out is None else leave_out))]
         sims = self.cosines(unit[0], found)
@@ -339,6 +353,7 @@ def add_to_lists(index: Any, lists: np.ndarray, codes: np.ndarray, ids: np.ndarr
     import faiss
     import numpy as np
 
+    index = inverted(index)
     order = np.argsort(lists, kind="stable")
     ids = np.ascontiguousarray(ids[order], np.int64)
     sorted_lists = lists[order]
@@ -366,7 +381,7 @@ def size_lists(index: Any, sizes: np.ndarray) -> np.ndarray:
     import faiss
     import numpy as np
 
-    invlists = faiss.downcast_InvertedLists(index.invlists)
+    invlists = faiss.downcast_InvertedLists(inverted(index).invlists)
     for at in np.flatnonzero(sizes).tolist():
         invlists.resize(at, int(sizes[at]))
     return np.zeros(len(sizes), np.int64)

@@ -42,7 +42,9 @@ from pipeline.lookup.index.ivf_search import (
     Sketch,
     add_to_lists,
     size_lists,
+    sketches_needed,
 )
+from pipeline.lookup.index.projection import inverted
 from pipeline.lookup.index.row_vectors import (  # VECTORS_FILE: re-exported
     COPY_FILES,
     IN_PLACE_FILES,
@@ -77,7 +79,7 @@ TRAIN_FILES = (TRAIN_FILE, PLANES_FILE)
 # without the figure take ``SHARD_CANDIDATES_PER_RESULT``).
 CODE_BYTES = 64
 SHARD_CANDIDATES_PER_RESULT = 30
-CANDIDATE_STEPS = (30, 60, 120, 240)
+CANDIDATE_STEPS = (10, 20, 30, 60, 120, 240)
 # Per row in a process: the code, faiss's id, the sketch.
 MEMORY_BYTES_PER_ROW = CODE_BYTES + 8 + 16
 
@@ -133,6 +135,7 @@ class ShardedIvf(MemoryIvf):
         self.rows = ShardRows([f"{f}/{ROWS_FILE}" for f in folders], self.offsets)
         self.folders = list(folders)
         self.candidates = candidates_of(record)
+        self.scan_sketches = sketches_needed(record)
         self._index: Any = None
         self._sketch: Sketch | None = None
         self._shard_of = {_pair(key): i for i, key in enumerate(self.keys)}
@@ -224,19 +227,20 @@ class ShardedIvf(MemoryIvf):
         import numpy as np
 
         index = faiss.read_index(f"{self.folder}/{TRAIN_FILE}")
+        lists_index = inverted(index)
         shards = []
-        sizes = np.zeros(index.nlist, np.int64)
+        sizes = np.zeros(lists_index.nlist, np.int64)
         for s, local in picks:
             lists = np.load(f"{self.folders[s]}/{LISTS_FILE}", mmap_mode="r")
             codes = np.load(f"{self.folders[s]}/{CODES_FILE}", mmap_mode="r")
-            if len(lists) != len(codes) or codes.shape[1:] != (index.code_size,) \
+            if len(lists) != len(codes) or codes.shape[1:] != (lists_index.code_size,) \
                     or len(lists) != self.offsets[s + 1] - self.offsets[s]:
                 raise ElmoUserError(f"index shard {self.keys[s]} does not match its record "
                                     "(a build stopped half way?); `elmo index build` makes "
                                     "it again")
             if local is None:
                 local = np.arange(len(lists))
-            sizes += np.bincount(np.asarray(lists[local]), minlength=index.nlist)
+            sizes += np.bincount(np.asarray(lists[local]), minlength=lists_index.nlist)
             shards.append((s, local, lists, codes))
         # Every list at its final size first: lists grown shard by shard doubled their
         # capacity, up to twice the codes' and ids' bytes.
@@ -246,8 +250,8 @@ class ShardedIvf(MemoryIvf):
             add_to_lists(index, np.asarray(lists[local]), np.asarray(codes[local]),
                          local + self.offsets[s], filled)
             total += len(local)
-        index.ntotal = total
-        index.parallel_mode = 1
+        index.ntotal = lists_index.ntotal = total  # the projection's and its IVF's
+        lists_index.parallel_mode = 1
         return index
 
     def search(self, queries: np.ndarray, k: int, nprobe: int | None = None,
@@ -291,7 +295,7 @@ class ShardedIvf(MemoryIvf):
         # Its search only: no rows to take; as many candidates as this index re-ranks.
         view = MemoryIvf(index, self.vectors, IdSketch(planes, mean, sketches, ids),
                          pa.table({}), self.nprobe)
-        view.candidates = self.candidates
+        view.candidates, view.scan_sketches = self.candidates, self.scan_sketches
         self._view = (among, view)
         return view
 
@@ -371,9 +375,13 @@ def _local_copy(fs: Any, base: str, record: dict[str, Any], cache: str | None) -
 
 
 def return_freed_heap() -> None:
-    """Give glibc's freed heap back to the kernel. Loading the codes and sketches reads
-    each shard's arrays and copies them into faiss, and glibc keeps the freed copies for
-    reuse: ~16 bytes a row of a searching process that nothing reuses (123 -> 107 B a row
-    between 0.85M and 2.1M rows; BENCHMARKS.md, "issue 46 at 2.1M rows")."""
+    """Give glibc's and Arrow's freed heap back to the kernel. Loading the codes and
+    sketches reads each shard's arrays and copies them into faiss, and glibc keeps the
+    freed copies for reuse: ~16 bytes a row of a searching process that nothing reuses
+    (123 -> 107 B a row between 0.85M and 2.1M rows; BENCHMARKS.md, "issue 46 at 2.1M
+    rows"). A build's shards leave the largest file's rows in Arrow's pool."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: its allocator decides
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -58,7 +58,13 @@ from pipeline.lookup.index.ivf_shards import (
     _local_copy,
     is_sharded,
     local_fs,
+    return_freed_heap,
     shard_missing,
+)
+from pipeline.lookup.index.projection import (
+    VALUES_PER_CODE_BYTE,
+    principal_projection,
+    with_projection,
 )
 from pipeline.lookup.index.shard_files import SHARD_VECTOR_DTYPE
 from pipeline.lookup.index.shard_work import (
@@ -94,10 +100,11 @@ def lists_for(rows: int) -> int:
 
 
 def codes_for(rows: int, dim: int) -> str:
-    """Product-quantized codes of ``CODE_BYTES`` bytes (residuals of the coarse centroid)
-    once there are enough rows to train them, else 8-bit scalar codes."""
+    """Product-quantized codes of ``dim`` (projected) values, ``VALUES_PER_CODE_BYTE`` a
+    byte up to ``CODE_BYTES`` bytes (residuals of the coarse centroid), once there are
+    enough rows to train them, else 8-bit scalar codes."""
     if rows >= PQ_MIN_ROWS:
-        for subs in range(min(CODE_BYTES, dim), 0, -1):
+        for subs in range(max(1, min(CODE_BYTES, dim // VALUES_PER_CODE_BYTE)), 0, -1):
             if dim % subs == 0:
                 return f"PQ{subs}"
     return "SQ8"
@@ -112,7 +119,8 @@ def train_rows_for(rows: int, lists: int, codes: str) -> int:
 def bytes_needed(rows: int, dim: int) -> int:
     """Peak memory of a build (and of a process that searches every row's codes)."""
     sample = train_rows_for(rows, lists_for(rows), codes_for(rows, dim))
-    return BASE_BYTES + 3 * sample * dim * 4 + 2 * rows * MEMORY_BYTES_PER_ROW
+    # The projected sample (every direction kept, at most), its residuals, one block.
+    return BASE_BYTES + 2 * sample * dim * 4 + 2 * rows * MEMORY_BYTES_PER_ROW
 
 
 def free_memory() -> int:
@@ -146,34 +154,53 @@ def check_fits(rows: int, new_rows: int, dim: int, itemsize: int, work: str) -> 
                             f"under {work}; {room / 2**30:.1f} GiB are free")
 
 
-def sample_rows(vectors: Any, rows: int, take: int, rng: np.random.Generator,
-                on_rows: Callable[[int], Any] | None = None) -> np.ndarray:
-    """``take`` rows of ``vectors`` (``ShardVectors``) at random, as unit float32;
-    ``on_rows``: told the rows read (progress)."""
+def projected_sample(vectors: Any, rows: int, take: int, rng: np.random.Generator,
+                     on_rows: Callable[[int], Any] | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``take`` rows of ``vectors`` (``ShardVectors``) at random, as unit float32 rows
+    projected on their principal directions (``projection.principal_projection``): the
+    sample, the projection ``[dim, kept]`` and the unit rows' mean. Read twice, a block at
+    a time: once for their second moment and mean, once to project them, so that the
+    sample is never held at full width (287 MB at 70,128 rows of 1024, growing with the
+    lists: a build's largest allocation that grew with rows). ``on_rows``: told the rows
+    read (progress; twice ``take`` in all)."""
     import numpy as np
 
     picks = np.sort(rng.choice(rows, take, replace=False))
-    out = np.empty((take, vectors.shape[1]), np.float32)
-    # Blocks of a few thousand rows: one read a row, so a block is a second or so of reads.
-    for start in range(0, take, SAMPLE_BLOCK_ROWS):
-        block = picks[start:start + SAMPLE_BLOCK_ROWS]
-        out[start:start + len(block)] = unit_vectors(vectors.read_rows(block))
-        if on_rows is not None:
-            on_rows(len(block))
-    return out
+    dim = vectors.shape[1]
+    second = np.zeros((dim, dim), np.float64)
+    total = np.zeros(dim, np.float64)
+
+    def blocks() -> Any:
+        # Blocks of a few thousand rows: a block is a second or so of reads.
+        for start in range(0, take, SAMPLE_BLOCK_ROWS):
+            block = picks[start:start + SAMPLE_BLOCK_ROWS]
+            yield start, unit_vectors(vectors.read_rows(block))
+            if on_rows is not None:
+                on_rows(len(block))
+
+    for _, unit in blocks():
+        second += unit.T @ unit
+        total += unit.sum(axis=0)
+    projection = principal_projection(second / max(1, take))
+    out = np.empty((take, projection.shape[1]), np.float32)
+    for start, unit in blocks():
+        out[start:start + len(unit)] = unit @ projection
+    return out, projection, (total / max(1, take)).astype(np.float32)
 
 
-def train(folder: str, sample: np.ndarray, lists: int, codes: str,
-          on_step: Callable[[int], Any] | None = None) -> None:
-    """The empty trained IVF and the sketches' planes and centre, from ``sample`` (unit).
-    ``on_step``: told of each step done (``train_steps``: a round of the coarse k-means, a
-    sub-quantizer of the product codes), so that a long training shows progress.
-    ``sample`` is overwritten by its residuals (product codes): no copy of it is made."""
+def train(folder: str, sample: np.ndarray, lists: int, codes: str, projection: np.ndarray,
+          mean: np.ndarray, on_step: Callable[[int], Any] | None = None) -> None:
+    """The empty trained IVF behind ``projection`` (``[dim, kept]``: ``projection``) and
+    the sketches' planes and centre ``mean`` (of the unit rows), from ``sample``: the
+    sample's unit rows projected. ``on_step``: told of each step done (``train_steps``: a
+    round of the coarse k-means, a sub-quantizer of the product codes), so that a long
+    training shows progress. ``sample`` is overwritten by its residuals (product codes):
+    no copy of it is made."""
     import faiss
     import numpy as np
 
     dim = sample.shape[1]
-    mean = sample.mean(axis=0).astype(np.float32)  # before the residuals replace it
     index = faiss.index_factory(dim, f"IVF{lists},{codes}", faiss.METRIC_INNER_PRODUCT)
     if hasattr(index, "do_polysemous_training"):
         index.do_polysemous_training = False  # unused here (ivf_build)
@@ -196,9 +223,9 @@ def train(folder: str, sample: np.ndarray, lists: int, codes: str,
     else:
         index.train(sample)  # the scalar quantizer's ranges: the quantizer is trained
     os.makedirs(folder, exist_ok=True)
-    faiss.write_index(index, f"{folder}/{TRAIN_FILE}")
-    np.savez(f"{folder}/{PLANES_FILE}", planes=Sketch.planes_for(dim),
-             mean=mean)
+    faiss.write_index(with_projection(projection, index), f"{folder}/{TRAIN_FILE}")
+    np.savez(f"{folder}/{PLANES_FILE}", planes=Sketch.planes_for(projection.shape[0]),
+             mean=mean.astype(np.float32))
 
 
 def train_steps(codes: str, dim: int) -> int:
@@ -298,6 +325,7 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
             (run_here if here else run)(jobs, bar.update)
         shards |= kept
         shards = {key: shards[key] for key in meta.indexed}
+        return_freed_heap()  # what the shards' rows left: the training's peak is next
         record = _train_or_keep(previous, base, shards, rows, meta.dim, show_progress, made)
         stale = [key for key, s in shards.items() if s.get("train") != record["train"]]
         jobs = []
@@ -320,13 +348,14 @@ def build_shards(table: Any, fs: Any, root: str, meta: IndexMeta, ds: Dataset,
                                 refresh=False)
             nprobe, recall, queries = calibrate(
                 ivf, np.random.default_rng(1), bar.update,
-                CANDIDATE_STEPS if record["codes"] != "SQ8" else ())
+                CANDIDATE_STEPS if record["codes"] != "SQ8" else (), sketches_optional=True)
         # Held rows sit in their own lists; a new sentence's tokens fall farther from
         # theirs: at the probes that gave held rows 0.97, new ones found 0.93-0.96 of
         # the exact 10, at twice as many 0.97 for ~5% more CPU (BENCHMARKS.md, issue 46).
         record |= {"nprobe": min(record["lists"], NEW_QUERY_PROBES * nprobe),
                    "recall_at_10": round(recall, 4), "held_rows_nprobe": nprobe,
-                   "calibration_queries": queries, "candidates": ivf.candidates}
+                   "calibration_queries": queries, "candidates": ivf.candidates,
+                   "sketches": ivf.scan_sketches}
         if not local:
             for folder in made:
                 names = TRAIN_FILES if folder.startswith("t-") \
@@ -363,27 +392,32 @@ def _train_or_keep(previous: dict[str, Any] | None, base: str, shards: dict[str,
     from pipeline.lookup.index.shard_files import ShardVectors
 
     codes = codes_for(rows, dim)
-    if previous is not None and previous.get("codes") == codes and previous.get("dim") == dim \
+    # A training made before the projection is made again (its codes rank too roughly).
+    if previous is not None and "projected_dim" in previous and previous.get("dim") == dim \
+            and (previous["codes"] == "SQ8") == (codes == "SQ8") \
             and previous["trained_rows"] / RETRAIN_GROWTH <= rows \
             <= previous["trained_rows"] * RETRAIN_GROWTH \
             and all(os.path.exists(f"{base}/{previous['train']}/{n}") for n in TRAIN_FILES):
         return {k: previous[k] for k in ("format", "train", "lists", "codes", "trained_rows",
-                                         "dim", "train_sample")}
+                                         "dim", "train_sample", "projected_dim")}
     lists = lists_for(rows)
     take = train_rows_for(rows, lists, codes)
     folder = f"t-{uuid.uuid4().hex[:12]}"
     made.append(folder)
     vectors = ShardVectors.of_folders([f"{base}/{s['folder']}" for s in shards.values()],
                                       [s["rows"] for s in shards.values()], dim)
-    with rows_bar(take, show_progress) as bar:
-        bar.set_description("index: read the training sample", refresh=False)
-        sample = sample_rows(vectors, rows, take, np.random.default_rng(0), bar.update)
-    with steps_bar(train_steps(codes, dim), show_progress,
-                   f"index: train {lists} lists of {codes} codes on {take:,} of {rows:,} rows"
-                   ) as bar:
-        train(f"{base}/{folder}", sample, lists, codes, bar.update)
+    with rows_bar(2 * take, show_progress) as bar:
+        bar.set_description("index: read the training sample (twice)", refresh=False)
+        sample, projection, mean = projected_sample(vectors, rows, take,
+                                                    np.random.default_rng(0), bar.update)
+    kept = projection.shape[1]
+    codes = codes_for(rows, kept)
+    with steps_bar(train_steps(codes, kept), show_progress,
+                   f"index: train {lists} lists of {codes} codes in {kept} of {dim} "
+                   f"directions on {take:,} of {rows:,} rows") as bar:
+        train(f"{base}/{folder}", sample, lists, codes, projection, mean, bar.update)
     return {"format": SHARDS_FORMAT, "train": folder, "lists": lists, "codes": codes,
-            "trained_rows": rows, "dim": dim, "train_sample": take}
+            "trained_rows": rows, "dim": dim, "train_sample": take, "projected_dim": kept}
 
 
 def ivf_folders(record: dict[str, Any] | None) -> list[str]:

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from pipeline.lookup.index.row_vectors import RowFile
 
 SHARD_VECTOR_DTYPE = "int8"
+# Up to this many rows of a file are read with a call a row, more through a map.
+PREAD_ROWS = 1_024
 # String columns of rows.arrow stored as dictionary codes: a document's id repeats for
 # each of its tokens (23 bytes a row at austen's ids, 4 as a code) and a shard holds one
 # part (8 bytes a row, 1 as a code). ``ShardRows.take`` gives them back as strings.
@@ -78,11 +80,14 @@ class ShardVectors:
         return out
 
     def read_rows(self, positions: np.ndarray) -> np.ndarray:
-        """The rows at ``positions`` (ascending), gathered through a map of each file
-        made for this call and unmapped after it: as fast as a standing map (a ``pread``
-        a row cost 3x), and the pages it touched leave the process's RSS with the map
-        (they stay in the page cache, shared). A view of the map whose rows start at
-        every byte takes each row at its offset in one gather, copy and pages alike."""
+        """The rows at ``positions`` (ascending). Many rows are gathered through a map of
+        each file made for this call and unmapped after it: as fast as a standing map (a
+        ``pread`` a row cost 3x at thousands of rows), and the pages it touched leave the
+        process's RSS with the map (they stay in the page cache, shared). A view of the
+        map whose rows start at every byte takes each row at its offset in one gather.
+        A query's few candidates are read with a ``pread`` a row: a map's page faults
+        cost more than the calls there (200 rows: 0.5 ms against 1.9; BENCHMARKS.md,
+        "issue 46: codes in the rows' principal directions")."""
         import mmap
 
         import numpy as np
@@ -95,15 +100,18 @@ class ShardVectors:
             mine = np.flatnonzero(shard == s)
             file = self.files[s]
             at = file.byte_offsets(positions[mine] - self.offsets[s], dim)
-            with open(file.path, "rb") as handle, \
-                    mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                flat = np.frombuffer(mapped, np.uint8)
-                if len(at) and int(at.max()) + dim > len(flat):
-                    raise ValueError(f"{file.path}: shorter than its rows' offsets")
-                by_byte = as_strided(flat, (max(0, len(flat) - dim + 1), dim), (1, 1),
-                                     writeable=False)
-                out[mine] = by_byte[at]
-                del flat, by_byte  # the map closes only once no array points into it
+            if len(mine) <= PREAD_ROWS:
+                _pread_rows(file.path, at, out, mine)
+            else:
+                with open(file.path, "rb") as handle, \
+                        mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    flat = np.frombuffer(mapped, np.uint8)
+                    if len(at) and int(at.max()) + dim > len(flat):
+                        raise ValueError(f"{file.path}: shorter than its rows' offsets")
+                    by_byte = as_strided(flat, (max(0, len(flat) - dim + 1), dim), (1, 1),
+                                         writeable=False)
+                    out[mine] = by_byte[at]
+                    del flat, by_byte  # the map closes only once no array points into it
             if file.bias:
                 out[mine] -= np.uint8(file.bias)  # index q + 127 -> q, mod 256
         return out.view(self.dtype)
@@ -116,15 +124,36 @@ class ShardVectors:
         return self.read_rows(np.arange(start, max(start, stop), dtype=np.int64))
 
 
+def _pread_rows(path: str, at: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
+    """``out[rows[i]] = `` the ``out.shape[1]`` bytes of ``path`` at ``at[i]``."""
+    import os
+
+    width = out.shape[1]
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        for row, offset in zip(rows.tolist(), at.tolist(), strict=True):
+            if os.preadv(handle, [out[row]], offset) != width:
+                raise ValueError(f"{path}: shorter than its rows' offsets")
+    finally:
+        os.close(handle)
+
+
 class ShardRows:
     """The shards' ``rows.arrow`` files, mapped: the columns of rows by position."""
 
     def __init__(self, paths: Sequence[str], offsets: np.ndarray) -> None:
+        import numpy as np
         import pyarrow as pa
 
         self.tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
         self.offsets = offsets
         self.column_names = self.tables[0].column_names if self.tables else []
+        # Each table's batches and the first row of each: a result's rows are taken from
+        # the batches that hold them. ``Table.take`` over a file's dictionary-coded
+        # batches cost time in the file's rows (unifying each batch's dictionary): 4 of
+        # 9 ms of an any-word search at 2.1M rows (BENCHMARKS.md, issue 46).
+        self.batches = [t.to_batches() for t in self.tables]
+        self.batch_starts = [np.cumsum([0, *(len(b) for b in bs)]) for bs in self.batches]
 
     def take(self, columns: Sequence[str], positions: np.ndarray) -> pa.Table:
         """``columns`` of the rows at ``positions``, in their order."""
@@ -137,8 +166,12 @@ class ShardRows:
         for s in np.unique(shard):
             mine = np.flatnonzero(shard == s)
             local = positions[mine] - self.offsets[s]
-            pieces.append(self.tables[s].select(list(columns)).take(pa.array(local)))
-            order.append(mine)
+            batch = np.searchsorted(self.batch_starts[s], local, side="right") - 1
+            for b in np.unique(batch):
+                here = batch == b
+                rows = pa.Table.from_batches([self.batches[s][b].select(list(columns))])
+                pieces.append(rows.take(pa.array(local[here] - self.batch_starts[s][b])))
+                order.append(mine[here])
         if not pieces:
             first = self.tables[0].select(list(columns)) if self.tables else pa.table({})
             return _decoded(first.slice(0, 0))

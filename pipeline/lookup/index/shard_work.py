@@ -29,6 +29,7 @@ from pipeline.lookup.index.ivf_shards import (
     VECTORS_FILE,
     as_shard_vectors,
 )
+from pipeline.lookup.index.projection import inverted
 from pipeline.lookup.index.row_vectors import write_in_place
 from pipeline.lookup.index.sentences import SENTENCE_KEY
 from pipeline.lookup.index.shard_files import SHARD_VECTOR_DTYPE, with_dictionary_codes
@@ -147,8 +148,8 @@ def encode(train_folder: str, source: str, folder: str, rows: int, dim: int,
             if name == ROWS_FILE or os.path.exists(f"{source}/{name}"):
                 _link(f"{source}/{name}", f"{folder}/{name}")
     vectors = ShardVectors.of_folders([folder], [rows], dim)
-    coarse = index.coarse_code_size()
-    codes = np.empty((rows, index.code_size), np.uint8)
+    coarse = inverted(index).coarse_code_size()
+    codes = np.empty((rows, inverted(index).code_size), np.uint8)
     lists = np.empty(rows, np.int32)
     sketch = np.empty((rows, SKETCH_BITS // 8), np.uint8)
     for start in range(0, rows, ENCODE_BATCH_ROWS):
