@@ -385,3 +385,31 @@ def test_a_moved_dataset_is_one_error_naming_the_fix(built: Path, tmp_path: Path
         SenseIndex(str(out)).search(np.ones(DIM, np.float32), k=1)
     with pytest.raises(ElmoUserError, match=rf"built from {ds}, which is not readable.*{fix}"):
         SenseIndex(str(out)).dataset_descriptor()
+
+
+@pytest.mark.slow
+def test_codes_made_before_their_projection_are_refused_and_trained_again(
+        built: Path, tmp_path: Path) -> None:
+    """An index whose codes predate the projection (no ``projected_dim``) opens with one
+    line naming the build; that build trains the codes again and keeps the shards' rows."""
+    import json
+
+    ds, out = tmp_path / "ds", tmp_path / "ix"
+    shutil.copytree(built / "ds", ds)
+    build_index(str(ds), "top", str(out))
+    meta_file = out / "_elmo_index.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["ivf"]["projected_dim"]  # as a build before 2026-11-29 recorded it
+    meta_file.write_text(json.dumps(meta))
+    rows_before = {key: (out / IVF_DIR / s["folder"] / "rows.arrow").read_bytes()
+                   for key, s in meta["ivf"]["shards"].items()}
+    with pytest.raises(ElmoUserError, match=r"codes predate their projection.*"
+                                            r"`elmo index build .* trains them again"):
+        SenseIndex(str(out)).search(np.ones(DIM, np.float32), k=1)
+    build_index(str(ds), "top", str(out))
+    again = SenseIndex(str(out))
+    held = again.meta.ivf
+    assert held["projected_dim"] == DIM and held["train"] != meta["ivf"]["train"]
+    assert {key: (out / IVF_DIR / s["folder"] / "rows.arrow").read_bytes()
+            for key, s in held["shards"].items()} == rows_before
+    assert again.search(np.ones(DIM, np.float32), k=1).num_rows == 1

@@ -1,22 +1,26 @@
 """A compact sense index's IVF, stored in shards and opened without its vectors.
 
 One shard per dataset tokens file the index holds (``IndexMeta.indexed``: part, shard, run
-id), in a folder of its own under ``_ivf/``; one training folder beside them (the coarse
-centroids and product quantizer every shard was encoded with, and the sketches' planes):
+id), in a folder of its own under ``_ivf/``; one training folder beside them (the
+projection, coarse centroids and product quantizer every shard was encoded with, as one
+faiss index: ``projection``; and the sketches' planes):
 
 - ``vectors.npy``: the rows' mixed vectors as int8 (``[n, dim]``, each row scaled by its
   own largest value: a cosine needs no scale), read a row at a time: a query's re-rank
   reads only its candidates' rows;
 - ``codes.npy`` ``[n, code bytes]`` and ``lists.npy`` ``[n]``: each row's product-quantized
-  code and its list (``CODE_BYTES`` bytes a row whatever the width);
+  code of its projected vector and its list (at most ``CODE_BYTES`` bytes a row: two
+  projected values a byte);
 - ``sketch.npy`` ``[n, 16]``: each row's 128-bit sketch (``ivf_search.Sketch``);
 - ``rows.arrow``: the LanceDB rows of that file in the same order (an Arrow IPC file,
   memory-mapped: a result takes its columns from there), ``row`` ascending;
 - ``sentences.arrow``: their sentences' ``doc_id, sent_idx, text`` (Arrow IPC), so that a
   search needs no LanceDB; older shards lack it (their texts come from the table).
 
-What a process holds per row is the code, faiss's 8-byte id and the sketch:
-``CODE_BYTES + 24`` bytes (88 at any width); the rest stays on disk, in the page cache.
+What a process holds per row is the code, faiss's 8-byte id and, where the build found the
+lists need them (``ivf_search.sketches_needed``), the sketch: at most
+``MEMORY_BYTES_PER_ROW`` (88) bytes, 40 at 2.1M rows of the wide model (32-byte codes, no
+sketches); the rest stays on disk, in the page cache.
 A row's position is its shard's first position plus its place in the shard; a LanceDB
 row (a filtered search) finds its position by its key (``part``, ``shard``, ``row``).
 
@@ -72,20 +76,28 @@ SENTENCES_FILE = "sentences.arrow"
 SHARD_FILES = (CODES_FILE, LISTS_FILE, SKETCH_FILE, ROWS_FILE)
 VECTOR_FILES = (*COPY_FILES, *IN_PLACE_FILES)
 TRAIN_FILES = (TRAIN_FILE, PLANES_FILE)
-# Bytes of product-quantized code a row (residuals of the coarse centroid): what a process
-# holds per row, with faiss's id and the sketch. Rougher than the vectors: a query takes
-# more candidates from the lists to re-rank, as many as the build measured it needs
-# (``CANDIDATE_STEPS``: the first whose probes reach recall@10 0.97 on held rows; records
-# without the figure take ``SHARD_CANDIDATES_PER_RESULT``).
+# Bytes of product-quantized code a row, at most (residuals of the coarse centroid, two
+# projected values a byte: ``ivf_shards_build.codes_for``): what a process holds per row,
+# with faiss's id and the sketch. Rougher than the vectors: a query takes more candidates
+# from the lists to re-rank, as many as the build measured it needs (``CANDIDATE_STEPS``:
+# the first whose probes reach recall@10 0.97 on held rows; records without the figure
+# take ``SHARD_CANDIDATES_PER_RESULT``).
 CODE_BYTES = 64
 SHARD_CANDIDATES_PER_RESULT = 30
 CANDIDATE_STEPS = (10, 20, 30, 60, 120, 240)
-# Per row in a process: the code, faiss's id, the sketch.
+# Per row in a process, at most: the code, faiss's id, the sketch.
 MEMORY_BYTES_PER_ROW = CODE_BYTES + 8 + 16
 
 
 def is_sharded(record: dict[str, Any] | None) -> bool:
     return record is not None and record.get("format") == SHARDS_FORMAT
+
+
+def projected(record: dict[str, Any]) -> bool:
+    """Whether the codes of ``record``'s IVF were made in its rows' principal directions
+    (``projection``; builds since 2026-11-29). A training without is made again by the
+    next build, which keeps the shards' rows and vectors."""
+    return "projected_dim" in record
 
 
 def candidates_of(record: dict[str, Any]) -> int:

@@ -58,6 +58,7 @@ from pipeline.lookup.index.ivf_shards import (
     _local_copy,
     is_sharded,
     local_fs,
+    projected,
     return_freed_heap,
     shard_missing,
 )
@@ -393,7 +394,7 @@ def _train_or_keep(previous: dict[str, Any] | None, base: str, shards: dict[str,
 
     codes = codes_for(rows, dim)
     # A training made before the projection is made again (its codes rank too roughly).
-    if previous is not None and "projected_dim" in previous and previous.get("dim") == dim \
+    if previous is not None and projected(previous) and previous.get("dim") == dim \
             and (previous["codes"] == "SQ8") == (codes == "SQ8") \
             and previous["trained_rows"] / RETRAIN_GROWTH <= rows \
             <= previous["trained_rows"] * RETRAIN_GROWTH \
@@ -434,7 +435,7 @@ def shards_current(fs: Any, root: str, record: dict[str, Any] | None,
                    indexed: Sequence[str]) -> bool:
     """Whether ``record`` is an IVF in shards holding exactly the files ``indexed``, each
     encoded with its training and present under ``root``."""
-    if not is_sharded(record) or "nprobe" not in record:
+    if not is_sharded(record) or "nprobe" not in record or not projected(record):
         return False
     shards = record["shards"]
     return list(shards) == list(indexed) \

@@ -50,7 +50,7 @@ from pipeline.lookup.doc_fields import (
     fields_where,
 )
 from pipeline.lookup.index.backends import IndexBackend, RayShardBackend, backend_for
-from pipeline.lookup.index.ivf_shards import SHARDS_FORMAT, is_sharded
+from pipeline.lookup.index.ivf_shards import SHARDS_FORMAT, is_sharded, projected
 from pipeline.lookup.index.meta import (
     HELD_SENTENCES_MAX,
     INDEX_META,
@@ -154,6 +154,11 @@ class SenseIndex:
                 f"{self.uri} is a compact index of an older layout (IVF format "
                 f"{held.get('format')}; this version reads {SHARDS_FORMAT}): "
                 f"{self.build_command()} makes it again in the current one")
+        if self.meta.compact and held is not None and not projected(held):
+            raise ElmoUserError(
+                f"{self.uri} is a compact index whose codes predate their projection (its "
+                f"searches would re-rank up to 12x the candidates): {self.build_command()} "
+                "trains them again, keeping its rows")
 
     def build_command(self, then: str = "") -> str:
         """The build that brings this index up to date (and its IVF with it), ``then``:
