@@ -47,15 +47,15 @@ def kept_directions(energy: np.ndarray) -> int:
     return min(dim, -(-enough // DIM_STEP) * DIM_STEP)
 
 
-def principal_projection(second: np.ndarray) -> np.ndarray:
-    """``[dim, kept]`` float32: the principal directions of rows whose second moment is
-    ``second`` (``X^T X / n``, ``[dim, dim]``) that ``kept_directions`` keeps, turned by a
-    fixed random rotation."""
+def principal_projection(second: np.ndarray, kept: int | None = None) -> np.ndarray:
+    """``[dim, kept]`` float32: the ``kept`` (default: as many as ``kept_directions``
+    keeps) strongest principal directions of rows whose second moment is ``second``
+    (``X^T X / n``, ``[dim, dim]``), turned by a fixed random rotation."""
     import numpy as np
 
     energy, directions = np.linalg.eigh(np.asarray(second, np.float64))
     order = np.argsort(-energy, kind="stable")
-    kept = kept_directions(np.maximum(energy[order], 0.0))
+    kept = kept or kept_directions(np.maximum(energy[order], 0.0))
     return (directions[:, order[:kept]] @ random_rotation(kept)).astype(np.float32)
 
 
