@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -172,7 +172,7 @@ def projected_sample(vectors: Any, rows: int, take: int, rng: np.random.Generato
     second = np.zeros((dim, dim), np.float64)
     total = np.zeros(dim, np.float64)
 
-    def blocks() -> Any:
+    def blocks() -> Iterator[tuple[int, np.ndarray]]:
         # Blocks of a few thousand rows: a block is a second or so of reads.
         for start in range(0, take, SAMPLE_BLOCK_ROWS):
             block = picks[start:start + SAMPLE_BLOCK_ROWS]
@@ -192,12 +192,12 @@ def projected_sample(vectors: Any, rows: int, take: int, rng: np.random.Generato
 
 def train(folder: str, sample: np.ndarray, lists: int, codes: str, projection: np.ndarray,
           mean: np.ndarray, on_step: Callable[[int], Any] | None = None) -> None:
-    """The empty trained IVF behind ``projection`` (``[dim, kept]``: ``projection``) and
-    the sketches' planes and centre ``mean`` (of the unit rows), from ``sample``: the
-    sample's unit rows projected. ``on_step``: told of each step done (``train_steps``: a
-    round of the coarse k-means, a sub-quantizer of the product codes), so that a long
-    training shows progress. ``sample`` is overwritten by its residuals (product codes):
-    no copy of it is made."""
+    """The empty trained IVF behind ``projection`` (``[dim, kept]``, from
+    ``projection.principal_projection``) and the sketches' planes and centre ``mean`` (of
+    the unit rows), from ``sample``: the sample's unit rows projected. ``on_step``: told
+    of each step done (``train_steps``: a round of the coarse k-means, a sub-quantizer of
+    the product codes), so that a long training shows progress. ``sample`` is overwritten
+    by its residuals (product codes): no copy of it is made."""
     import faiss
     import numpy as np
 
