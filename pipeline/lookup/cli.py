@@ -358,9 +358,14 @@ def run_index_info(args: argparse.Namespace) -> int:
     vectors = "compact: codes in memory, int8 vectors in its shards" if m.compact \
         else f"{m.vector_dtype} vectors"
     ivf = m.ivf or {}
-    search = (f"in-memory, {ivf.get('codes')} codes trained on {ivf.get('trained_rows')} "
-              f"rows, {ivf.get('nprobe')} of {ivf.get('lists')} lists probed, "
+    directions = f"in {ivf['projected_dim']} of {m.dim} directions" \
+        if "projected_dim" in ivf else "of the raw values (before their projection: a build " \
+        "trains them again)"
+    search = (f"in-memory, {ivf.get('codes')} codes {directions} trained on "
+              f"{ivf.get('trained_rows')} rows, "
+              f"{ivf.get('nprobe')} of {ivf.get('lists')} lists probed, "
               f"{ivf.get('candidates') or 'default'} candidates a result re-ranked, "
+              f"{'with' if ivf.get('sketches', True) else 'without'} sketches, "
               f"recall@10 {ivf.get('recall_at_10')} measured") \
         if m.compact else (
         f"nprobes {m.search.nprobes}, ef {m.search.ef}, refine {m.search.refine_factor}")

@@ -266,6 +266,9 @@ def test_cli_builds_and_describes_it(built: Path, tmp_path: Path,
     text = capsys.readouterr().out
     assert "vector index ivf" in text
     assert "compact: codes in memory, int8 vectors in its shards" in text
+    held = read_meta(str(out)).ivf
+    assert f"{held['codes']} codes in {held['projected_dim']} of {DIM} directions" in text
+    assert f"{'with' if held['sketches'] else 'without'} sketches" in text
     # --rebuild alone keeps the kind; --full with it makes the other.
     assert cli.main(["index", "build", str(built / "ds"), "--out", str(out), "--rebuild",
                      "--no-progress"]) == 0
