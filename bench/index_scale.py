@@ -90,7 +90,6 @@ def cmd_search(args: argparse.Namespace) -> dict:
     """p50 and recall@10 of the default search (keys only) against an exact scan, for
     stored rows as queries (own row left in) or, with ``--query-dataset``, new ones;
     ``--candidates 30,60,...``: one result per count (the recall / p50 curve)."""
-    from pipeline.lookup.index.projection import inverted
     from pipeline.lookup.index.sense_index import SenseIndex
     from pipeline.lookup.layers.vectors import unit_vectors
 
@@ -127,7 +126,7 @@ def cmd_search(args: argparse.Namespace) -> dict:
                         "p95_ms": round(float(np.percentile(times, 95)), 2),
                         "cpu_p50_ms": round(float(np.percentile(cpu, 50)), 2)})
     return {"rows": rows, "queries": "new" if args.query_dataset else "stored",
-            "nprobe": ivf.nprobe, "lists": inverted(ivf.index).nlist, "built_candidates": built,
+            "nprobe": ivf.nprobe, "lists": ivf.lists, "built_candidates": built,
             "curve": results, "setup_s_incl_truth": round(opened, 1),
             "rss_gb": round(rss_gb(), 2)}
 

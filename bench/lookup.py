@@ -48,7 +48,6 @@ import pyarrow.parquet as pq
 
 from pipeline.lookup.index.build import build_index
 from pipeline.lookup.index.meta import SearchParams
-from pipeline.lookup.index.projection import inverted
 from pipeline.lookup.index.sense_index import SenseIndex
 from pipeline.lookup.layers.mixes import iter_mixed
 from pipeline.lookup.senses.search import nearest_distinct
@@ -332,7 +331,7 @@ def bench_index(ds_uri: str, out_uri: str, data: dict, n_queries: int,
     if held is not None:
         for q in queries:  # the same unmeasured first pass
             ix.vector_query(q.reshape(1, -1), 10, columns=cols).to_arrow()
-        lists = inverted(held.index).nlist
+        lists = held.lists
         r, p50, p95 = measure(
             f"in-memory IVF, {lists} lists, {held.nprobe} probed (product path)",
             lambda q: ix.vector_query(q.reshape(1, -1), 10, columns=cols).to_arrow(), truth)

@@ -38,7 +38,6 @@ from pipeline.lookup.index.ivf_search import (
     Sketch,
     read_ivf,
 )
-from pipeline.lookup.index.projection import inverted
 from pipeline.lookup.layers.vectors import unit_vectors
 
 if TYPE_CHECKING:
@@ -234,16 +233,15 @@ def calibrate(ivf: MemoryIvf, rng: np.random.Generator,
 
     rows = len(ivf.vectors)
     k = min(CALIBRATION_K, rows - 1)
-    if k < 1:
-        return inverted(ivf.index).nlist, 1.0, 0
+    lists = ivf.lists
+    if k < 1 or lists == 1:
+        return lists, 1.0, 0
     picks = np.sort(rng.choice(rows, min(rows, CALIBRATION_QUERIES), replace=False))
     queries = unit_vectors(ivf.vectors[picks])
-    # The exact scan before the codes load (a compact index loads them on first use): a
-    # build's peak is then the larger of the two, not their sum (BENCHMARKS.md, issue 46).
+    # The exact scan before the first search loads the codes (a compact index loads them
+    # on first use): a build's peak is then the larger of the two, not their sum
+    # (BENCHMARKS.md, issue 46).
     truth = exact_nearest(ivf.vectors, queries, k, picks, on_rows)
-    lists = inverted(ivf.index).nlist
-    if lists == 1:
-        return lists, 1.0, 0
 
     def recall_with(sketched: list[np.ndarray]) -> Callable[[int], float]:
         def recall(nprobe: int) -> float:

@@ -89,12 +89,14 @@ class MemoryIvf:
         self.index, self.vectors, self.sketch = index, vectors, sketch
         # A query's probed lists are scanned on every core; queries come one at a time
         # (``search``; BENCHMARKS.md, "Where the milliseconds went").
-        inverted(index).parallel_mode = 1
+        lists_index = inverted(index)
+        lists_index.parallel_mode = 1
+        self.lists = lists_index.nlist
         # One chunk: taking rows from a chunked table costs many times more.
         self.rows = rows.combine_chunks()
         self.nprobe = nprobe
         self.dim = vectors.shape[1]
-        self.candidates = PQ_CANDIDATES_PER_RESULT if hasattr(inverted(index), "pq") \
+        self.candidates = PQ_CANDIDATES_PER_RESULT if hasattr(lists_index, "pq") \
             else CANDIDATES_PER_RESULT
         self.scan_sketches = True  # ``sketches_needed``
 
@@ -187,10 +189,9 @@ class MemoryIvf:
             _, found = self.index.search(unit, want, params=params)
             # The probed lists hold fewer rows than asked for (a large k, or a filter that
             # leaves few in them): probe more.
-            lists = inverted(self.index).nlist
-            if nprobe >= lists or int((found >= 0).sum()) >= enough:
+            if nprobe >= self.lists or int((found >= 0).sum()) >= enough:
                 break
-            nprobe = min(lists, 4 * nprobe)
+            nprobe = min(self.lists, 4 * nprobe)
         # ... and the rows of the nearest sketches; a row found both ways counts once.
         if sketched is None and self.scan_sketches:
             sketched = self.sketch.nearest(unit, self._sketched_count(rows, k, bool(extra)),

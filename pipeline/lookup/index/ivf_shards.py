@@ -148,6 +148,7 @@ class ShardedIvf(MemoryIvf):
         self.folders = list(folders)
         self.candidates = candidates_of(record)
         self.scan_sketches = sketches_needed(record)
+        self.lists = int(record["lists"])  # known before the codes load
         self._index: Any = None
         self._sketch: Sketch | None = None
         self._shard_of = {_pair(key): i for i, key in enumerate(self.keys)}

@@ -148,8 +148,9 @@ def encode(train_folder: str, source: str, folder: str, rows: int, dim: int,
             if name == ROWS_FILE or os.path.exists(f"{source}/{name}"):
                 _link(f"{source}/{name}", f"{folder}/{name}")
     vectors = ShardVectors.of_folders([folder], [rows], dim)
-    coarse = inverted(index).coarse_code_size()
-    codes = np.empty((rows, inverted(index).code_size), np.uint8)
+    lists_index = inverted(index)
+    coarse = lists_index.coarse_code_size()
+    codes = np.empty((rows, lists_index.code_size), np.uint8)
     lists = np.empty(rows, np.int32)
     sketch = np.empty((rows, SKETCH_BITS // 8), np.uint8)
     for start in range(0, rows, ENCODE_BATCH_ROWS):
